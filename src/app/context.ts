@@ -1,0 +1,111 @@
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { type Logger, pino } from 'pino';
+import { KeyDirectory } from '../auth/directory.ts';
+import { type Bus, openBus } from '../bus/index.ts';
+import { type Config, ConfigError, decodeKey } from '../config/index.ts';
+import { Sealer } from '../core/crypto.ts';
+import { type Database, type DatabaseHandle, openDatabase } from '../db/index.ts';
+import { EventRecorder } from '../events/outbox.ts';
+import { ProjectDirectory } from '../projects/directory.ts';
+
+/**
+ * The composition root: everything a Tollgate process shares, built once from the configuration and
+ * handed to the HTTP server, the CLI commands and the workers. No module keeps global state.
+ */
+export interface AppContext {
+  config: Config;
+  log: Logger;
+  database: DatabaseHandle;
+  db: Database;
+  bus: Bus;
+  sealer: Sealer;
+  events: EventRecorder;
+  keys: KeyDirectory;
+  projects: ProjectDirectory;
+  close(): Promise<void>;
+}
+
+export interface ContextOptions {
+  /** Tables in this Postgres schema (tests). */
+  schema?: string;
+  /** Prefix of bus channels (tests sharing one Redis). */
+  busPrefix?: string;
+  log?: Logger;
+}
+
+export function createLogger(config: Config): Logger {
+  return pino({
+    level: config.LOG_LEVEL,
+    base: undefined,
+    redact: {
+      paths: ['req.headers.authorization', '*.apiKey', '*.secret', '*.upstreamKey'],
+      censor: '[redacted]',
+    },
+  });
+}
+
+/**
+ * The key that seals secrets and signs links: TOLLGATE_ENCRYPTION_KEY, or with the embedded database a
+ * key generated once and kept beside it in TOLLGATE_DATA_DIR.
+ */
+export function resolveEncryptionKey(config: Config): Buffer {
+  if (config.TOLLGATE_ENCRYPTION_KEY) return decodeKey(config.TOLLGATE_ENCRYPTION_KEY)!;
+  if (config.DATABASE_URL) {
+    throw new ConfigError(
+      'TOLLGATE_ENCRYPTION_KEY',
+      'is required when DATABASE_URL is set (generate one with `openssl rand -hex 32`)',
+    );
+  }
+  const dir = resolve(config.TOLLGATE_DATA_DIR);
+  const file = join(dir, 'encryption.key');
+  if (!existsSync(file)) {
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(file, randomBytes(32).toString('hex'), { mode: 0o600 });
+  }
+  const key = decodeKey(readFileSync(file, 'utf8').trim());
+  if (!key) throw new ConfigError('TOLLGATE_ENCRYPTION_KEY', `could not be read from ${file}`);
+  return key;
+}
+
+export async function createContext(config: Config, options: ContextOptions = {}): Promise<AppContext> {
+  const log = options.log ?? createLogger(config);
+  const sealer = new Sealer(resolveEncryptionKey(config));
+  const database = await openDatabase({
+    url: config.DATABASE_URL,
+    dataDir: config.TOLLGATE_DATA_DIR,
+    poolSize: config.DATABASE_POOL_SIZE,
+    ...(options.schema ? { schema: options.schema } : {}),
+  });
+  let bus: Bus;
+  try {
+    bus = await openBus({
+      url: config.REDIS_URL,
+      ...(options.busPrefix ? { prefix: options.busPrefix } : {}),
+    });
+  } catch (err) {
+    await database.close();
+    throw err;
+  }
+  const events = new EventRecorder(undefined, bus);
+  const keys = new KeyDirectory(database.db, bus);
+  const projects = new ProjectDirectory(database.db, bus, sealer);
+  await Promise.all([keys.start(), projects.start()]);
+  return {
+    config,
+    log,
+    database,
+    db: database.db,
+    bus,
+    sealer,
+    events,
+    keys,
+    projects,
+    async close() {
+      await Promise.allSettled([keys.stop(), projects.stop()]);
+      await bus.close();
+      await database.close();
+    },
+  };
+}

@@ -1,0 +1,58 @@
+import { type Bus, channels } from '../bus/index.ts';
+import { TtlCache } from '../core/cache.ts';
+import { sha256Hex } from '../core/crypto.ts';
+import type { Database } from '../db/index.ts';
+import { findActiveKey, revokeKey } from './keys.ts';
+
+export interface ResolvedKey {
+  id: string;
+  projectId: string;
+}
+
+const POSITIVE_TTL_MS = 5 * 60_000;
+const NEGATIVE_TTL_MS = 5_000;
+
+/**
+ * Resolves presented API keys to projects without a database round trip once warm. A revocation is
+ * published on the bus and drops the cached key on every pod; the TTL bounds staleness if a message
+ * is lost.
+ */
+export class KeyDirectory {
+  readonly #db: Database;
+  readonly #bus: Bus;
+  readonly #cache = new TtlCache<string, ResolvedKey | null>(50_000);
+  #unsubscribe: (() => Promise<void>) | undefined;
+
+  constructor(db: Database, bus: Bus) {
+    this.#db = db;
+    this.#bus = bus;
+  }
+
+  async start(): Promise<void> {
+    this.#unsubscribe = await this.#bus.subscribe(channels.keyRevoked, (keyHash) =>
+      this.#cache.invalidate(keyHash),
+    );
+  }
+
+  async stop(): Promise<void> {
+    await this.#unsubscribe?.();
+  }
+
+  async resolve(presented: string): Promise<ResolvedKey | undefined> {
+    const hash = sha256Hex(presented);
+    const found = await this.#cache.getOrLoad(
+      hash,
+      async () => (await findActiveKey(this.#db, hash)) ?? null,
+      (value) => (value ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS),
+    );
+    return found ?? undefined;
+  }
+
+  /** Revokes a key in the database and drops it from every pod's cache. */
+  async revoke(keyId: string): Promise<{ projectId: string }> {
+    const { projectId, keyHash } = await revokeKey(this.#db, keyId);
+    this.#cache.invalidate(keyHash);
+    await this.#bus.publish(channels.keyRevoked, keyHash);
+    return { projectId };
+  }
+}

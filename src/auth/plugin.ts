@@ -1,0 +1,36 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { ApiError, unauthorized } from '../core/errors.ts';
+import type { ProjectContext } from '../projects/directory.ts';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The project (paywall) whose API key authenticated this request. */
+    project: ProjectContext;
+    apiKeyId: string;
+  }
+}
+
+/**
+ * Bearer authentication for every `/v1` route: `Authorization: Bearer <key>`. Missing, unknown or
+ * revoked keys get 401 `invalid_api_key` in OpenAI's error shape (the official client raises its
+ * AuthenticationError). Warm keys and projects are served from memory.
+ */
+export function installAuth(app: FastifyInstance): void {
+  app.decorateRequest('project', null as unknown as ProjectContext);
+  app.decorateRequest('apiKeyId', '');
+  app.addHook('onRequest', async (request: FastifyRequest) => {
+    const header = request.headers.authorization;
+    if (!header) throw unauthorized('Missing API key. Send it as `Authorization: Bearer <key>`.');
+    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
+    if (!match) throw unauthorized('Malformed Authorization header. Expected `Authorization: Bearer <key>`.');
+    const key = await app.ctx.keys.resolve(match[1]!);
+    if (!key) throw unauthorized('Incorrect API key provided, or the key was revoked.');
+    const project = await app.ctx.projects.get(key.projectId);
+    if (!project)
+      throw new ApiError(401, 'authentication_error', 'The project of this API key no longer exists.', {
+        code: 'invalid_api_key',
+      });
+    request.project = project;
+    request.apiKeyId = key.id;
+  });
+}

@@ -1,0 +1,162 @@
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { type AppContext, createContext } from '../app/context.ts';
+import { startJobs } from '../app/jobs.ts';
+import { deposit } from '../billing/ledger.ts';
+import { type Config, publicBaseUrl } from '../config/index.ts';
+import { migrateToLatest, pendingMigrations } from '../db/index.ts';
+import { buildServer } from '../http/server.ts';
+import { applyPricing } from '../models/service.ts';
+import { createProject, ECHO_UPSTREAM } from '../projects/service.ts';
+import { connectUser } from '../users/service.ts';
+
+export interface Running {
+  ctx: AppContext;
+  app: FastifyInstance;
+  url: string;
+  stop(): Promise<void>;
+}
+
+/** Builds and starts the HTTP server with the maintenance jobs; `stop` drains and closes everything. */
+export async function startServing(ctx: AppContext): Promise<Running> {
+  const app = await buildServer(ctx);
+  await app.listen({ port: ctx.config.PORT, host: ctx.config.HOST });
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : ctx.config.PORT;
+  const stopJobs = startJobs(ctx);
+  return {
+    ctx,
+    app,
+    url: `http://${ctx.config.HOST === '0.0.0.0' ? 'localhost' : ctx.config.HOST}:${port}`,
+    async stop() {
+      await stopJobs();
+      await app.close();
+      await ctx.close();
+    },
+  };
+}
+
+/** Resolves when SIGINT or SIGTERM arrives. */
+function untilSignal(): Promise<string> {
+  return new Promise((resolveSignal) => {
+    const on = (signal: string) => resolveSignal(signal);
+    process.once('SIGINT', on);
+    process.once('SIGTERM', on);
+  });
+}
+
+export async function runProxy(config: Config, options: { migrate: boolean }): Promise<number> {
+  const ctx = await createContext(config);
+  if (options.migrate) {
+    const applied = await migrateToLatest(ctx.database);
+    if (applied.length) ctx.log.info({ applied }, `applied migrations: ${applied.join(', ')}`);
+  } else {
+    const pending = await pendingMigrations(ctx.database);
+    if (pending.length) {
+      ctx.log.warn(
+        { pending },
+        'migrations are pending: run `tollgate migrate`; /readyz reports not ready until then',
+      );
+    }
+  }
+  const running = await startServing(ctx);
+  ctx.log.info(
+    { url: running.url, database: ctx.database.kind, bus: ctx.bus.kind },
+    `tollgate proxy listening on ${running.url} (database: ${ctx.database.kind}, bus: ${ctx.bus.kind})`,
+  );
+  const signal = await untilSignal();
+  ctx.log.info(`${signal} received: draining in-flight requests`);
+  await running.stop();
+  return 0;
+}
+
+interface DevState {
+  projectId: string;
+  apiKey: string;
+}
+
+export const DEV_USER = 'demo-user';
+export const DEV_MODEL = 'demo-echo';
+
+/** Creates the demo project, key, model and user once; later starts reuse them (kept in the data dir). */
+export async function seedDev(ctx: AppContext): Promise<DevState> {
+  const file = join(resolve(ctx.config.TOLLGATE_DATA_DIR), 'dev.json');
+  if (existsSync(file)) {
+    const state = JSON.parse(readFileSync(file, 'utf8')) as DevState;
+    const found = await ctx.db
+      .selectFrom('projects')
+      .select('id')
+      .where('id', '=', state.projectId)
+      .executeTakeFirst();
+    if (found) return state;
+  }
+  const created = await createProject(ctx.db, ctx.sealer, {
+    name: 'Demo',
+    currency: 'usd',
+    upstreamUrl: ECHO_UPSTREAM,
+  });
+  await applyPricing(ctx.db, created.project.id, {
+    currency: 'usd',
+    models: [
+      { id: DEV_MODEL, pricing: { mode: 'per_token', inputPerMillion: '1', outputPerMillion: '2' } },
+      {
+        id: 'demo-per-request',
+        upstreamModel: DEV_MODEL,
+        pricing: { mode: 'per_request', perRequest: '0.01' },
+      },
+    ],
+  });
+  const trigger = { source: 'dev', actorType: 'admin', actorId: 'dev' };
+  await connectUser(ctx.db, ctx.events, created.project, DEV_USER, trigger);
+  await deposit(ctx.db, ctx.events, {
+    project: created.project,
+    externalId: DEV_USER,
+    amount: '10.00',
+    source: 'dev',
+    trigger,
+  });
+  const state = { projectId: created.project.id, apiKey: created.apiKey };
+  writeFileSync(file, JSON.stringify(state, null, 2), { mode: 0o600 });
+  return state;
+}
+
+export async function runDev(config: Config): Promise<number> {
+  const ctx = await createContext(config);
+  const applied = await migrateToLatest(ctx.database);
+  if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
+  const state = await seedDev(ctx);
+  const running = await startServing(ctx);
+  const base = publicBaseUrl(
+    config,
+    running.app.server.address() ? (running.app.server.address() as { port: number }).port : undefined,
+  );
+  const where =
+    ctx.database.kind === 'embedded'
+      ? `embedded Postgres in ${resolve(config.TOLLGATE_DATA_DIR, 'pgdata')}`
+      : 'DATABASE_URL';
+  process.stdout.write(
+    [
+      '',
+      `Tollgate dev is running at ${base}/v1`,
+      `  database:   ${where}`,
+      `  bus:        ${ctx.bus.kind === 'redis' ? 'Redis (REDIS_URL)' : 'in-process (no REDIS_URL)'}`,
+      `  project:    ${state.projectId}`,
+      `  API key:    ${state.apiKey}`,
+      `  models:     ${DEV_MODEL} (per token), demo-per-request (0.01 per request) — answered by the built-in echo provider`,
+      `  demo user:  ${DEV_USER} (connected, 10.00 usd to start)`,
+      '',
+      'Try:',
+      `  curl -s ${base}/v1/models -H 'Authorization: Bearer ${state.apiKey}'`,
+      `  curl -s ${base}/v1/chat/completions -H 'Authorization: Bearer ${state.apiKey}' -H 'Content-Type: application/json' \\`,
+      `    -d '{"model":"${DEV_MODEL}","user":"${DEV_USER}","messages":[{"role":"user","content":"Hello"}]}'`,
+      '',
+      'Press Ctrl+C to stop.',
+      '',
+    ].join('\n'),
+  );
+  const signal = await untilSignal();
+  ctx.log.info(`${signal} received: stopping`);
+  await running.stop();
+  return 0;
+}

@@ -1,0 +1,159 @@
+import { z } from 'zod';
+
+/**
+ * Every setting Tollgate reads, as one zod schema over environment variables.
+ * The README's configuration table is generated from the same list (`configDocs`), so the two agree.
+ */
+
+const bool = z
+  .enum(['true', 'false', '1', '0', 'yes', 'no'], { message: 'must be true or false' })
+  .transform((v) => v === 'true' || v === '1' || v === 'yes');
+
+const int = (min: number, max: number) =>
+  z.coerce
+    .number({ message: 'must be a whole number' })
+    .int({ message: 'must be a whole number' })
+    .min(min, { message: `must be at least ${min}` })
+    .max(max, { message: `must be at most ${max}` });
+
+const url = (protocols: string[]) =>
+  z.string().refine(
+    (v) => {
+      try {
+        return protocols.includes(new URL(v).protocol);
+      } catch {
+        return false;
+      }
+    },
+    { message: `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')}` },
+  );
+
+const encryptionKey = z.string().refine((v) => decodeKey(v) !== undefined, {
+  message:
+    'must be 32 bytes, given as 64 hex characters or base64 (generate one with `openssl rand -hex 32`)',
+});
+
+export const configSchema = z.object({
+  PORT: int(0, 65535).default(8080),
+  HOST: z.string().min(1).default('0.0.0.0'),
+  PUBLIC_BASE_URL: url(['http:', 'https:']).optional(),
+  DATABASE_URL: url(['postgres:', 'postgresql:']).optional(),
+  DATABASE_POOL_SIZE: int(1, 200).default(10),
+  TOLLGATE_DATA_DIR: z.string().min(1).default('.tollgate'),
+  REDIS_URL: url(['redis:', 'rediss:']).optional(),
+  TOLLGATE_ENCRYPTION_KEY: encryptionKey.optional(),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(4 * 1024 * 1024),
+  LINK_TOKEN_TTL_SECONDS: int(60, 30 * 24 * 3600).default(24 * 3600),
+  HOLD_TTL_SECONDS: int(10, 24 * 3600).default(15 * 60),
+  DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
+  UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),
+  UPSTREAM_RESPONSE_TIMEOUT_MS: int(100, 3_600_000).default(120_000),
+  WEBHOOK_MAX_ATTEMPTS: int(1, 100).default(8),
+  WEBHOOK_BACKOFF_BASE_MS: int(1, 24 * 3600 * 1000).default(30_000),
+  WEBHOOK_TIMEOUT_MS: int(100, 300_000).default(10_000),
+  WEBHOOK_ALLOW_HTTP: bool.default(false),
+  WEBHOOK_ALLOW_PRIVATE_NETWORKS: bool.default(false),
+  WEBHOOK_CA_FILE: z.string().min(1).optional(),
+  WEBHOOK_WORKER_CONCURRENCY: int(1, 1000).default(32),
+  WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY: int(1, 100).default(4),
+  WEBHOOK_CLAIM_LEASE_MS: int(1000, 3_600_000).default(60_000),
+  WEBHOOK_POLL_INTERVAL_MS: int(10, 600_000).default(1000),
+  OPERATOR_PORT: int(0, 65535).default(8081),
+  OPERATOR_LEASE_NAME: z.string().min(1).default('tollgate-operator'),
+  OPERATOR_LEASE_NAMESPACE: z.string().min(1).optional(),
+  OPERATOR_LEASE_DURATION_SECONDS: int(1, 3600).default(15),
+  OPERATOR_RENEW_DEADLINE_SECONDS: int(1, 3600).default(10),
+  OPERATOR_RETRY_PERIOD_SECONDS: int(1, 3600).default(2),
+  OPERATOR_STATUS_SYNC_SECONDS: int(1, 3600).default(30),
+  OPERATOR_SHUTDOWN_GRACE_SECONDS: int(0, 3600).default(20),
+  POD_NAME: z.string().min(1).optional(),
+});
+
+export type Config = z.infer<typeof configSchema>;
+
+/** One line per setting for the README table: name, default, meaning. */
+export const configDocs: Record<keyof Config, string> = {
+  PORT: 'HTTP port of `tollgate proxy` and `tollgate dev`.',
+  HOST: 'Address to listen on.',
+  PUBLIC_BASE_URL:
+    'Public address of the proxy, used in connect and top-up links (default `http://localhost:PORT`).',
+  DATABASE_URL:
+    'Postgres connection string. Unset: an embedded Postgres (PGlite) kept in `TOLLGATE_DATA_DIR`.',
+  DATABASE_POOL_SIZE: 'Connections per process to Postgres.',
+  TOLLGATE_DATA_DIR: 'Where the embedded database and the generated dev encryption key live.',
+  REDIS_URL:
+    'Redis connection string (cache invalidation and wake-ups across pods). Unset: in-process stand-ins.',
+  TOLLGATE_ENCRYPTION_KEY:
+    '32-byte key (64 hex characters or base64) that encrypts provider keys and webhook secrets and signs links. Required with `DATABASE_URL`; `dev` generates one in `TOLLGATE_DATA_DIR`.',
+  LOG_LEVEL: 'fatal, error, warn, info, debug, trace or silent.',
+  BODY_LIMIT_BYTES: 'Largest request body accepted; larger bodies get 413.',
+  LINK_TOKEN_TTL_SECONDS: 'Lifetime of connect and top-up links.',
+  HOLD_TTL_SECONDS: 'A hold not settled within this time is released by the sweeper (a crashed pod).',
+  DEFAULT_MAX_COMPLETION_TOKENS:
+    'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
+  UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
+  UPSTREAM_RESPONSE_TIMEOUT_MS: 'Time-out for the provider’s response headers and between streamed chunks.',
+  WEBHOOK_MAX_ATTEMPTS: 'Delivery attempts before a delivery ends in `error`.',
+  WEBHOOK_BACKOFF_BASE_MS: 'First retry delay; doubles on each attempt, with jitter.',
+  WEBHOOK_TIMEOUT_MS: 'Time-out of one delivery request.',
+  WEBHOOK_ALLOW_HTTP: 'Allow plain-HTTP subscription URLs.',
+  WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'Allow destinations on private, loopback and link-local addresses.',
+  WEBHOOK_CA_FILE: 'Extra PEM CA bundle trusted for webhook destinations.',
+  WEBHOOK_WORKER_CONCURRENCY: 'Deliveries in flight per worker.',
+  WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY: 'Deliveries in flight per subscription per worker.',
+  WEBHOOK_CLAIM_LEASE_MS: 'A claimed delivery whose worker died becomes due again after this long.',
+  WEBHOOK_POLL_INTERVAL_MS: 'Polling interval of the delivery worker when no wake-up arrives.',
+  OPERATOR_PORT: 'Port of the operator’s `/healthz`, `/readyz` and `/metrics`.',
+  OPERATOR_LEASE_NAME: 'Name of the leader-election Lease.',
+  OPERATOR_LEASE_NAMESPACE: 'Namespace of the Lease (default: the pod’s namespace, else `default`).',
+  OPERATOR_LEASE_DURATION_SECONDS: 'Lease duration.',
+  OPERATOR_RENEW_DEADLINE_SECONDS: 'The leader steps down when it cannot renew within this time.',
+  OPERATOR_RETRY_PERIOD_SECONDS: 'Interval between acquire/renew attempts.',
+  OPERATOR_STATUS_SYNC_SECONDS: 'Interval at which delivery stats are mirrored into resource status.',
+  OPERATOR_SHUTDOWN_GRACE_SECONDS:
+    'On SIGTERM, time allowed for in-flight deliveries before the lease is released.',
+  POD_NAME: 'Leader-election identity (set from the downward API; default: the host name).',
+};
+
+export class ConfigError extends Error {
+  readonly variable: string;
+  constructor(variable: string, problem: string) {
+    super(`configuration error: ${variable} ${problem}`);
+    this.variable = variable;
+  }
+}
+
+/** Parses the environment; throws ConfigError naming the first bad variable. Empty strings count as unset. */
+export function loadConfig(env: Record<string, string | undefined> = process.env): Config {
+  const input: Record<string, string> = {};
+  for (const key of Object.keys(configSchema.shape)) {
+    const value = env[key];
+    if (value !== undefined && value.trim() !== '') input[key] = value.trim();
+  }
+  const result = configSchema.safeParse(input);
+  if (!result.success) {
+    const issue = result.error.issues[0]!;
+    const variable = String(issue.path[0] ?? 'configuration');
+    const shown = input[variable];
+    const secret = variable.includes('KEY') || variable.includes('URL');
+    const suffix = shown !== undefined && !secret ? ` (got "${shown}")` : '';
+    throw new ConfigError(variable, `${issue.message}${suffix}`);
+  }
+  return result.data;
+}
+
+export function publicBaseUrl(config: Config, boundPort?: number): string {
+  const base = config.PUBLIC_BASE_URL ?? `http://localhost:${boundPort ?? config.PORT}`;
+  return base.replace(/\/+$/, '');
+}
+
+/** Decodes a 32-byte key given as hex or base64; undefined when it is neither. */
+export function decodeKey(value: string): Buffer | undefined {
+  if (/^[0-9a-fA-F]{64}$/.test(value)) return Buffer.from(value, 'hex');
+  if (/^[A-Za-z0-9+/_-]+={0,2}$/.test(value)) {
+    const buf = Buffer.from(value, 'base64');
+    if (buf.length === 32) return buf;
+  }
+  return undefined;
+}

@@ -1,0 +1,69 @@
+import { randomBytes } from 'node:crypto';
+
+/**
+ * Identifiers are `<prefix>_<time><random>`: 10 Crockford base32 characters of milliseconds followed by
+ * 16 random ones. They sort by creation time, so an id doubles as a pagination cursor. Within one
+ * process ids are strictly increasing (the random part is incremented when the clock has not moved).
+ */
+const ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz';
+
+let lastTime = -1;
+let lastRandom: number[] = [];
+
+function encodeTime(ms: number): string {
+  let out = '';
+  let t = ms;
+  for (let i = 0; i < 10; i++) {
+    out = ALPHABET[t % 32] + out;
+    t = Math.floor(t / 32);
+  }
+  return out;
+}
+
+function nextRandom(now: number): number[] {
+  if (now === lastTime) {
+    const r = lastRandom.slice();
+    for (let i = r.length - 1; i >= 0; i--) {
+      if (r[i]! < 31) {
+        r[i]!++;
+        break;
+      }
+      r[i] = 0;
+    }
+    lastRandom = r;
+    return r;
+  }
+  const bytes = randomBytes(16);
+  lastTime = now;
+  lastRandom = Array.from(bytes, (b) => b % 32);
+  lastRandom[0] = lastRandom[0]! % 16; // leave headroom for increments
+  return lastRandom;
+}
+
+export type IdPrefix =
+  | 'pw'
+  | 'acct'
+  | 'key'
+  | 'usr'
+  | 'act'
+  | 'hold'
+  | 'evt'
+  | 'req'
+  | 'sub'
+  | 'whsub'
+  | 'dlv'
+  | 'att'
+  | 'chatcmpl';
+
+export function newId(prefix: IdPrefix): string {
+  const now = Date.now();
+  const random = nextRandom(now)
+    .map((n) => ALPHABET[n])
+    .join('');
+  return `${prefix}_${encodeTime(now)}${random}`;
+}
+
+/** A random token of the given byte length in base64url. */
+export function randomToken(bytes = 32): string {
+  return randomBytes(bytes).toString('base64url');
+}

@@ -1,0 +1,10 @@
+import type { Migration } from 'kysely/migration';
+import * as foundation from './0001_foundation.ts';
+
+/**
+ * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
+ * Listed statically so the compiled build and the embedded database need no directory scanning.
+ */
+export const migrations: Record<string, Migration> = {
+  '0001_foundation': foundation,
+};

@@ -1,0 +1,106 @@
+/**
+ * The event catalog: every event type Tollgate emits, its schema version and what its `data` holds.
+ * The README's event table is written from this list; add new types here first.
+ */
+export interface EventTypeInfo {
+  version: string;
+  description: string;
+  /** Field name → meaning, for the documentation. */
+  data: Record<string, string>;
+}
+
+export const eventCatalog = {
+  'proxy.request.started': {
+    version: '1.0',
+    description: 'A chat completion passed the paywall and is being forwarded to the provider.',
+    data: {
+      requestId: 'request id',
+      model: 'model id',
+      stream: 'boolean',
+      holdAmount: 'decimal string held',
+    },
+  },
+  'proxy.request.completed': {
+    version: '1.0',
+    description: 'A forwarded chat completion finished and was charged.',
+    data: {
+      requestId: 'request id',
+      model: 'model id',
+      stream: 'boolean',
+      inputTokens: 'integer',
+      outputTokens: 'integer',
+      amount: 'decimal string charged',
+      currency: 'currency code',
+      finishReason: 'string or null',
+      durationMs: 'integer',
+    },
+  },
+  'proxy.request.failed': {
+    version: '1.0',
+    description: 'A forwarded chat completion failed upstream; the hold was released and nothing charged.',
+    data: { requestId: 'request id', model: 'model id', status: 'HTTP status returned', code: 'error code' },
+  },
+  'auth.connection.required': {
+    version: '1.0',
+    description: 'A request came from a user who is not connected; the reply carried a connect link.',
+    data: { model: 'model id or null', operation: '`chat` or `charge`' },
+  },
+  'limits.balance.insufficient': {
+    version: '1.0',
+    description: 'A request needed more than the user’s available balance; the reply carried a top-up link.',
+    data: {
+      model: 'model id or null',
+      operation: '`chat` or `charge`',
+      required: 'decimal string',
+      available: 'decimal string',
+      currency: 'currency code',
+    },
+  },
+  'routing.upstream.failed': {
+    version: '1.0',
+    description: 'The provider answered with an error, timed out or sent a malformed response.',
+    data: { requestId: 'request id', model: 'model id', upstreamStatus: 'integer or null', reason: 'string' },
+  },
+  'balance.deposit.created': {
+    version: '1.0',
+    description: 'A deposit credited a user’s wallet.',
+    data: {
+      paywallId: 'project id',
+      ownerUserId: 'project owner id',
+      walletUserId: 'Tollgate user id of the wallet',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string',
+      currency: 'lowercase currency code',
+      source: 'payment origin (`api`, `cli`, …)',
+      activityId: 'ledger entry id',
+    },
+  },
+  'balance.charge.created': {
+    version: '1.0',
+    description: 'A charge debited a user’s wallet (metered chat, subscription fee or manual charge).',
+    data: {
+      paywallId: 'project id',
+      ownerUserId: 'project owner id',
+      walletUserId: 'Tollgate user id of the wallet',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string',
+      currency: 'lowercase currency code',
+      source: '`chat`, `subscription` or `api`',
+      activityId: 'ledger entry id',
+      balance: 'decimal string after the charge',
+    },
+  },
+  'user.connected': {
+    version: '1.0',
+    description: 'A user connected to the paywall.',
+    data: { walletUserId: 'Tollgate user id', externalUserId: 'the developer’s user id' },
+  },
+  'user.disconnected': {
+    version: '1.0',
+    description: 'A user was disconnected from the paywall.',
+    data: { walletUserId: 'Tollgate user id', externalUserId: 'the developer’s user id' },
+  },
+} as const satisfies Record<string, EventTypeInfo>;
+
+export type EventType = keyof typeof eventCatalog;
+export const eventTypes = Object.keys(eventCatalog) as EventType[];

@@ -1,0 +1,115 @@
+import Fastify, {
+  type FastifyBaseLogger,
+  type FastifyError,
+  type FastifyInstance,
+  LogController,
+} from 'fastify';
+import type { AppContext } from '../app/context.ts';
+import { installAuth } from '../auth/plugin.ts';
+import { ApiError } from '../core/errors.ts';
+import { modelRoutes } from '../models/routes.ts';
+import { healthRoutes } from './health.ts';
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    ctx: AppContext;
+  }
+}
+
+/**
+ * The HTTP surface of `tollgate proxy`. Where a request goes:
+ * - `/healthz`, `/readyz` — ./health.ts
+ * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
+ */
+export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
+  const app = Fastify({
+    loggerInstance: ctx.log as FastifyBaseLogger,
+    // One debug line per request (onResponse below) instead of fastify's two info lines.
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: ctx.config.BODY_LIMIT_BYTES,
+    trustProxy: true,
+    return503OnClosing: true,
+    forceCloseConnections: 'idle',
+    routerOptions: { ignoreTrailingSlash: true },
+  });
+  app.decorate('ctx', ctx);
+
+  app.setErrorHandler((error: FastifyError, request, reply) => {
+    const apiError = toApiError(error);
+    if (apiError.status >= 500) request.log.error({ err: error, url: request.url }, 'request failed');
+    reply.status(apiError.status).headers(apiError.headers).send(apiError.toBody());
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const err = new ApiError(
+      404,
+      'not_found_error',
+      `Unknown request URL: ${request.method} ${request.url.split('?')[0]}.`,
+      {
+        code: 'unknown_url',
+      },
+    );
+    reply.status(404).send(err.toBody());
+  });
+  app.addHook('onResponse', async (request, reply) => {
+    request.log.debug(
+      {
+        method: request.method,
+        url: request.url,
+        status: reply.statusCode,
+        ms: Math.round(reply.elapsedTime),
+      },
+      'request',
+    );
+  });
+
+  await app.register(healthRoutes);
+  await app.register(
+    async (v1) => {
+      installAuth(v1);
+      await v1.register(modelRoutes);
+    },
+    { prefix: '/v1' },
+  );
+  return app;
+}
+
+/** Maps anything thrown while serving a request to an OpenAI-shaped error; bad input never becomes a 500. */
+export function toApiError(error: FastifyError | Error): ApiError {
+  if (error instanceof ApiError) return error;
+  const fastifyError = error as FastifyError;
+  switch (fastifyError.code) {
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new ApiError(413, 'invalid_request_error', 'Request body is too large.', {
+        code: 'request_too_large',
+      });
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new ApiError(415, 'invalid_request_error', 'Content-Type must be application/json.', {
+        code: 'unsupported_media_type',
+      });
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new ApiError(400, 'invalid_request_error', 'Request body is empty; a JSON object is required.', {
+        code: 'invalid_json',
+      });
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+      return new ApiError(
+        400,
+        'invalid_request_error',
+        `Request body is not valid JSON: ${fastifyError.message}`,
+        {
+          code: 'invalid_json',
+        },
+      );
+  }
+  if (error instanceof SyntaxError || (fastifyError.statusCode === 400 && /JSON/i.test(error.message))) {
+    return new ApiError(400, 'invalid_request_error', `Request body is not valid JSON: ${error.message}`, {
+      code: 'invalid_json',
+    });
+  }
+  const status = fastifyError.statusCode;
+  if (status && status >= 400 && status < 500) {
+    return new ApiError(status, 'invalid_request_error', error.message, { code: fastifyError.code ?? null });
+  }
+  return new ApiError(500, 'server_error', 'The server had an error while processing your request.', {
+    code: 'internal_error',
+  });
+}

@@ -1,0 +1,86 @@
+import { z } from 'zod';
+import { currencySchema, priceSchema } from '../core/money.ts';
+import type { ModelRow, PricingMode } from '../db/schema.ts';
+
+/**
+ * Pricing of a model: per request, per token (prices per 1M input/output tokens), or subscription
+ * (a fee per period charged from the balance, then unlimited use until the period ends).
+ */
+export const periodSchema = z
+  .string()
+  .regex(/^[1-9]\d{0,4}[hdw]$/, { message: 'must be a number followed by h, d or w, such as "30d"' });
+
+const PERIOD_UNIT_SECONDS = { h: 3600, d: 86_400, w: 604_800 } as const;
+
+export function periodSeconds(period: string): number {
+  const unit = period.slice(-1) as keyof typeof PERIOD_UNIT_SECONDS;
+  return Number(period.slice(0, -1)) * PERIOD_UNIT_SECONDS[unit];
+}
+
+export const pricingSchema = z.discriminatedUnion('mode', [
+  z.strictObject({ mode: z.literal('per_request'), perRequest: priceSchema }),
+  z.strictObject({
+    mode: z.literal('per_token'),
+    inputPerMillion: priceSchema,
+    outputPerMillion: priceSchema,
+  }),
+  z.strictObject({ mode: z.literal('subscription'), fee: priceSchema, period: periodSchema }),
+]);
+export type Pricing = z.infer<typeof pricingSchema>;
+
+export const modelIdSchema = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]*$/, { message: 'may hold letters, digits and . _ : / -' });
+
+export const modelSpecSchema = z.strictObject({
+  id: modelIdSchema,
+  upstreamModel: z.string().min(1).max(256).optional(),
+  pricing: pricingSchema,
+});
+export type ModelSpec = z.infer<typeof modelSpecSchema>;
+
+/** The pricing file of `tollgate models apply`. */
+export const pricingFileSchema = z
+  .strictObject({
+    currency: currencySchema,
+    models: z.array(modelSpecSchema).min(1, { message: 'must list at least one model' }),
+  })
+  .superRefine((file, ctx) => {
+    const seen = new Set<string>();
+    file.models.forEach((m, i) => {
+      if (seen.has(m.id))
+        ctx.addIssue({ code: 'custom', path: ['models', i, 'id'], message: `duplicate model id ${m.id}` });
+      seen.add(m.id);
+    });
+  });
+export type PricingFile = z.infer<typeof pricingFileSchema>;
+
+export function pricingOf(row: ModelRow): Pricing {
+  switch (row.pricing_mode as PricingMode) {
+    case 'per_request':
+      return { mode: 'per_request', perRequest: row.per_request ?? '0' };
+    case 'per_token':
+      return {
+        mode: 'per_token',
+        inputPerMillion: row.input_per_million ?? '0',
+        outputPerMillion: row.output_per_million ?? '0',
+      };
+    case 'subscription':
+      return { mode: 'subscription', fee: row.fee ?? '0', period: row.period ?? '30d' };
+  }
+}
+
+/** Columns of a models row for a pricing. */
+export function pricingColumns(pricing: Pricing) {
+  return {
+    pricing_mode: pricing.mode,
+    per_request: pricing.mode === 'per_request' ? pricing.perRequest : null,
+    input_per_million: pricing.mode === 'per_token' ? pricing.inputPerMillion : null,
+    output_per_million: pricing.mode === 'per_token' ? pricing.outputPerMillion : null,
+    fee: pricing.mode === 'subscription' ? pricing.fee : null,
+    period: pricing.mode === 'subscription' ? pricing.period : null,
+    period_seconds: pricing.mode === 'subscription' ? periodSeconds(pricing.period) : null,
+  };
+}

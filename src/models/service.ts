@@ -1,0 +1,67 @@
+import { parse as parseYaml } from 'yaml';
+import { badRequest } from '../core/errors.ts';
+import { parseInput } from '../core/validation.ts';
+import type { Database } from '../db/index.ts';
+import { type PricingFile, pricingColumns, pricingFileSchema } from './pricing.ts';
+
+export interface ApplyResult {
+  created: string[];
+  updated: string[];
+  deleted: string[];
+}
+
+/** Parses and validates a pricing YAML document; problems become 400s naming the field. */
+export function parsePricingFile(text: string): PricingFile {
+  let doc: unknown;
+  try {
+    doc = parseYaml(text);
+  } catch (err) {
+    throw badRequest(`pricing file is not valid YAML: ${(err as Error).message.split('\n')[0]}`, 'file');
+  }
+  return parseInput(pricingFileSchema, doc, 'pricing file');
+}
+
+/**
+ * Makes the project's models exactly those of the file (declarative, like `kubectl apply --prune`):
+ * new ids are created, existing ones updated, ids missing from the file deleted.
+ */
+export async function applyPricing(db: Database, projectId: string, file: PricingFile): Promise<ApplyResult> {
+  return db.transaction().execute(async (tx) => {
+    const project = await tx
+      .selectFrom('projects')
+      .select('currency')
+      .where('id', '=', projectId)
+      .forUpdate()
+      .executeTakeFirst();
+    if (!project) throw badRequest(`no project ${projectId}`, 'project');
+    if (project.currency !== file.currency) {
+      throw badRequest(
+        `the file's currency ${file.currency} differs from the project's currency ${project.currency}`,
+        'currency',
+      );
+    }
+    const existing = new Set(
+      (await tx.selectFrom('models').select('id').where('project_id', '=', projectId).execute()).map(
+        (r) => r.id,
+      ),
+    );
+    const result: ApplyResult = { created: [], updated: [], deleted: [] };
+    for (const model of file.models) {
+      const columns = { ...pricingColumns(model.pricing), upstream_model: model.upstreamModel ?? model.id };
+      await tx
+        .insertInto('models')
+        .values({ project_id: projectId, id: model.id, ...columns })
+        .onConflict((oc) =>
+          oc.columns(['project_id', 'id']).doUpdateSet({ ...columns, updated_at: new Date() }),
+        )
+        .execute();
+      (existing.has(model.id) ? result.updated : result.created).push(model.id);
+      existing.delete(model.id);
+    }
+    for (const id of existing) {
+      await tx.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', id).execute();
+      result.deleted.push(id);
+    }
+    return result;
+  });
+}

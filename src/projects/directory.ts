@@ -1,0 +1,90 @@
+import { type Bus, channels } from '../bus/index.ts';
+import { TtlCache } from '../core/cache.ts';
+import type { Sealer } from '../core/crypto.ts';
+import type { Database } from '../db/index.ts';
+import type { ModelRow, ProjectSettings } from '../db/schema.ts';
+
+/** What a request needs to know about its project, loaded once and cached. */
+export interface ProjectContext {
+  id: string;
+  name: string;
+  currency: string;
+  owner_user_id: string;
+  settings: ProjectSettings;
+  upstream: { baseUrl: string; apiKey: string | undefined } | undefined;
+  models: Map<string, ModelRow>;
+}
+
+const TTL_MS = 60_000;
+
+/**
+ * Cached project contexts (project row, unsealed provider key, models). Any change to a project or its
+ * models is published on the bus and drops the entry on every pod; the TTL bounds staleness.
+ */
+export class ProjectDirectory {
+  readonly #db: Database;
+  readonly #bus: Bus;
+  readonly #sealer: Sealer;
+  readonly #cache = new TtlCache<string, ProjectContext | null>(10_000);
+  #unsubscribe: (() => Promise<void>) | undefined;
+
+  constructor(db: Database, bus: Bus, sealer: Sealer) {
+    this.#db = db;
+    this.#bus = bus;
+    this.#sealer = sealer;
+  }
+
+  async start(): Promise<void> {
+    this.#unsubscribe = await this.#bus.subscribe(channels.projectChanged, (id) =>
+      this.#cache.invalidate(id),
+    );
+  }
+
+  async stop(): Promise<void> {
+    await this.#unsubscribe?.();
+  }
+
+  async get(projectId: string): Promise<ProjectContext | undefined> {
+    const found = await this.#cache.getOrLoad(
+      projectId,
+      () => this.#load(projectId),
+      () => TTL_MS,
+    );
+    return found ?? undefined;
+  }
+
+  /** Call after changing a project or its models. */
+  async changed(projectId: string): Promise<void> {
+    this.#cache.invalidate(projectId);
+    await this.#bus.publish(channels.projectChanged, projectId);
+  }
+
+  async #load(projectId: string): Promise<ProjectContext | null> {
+    const project = await this.#db
+      .selectFrom('projects')
+      .selectAll()
+      .where('id', '=', projectId)
+      .executeTakeFirst();
+    if (!project) return null;
+    const models = await this.#db
+      .selectFrom('models')
+      .selectAll()
+      .where('project_id', '=', projectId)
+      .orderBy('id')
+      .execute();
+    return {
+      id: project.id,
+      name: project.name,
+      currency: project.currency,
+      owner_user_id: project.owner_user_id,
+      settings: project.settings,
+      upstream: project.upstream_base_url
+        ? {
+            baseUrl: project.upstream_base_url,
+            apiKey: project.upstream_key_sealed ? this.#sealer.open(project.upstream_key_sealed) : undefined,
+          }
+        : undefined,
+      models: new Map(models.map((m) => [m.id, m])),
+    };
+  }
+}

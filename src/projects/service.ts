@@ -1,0 +1,115 @@
+import { z } from 'zod';
+import { createKey } from '../auth/keys.ts';
+import type { Sealer } from '../core/crypto.ts';
+import { notFound } from '../core/errors.ts';
+import { newId } from '../core/ids.ts';
+import { currencySchema } from '../core/money.ts';
+import { parseInput } from '../core/validation.ts';
+import type { Database } from '../db/index.ts';
+import type { Project, ProjectSettings } from '../db/schema.ts';
+
+const httpUrl = z
+  .string()
+  .url()
+  .refine((v) => /^https?:\/\//.test(v), { message: 'must start with http:// or https://' });
+
+/** An upstream base URL: an OpenAI-compatible provider, or `echo://local` for the built-in echo provider. */
+export const upstreamUrlSchema = z
+  .string()
+  .refine((v) => v === ECHO_UPSTREAM || httpUrl.safeParse(v).success, {
+    message: `must be an http(s) URL of an OpenAI-compatible API (e.g. https://api.openai.com/v1) or ${'echo://local'}`,
+  });
+
+export const ECHO_UPSTREAM = 'echo://local';
+
+export const projectSettingsSchema = z.strictObject({
+  connectMessage: z.string().min(1).max(2000).optional(),
+  topupMessage: z.string().min(1).max(2000).optional(),
+  returnUrl: httpUrl.optional(),
+  checkoutUrl: httpUrl.optional(),
+  maxCompletionTokens: z.number().int().min(1).max(10_000_000).optional(),
+}) satisfies z.ZodType<ProjectSettings>;
+
+export const createProjectSchema = z.strictObject({
+  name: z.string().trim().min(1).max(200),
+  currency: currencySchema.default('usd'),
+  ownerUserId: z.string().min(1).max(200).optional(),
+  upstreamUrl: upstreamUrlSchema.optional(),
+  upstreamKey: z.string().min(1).optional(),
+  settings: projectSettingsSchema.default({}),
+});
+export type CreateProjectInput = z.input<typeof createProjectSchema>;
+
+export interface CreatedProject {
+  project: Project;
+  apiKey: string;
+  apiKeyId: string;
+}
+
+/** Creates a project (paywall) with its first API key. The provider key is sealed at rest. */
+export async function createProject(
+  db: Database,
+  sealer: Sealer,
+  input: CreateProjectInput,
+): Promise<CreatedProject> {
+  const parsed = parseInput(createProjectSchema, input, 'project');
+  return db.transaction().execute(async (tx) => {
+    const id = newId('pw');
+    const project = await tx
+      .insertInto('projects')
+      .values({
+        id,
+        name: parsed.name,
+        currency: parsed.currency,
+        owner_user_id: parsed.ownerUserId ?? newId('acct'),
+        settings: JSON.stringify(parsed.settings),
+        upstream_base_url: parsed.upstreamUrl?.replace(/\/+$/, '') ?? null,
+        upstream_key_sealed: parsed.upstreamKey ? sealer.seal(parsed.upstreamKey) : null,
+      })
+      .returningAll()
+      .executeTakeFirstOrThrow();
+    const key = await createKey(tx, id, 'default');
+    return { project, apiKey: key.key, apiKeyId: key.id };
+  });
+}
+
+export async function getProject(db: Database, id: string): Promise<Project> {
+  const project = await db.selectFrom('projects').selectAll().where('id', '=', id).executeTakeFirst();
+  if (!project) throw notFound(`No project ${id}.`, 'project_not_found');
+  return project;
+}
+
+export const updateProjectSchema = z.strictObject({
+  name: z.string().trim().min(1).max(200).optional(),
+  upstreamUrl: upstreamUrlSchema.nullable().optional(),
+  upstreamKey: z.string().min(1).nullable().optional(),
+  settings: projectSettingsSchema.partial().optional(),
+});
+export type UpdateProjectInput = z.input<typeof updateProjectSchema>;
+
+/** Updates name, provider and settings (settings are merged key by key). */
+export async function updateProject(
+  db: Database,
+  sealer: Sealer,
+  id: string,
+  input: UpdateProjectInput,
+): Promise<Project> {
+  const parsed = parseInput(updateProjectSchema, input, 'project');
+  const current = await getProject(db, id);
+  return db
+    .updateTable('projects')
+    .set({
+      ...(parsed.name !== undefined ? { name: parsed.name } : {}),
+      ...(parsed.upstreamUrl !== undefined
+        ? { upstream_base_url: parsed.upstreamUrl?.replace(/\/+$/, '') ?? null }
+        : {}),
+      ...(parsed.upstreamKey !== undefined
+        ? { upstream_key_sealed: parsed.upstreamKey === null ? null : sealer.seal(parsed.upstreamKey) }
+        : {}),
+      ...(parsed.settings ? { settings: JSON.stringify({ ...current.settings, ...parsed.settings }) } : {}),
+      updated_at: new Date(),
+    })
+    .where('id', '=', id)
+    .returningAll()
+    .executeTakeFirstOrThrow();
+}

@@ -1,0 +1,42 @@
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { type AppContext, createContext } from '../../src/app/context.ts';
+import { loadConfig } from '../../src/config/index.ts';
+import { migrateToLatest } from '../../src/db/index.ts';
+
+export const TEST_ENCRYPTION_KEY = 'a'.repeat(64);
+
+/** True when the suite runs against the real local Postgres (else the embedded database). */
+export const realPostgres = Boolean(process.env.TOLLGATE_TEST_PG);
+
+/**
+ * A fully built application context for one test file: its own Postgres schema (or its own embedded
+ * database directory), its own bus channel prefix on the real Redis, migrations applied.
+ * `env` overrides configuration variables.
+ */
+export async function createTestContext(env: Record<string, string> = {}): Promise<AppContext> {
+  const id = randomBytes(5).toString('hex');
+  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
+  const config = loadConfig({
+    LOG_LEVEL: 'silent',
+    TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
+    TOLLGATE_DATA_DIR: dataDir,
+    DATABASE_URL: process.env.TOLLGATE_TEST_PG || undefined,
+    REDIS_URL: process.env.TOLLGATE_TEST_REDIS || undefined,
+    PORT: '0',
+    HOST: '127.0.0.1',
+    WEBHOOK_ALLOW_HTTP: 'true',
+    WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
+    ...env,
+  });
+  const ctx = await createContext(config, { schema: `tgt_${id}`, busPrefix: `t${id}:` });
+  await migrateToLatest(ctx.database);
+  const close = ctx.close.bind(ctx);
+  ctx.close = async () => {
+    await close();
+    rmSync(dataDir, { recursive: true, force: true });
+  };
+  return ctx;
+}

@@ -1,0 +1,82 @@
+import type { FastifyInstance } from 'fastify';
+import type { AppContext } from '../../src/app/context.ts';
+import { buildServer } from '../../src/http/server.ts';
+import type { ModelSpec } from '../../src/models/pricing.ts';
+import { applyPricing } from '../../src/models/service.ts';
+import { type CreateProjectInput, createProject } from '../../src/projects/service.ts';
+import { createTestContext } from './context.ts';
+
+export interface TestServer {
+  ctx: AppContext;
+  app: FastifyInstance;
+  /** e.g. http://127.0.0.1:41234 */
+  url: string;
+  close(): Promise<void>;
+}
+
+/** Starts the real HTTP server on an ephemeral loopback port with a fresh test context. */
+export async function startTestServer(env: Record<string, string> = {}): Promise<TestServer> {
+  const ctx = await createTestContext(env);
+  const app = await buildServer(ctx);
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  const { port } = app.server.address() as { port: number };
+  return {
+    ctx,
+    app,
+    url: `http://127.0.0.1:${port}`,
+    async close() {
+      await app.close();
+      await ctx.close();
+    },
+  };
+}
+
+export interface SeededProject {
+  projectId: string;
+  apiKey: string;
+  apiKeyId: string;
+}
+
+/** Creates a project with a key and, optionally, models. */
+export async function seedProject(
+  ctx: AppContext,
+  input: Partial<CreateProjectInput> & { models?: ModelSpec[] } = {},
+): Promise<SeededProject> {
+  const { models, ...project } = input;
+  const created = await createProject(ctx.db, ctx.sealer, {
+    name: 'Test project',
+    currency: 'usd',
+    ...project,
+  });
+  if (models?.length) {
+    await applyPricing(ctx.db, created.project.id, { currency: created.project.currency, models });
+    await ctx.projects.changed(created.project.id);
+  }
+  return { projectId: created.project.id, apiKey: created.apiKey, apiKeyId: created.apiKeyId };
+}
+
+/** fetch with the project's key; JSON body when given. */
+export async function api(
+  server: TestServer,
+  apiKey: string | undefined,
+  method: string,
+  path: string,
+  body?: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; body: any; headers: Headers }> {
+  const res = await fetch(server.url + path, {
+    method,
+    headers: {
+      ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}),
+      ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+      ...headers,
+    },
+    ...(body !== undefined ? { body: typeof body === 'string' ? body : JSON.stringify(body) } : {}),
+  });
+  const text = await res.text();
+  let parsed: unknown = text;
+  try {
+    parsed = text ? JSON.parse(text) : undefined;
+  } catch {}
+  return { status: res.status, body: parsed, headers: res.headers };
+}
