@@ -4,10 +4,11 @@ import { join, resolve } from 'node:path';
 import { type Logger, pino } from 'pino';
 import { KeyDirectory } from '../auth/directory.ts';
 import { type Bus, openBus } from '../bus/index.ts';
-import { type Config, ConfigError, decodeKey } from '../config/index.ts';
+import { type Config, ConfigError, decodeKey, publicBaseUrl } from '../config/index.ts';
 import { Sealer } from '../core/crypto.ts';
 import { type Database, type DatabaseHandle, openDatabase } from '../db/index.ts';
 import { EventRecorder } from '../events/outbox.ts';
+import { Metrics } from '../metrics/registry.ts';
 import { ProjectDirectory } from '../projects/directory.ts';
 
 /**
@@ -24,6 +25,12 @@ export interface AppContext {
   events: EventRecorder;
   keys: KeyDirectory;
   projects: ProjectDirectory;
+  metrics: Metrics;
+  /**
+   * Public address for links (PUBLIC_BASE_URL, else http://localhost:PORT; a server listening on an
+   * ephemeral port sets it once bound).
+   */
+  publicBaseUrl: string;
   close(): Promise<void>;
 }
 
@@ -102,6 +109,8 @@ export async function createContext(config: Config, options: ContextOptions = {}
     events,
     keys,
     projects,
+    metrics: new Metrics(),
+    publicBaseUrl: publicBaseUrl(config),
     async close() {
       await Promise.allSettled([keys.stop(), projects.stop()]);
       await bus.close();

@@ -24,6 +24,7 @@ export async function startServing(ctx: AppContext): Promise<Running> {
   await app.listen({ port: ctx.config.PORT, host: ctx.config.HOST });
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : ctx.config.PORT;
+  ctx.publicBaseUrl = publicBaseUrl(ctx.config, port);
   const stopJobs = startJobs(ctx);
   return {
     ctx,

@@ -20,6 +20,7 @@ export async function startTestServer(env: Record<string, string> = {}): Promise
   const app = await buildServer(ctx);
   await app.listen({ port: 0, host: '127.0.0.1' });
   const { port } = app.server.address() as { port: number };
+  if (!env.PUBLIC_BASE_URL) ctx.publicBaseUrl = `http://127.0.0.1:${port}`;
   return {
     ctx,
     app,

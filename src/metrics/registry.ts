@@ -1,0 +1,138 @@
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+
+/**
+ * Every Prometheus metric Tollgate exports, named `tollgate_*`. Labelled by project and model, never by
+ * end user. Each AppContext owns one Metrics (its own Registry), so tests and processes never share
+ * state through prom-client's global registry. Counters move with traffic; nothing is computed by
+ * scanning the database on a scrape (gauges such as queue depth are refreshed by the worker that owns
+ * the queue).
+ */
+export class Metrics {
+  readonly registry = new Registry();
+
+  // ---- chat ----
+  readonly requests = new Counter({
+    name: 'tollgate_requests_total',
+    help: 'Chat completion requests by paywall decision (allowed, connect_required, topup_required) and outcome.',
+    labelNames: ['project', 'model', 'decision', 'outcome', 'stream'] as const,
+    registers: [this.registry],
+  });
+  readonly inputTokens = new Counter({
+    name: 'tollgate_input_tokens_total',
+    help: 'Prompt tokens of forwarded requests.',
+    labelNames: ['project', 'model'] as const,
+    registers: [this.registry],
+  });
+  readonly outputTokens = new Counter({
+    name: 'tollgate_output_tokens_total',
+    help: 'Completion tokens of forwarded requests.',
+    labelNames: ['project', 'model'] as const,
+    registers: [this.registry],
+  });
+  readonly charged = new Counter({
+    name: 'tollgate_charged_amount_total',
+    help: 'Amount charged, in currency units (chat, subscription fees and manual charges).',
+    labelNames: ['project', 'model', 'currency', 'source'] as const,
+    registers: [this.registry],
+  });
+  readonly deposited = new Counter({
+    name: 'tollgate_deposited_amount_total',
+    help: 'Amount deposited, in currency units.',
+    labelNames: ['project', 'currency'] as const,
+    registers: [this.registry],
+  });
+  readonly holdsOpen = new Gauge({
+    name: 'tollgate_holds_open',
+    help: 'Holds placed by this process and not yet settled or released.',
+    labelNames: ['project'] as const,
+    registers: [this.registry],
+  });
+  readonly upstreamLatency = new Histogram({
+    name: 'tollgate_upstream_latency_seconds',
+    help: 'Time from sending a request upstream to its last byte.',
+    labelNames: ['project', 'model', 'stream'] as const,
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+    registers: [this.registry],
+  });
+  readonly timeToFirstToken = new Histogram({
+    name: 'tollgate_time_to_first_token_seconds',
+    help: 'Time from receiving a streaming request to sending its first content chunk.',
+    labelNames: ['project', 'model'] as const,
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30],
+    registers: [this.registry],
+  });
+  readonly overhead = new Histogram({
+    name: 'tollgate_overhead_latency_seconds',
+    help: 'Latency Tollgate adds to a forwarded request (total time minus upstream time).',
+    labelNames: ['project', 'model'] as const,
+    buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25],
+    registers: [this.registry],
+  });
+  readonly upstreamErrors = new Counter({
+    name: 'tollgate_upstream_errors_total',
+    help: 'Failed upstream requests by reason (status, timeout, connection, malformed).',
+    labelNames: ['project', 'model', 'reason'] as const,
+    registers: [this.registry],
+  });
+
+  // ---- webhooks ----
+  readonly deliveries = new Counter({
+    name: 'tollgate_webhook_deliveries_total',
+    help: 'Finished delivery attempts by outcome (success, retry, error).',
+    labelNames: ['project', 'outcome'] as const,
+    registers: [this.registry],
+  });
+  readonly deliveryAttempts = new Histogram({
+    name: 'tollgate_webhook_delivery_attempts',
+    help: 'Attempts a delivery took when it ended (success or error).',
+    labelNames: ['outcome'] as const,
+    buckets: [1, 2, 3, 4, 5, 6, 8, 10, 15, 20],
+    registers: [this.registry],
+  });
+  readonly deliveryLatency = new Histogram({
+    name: 'tollgate_webhook_delivery_duration_seconds',
+    help: 'Duration of one delivery request.',
+    labelNames: ['outcome'] as const,
+    buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [this.registry],
+  });
+  readonly deliveriesPending = new Gauge({
+    name: 'tollgate_webhook_deliveries_pending',
+    help: 'Deliveries waiting to be sent (refreshed by the delivery worker).',
+    registers: [this.registry],
+  });
+  readonly oldestPendingAge = new Gauge({
+    name: 'tollgate_webhook_oldest_pending_age_seconds',
+    help: 'Age of the oldest pending delivery (refreshed by the delivery worker).',
+    registers: [this.registry],
+  });
+  readonly eventsFannedOut = new Counter({
+    name: 'tollgate_events_fanned_out_total',
+    help: 'Outbox events turned into deliveries.',
+    registers: [this.registry],
+  });
+
+  // ---- operator ----
+  readonly reconciles = new Counter({
+    name: 'tollgate_operator_reconcile_total',
+    help: 'Reconciles of WebhookSubscription resources by result (success, error, requeue).',
+    labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
+  readonly reconcileDuration = new Histogram({
+    name: 'tollgate_operator_reconcile_duration_seconds',
+    help: 'Duration of one reconcile.',
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers: [this.registry],
+  });
+  readonly leader = new Gauge({
+    name: 'tollgate_operator_leader',
+    help: '1 while this operator replica holds the leader lease.',
+    registers: [this.registry],
+  });
+
+  constructor(options: { defaultMetrics?: boolean } = {}) {
+    if (options.defaultMetrics ?? true)
+      collectDefaultMetrics({ register: this.registry, prefix: 'tollgate_' });
+  }
+}
