@@ -10,6 +10,7 @@ import { type Database, type DatabaseHandle, openDatabase } from '../db/index.ts
 import { EventRecorder } from '../events/outbox.ts';
 import { Metrics } from '../metrics/registry.ts';
 import { ProjectDirectory } from '../projects/directory.ts';
+import { SubscriptionFilter } from '../webhooks/filter.ts';
 
 /**
  * The composition root: everything a Tollgate process shares, built once from the configuration and
@@ -95,10 +96,12 @@ export async function createContext(config: Config, options: ContextOptions = {}
     await database.close();
     throw err;
   }
-  const events = new EventRecorder(undefined, bus);
+  // Events are written only when an active webhook subscription of the project can match them.
+  const eventFilter = new SubscriptionFilter(database.db, bus);
+  const events = new EventRecorder(eventFilter, bus);
   const keys = new KeyDirectory(database.db, bus);
   const projects = new ProjectDirectory(database.db, bus, sealer);
-  await Promise.all([keys.start(), projects.start()]);
+  await Promise.all([keys.start(), projects.start(), eventFilter.start()]);
   return {
     config,
     log,
@@ -112,7 +115,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     metrics: new Metrics(),
     publicBaseUrl: publicBaseUrl(config),
     async close() {
-      await Promise.allSettled([keys.stop(), projects.stop()]);
+      await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
       await bus.close();
       await database.close();
     },

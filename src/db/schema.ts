@@ -123,6 +123,18 @@ export interface IdempotencyKeysTable {
   expires_at: Timestamp;
 }
 
+// ---- users ----
+
+/** Nonces of used connect links (a connect link works once); kept until the link would expire. */
+export interface UsedLinkTokensTable {
+  nonce: string;
+  project_id: string;
+  kind: string;
+  external_id: string;
+  used_at: Timestamp;
+  expires_at: Timestamp;
+}
+
 // ---- events outbox (foundation) ----
 
 export interface EventsTable {
@@ -136,6 +148,61 @@ export interface EventsTable {
   seq: Generated<string>;
 }
 
+// ---- webhooks ----
+
+export interface WebhookSubscriptionsTable {
+  id: string;
+  project_id: string;
+  url: string;
+  events: Json<string[]>;
+  description: string | null;
+  custom_headers: Json<Record<string, string>>;
+  secret_sealed: string;
+  secret_suffix: string;
+  is_active: Default<boolean>;
+  created_by: string;
+  managed_by: string | null;
+  consecutive_failures: Default<number>;
+  last_delivered_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+export type DeliveryStatus = 'pending' | 'success' | 'error';
+
+export interface WebhookDeliveriesTable {
+  id: string;
+  project_id: string;
+  subscription_id: string;
+  event_id: string;
+  event_type: string;
+  status: Default<DeliveryStatus>;
+  attempts: Default<number>;
+  attempt_limit: number;
+  next_attempt_at: Timestamp;
+  claim_id: string | null;
+  last_status: number | null;
+  last_response: string | null;
+  last_error: string | null;
+  last_duration_ms: number | null;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+  finished_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+}
+
+export interface WebhookAttemptsTable {
+  delivery_id: string;
+  attempt: number;
+  claim_id: string;
+  outcome: 'success' | 'retry' | 'error';
+  response_status: number | null;
+  response_excerpt: string | null;
+  error: string | null;
+  duration_ms: number;
+  started_at: Timestamp;
+  finished_at: Timestamp;
+}
+
 export interface DB {
   projects: ProjectsTable;
   api_keys: ApiKeysTable;
@@ -144,7 +211,11 @@ export interface DB {
   ledger_entries: LedgerEntriesTable;
   holds: HoldsTable;
   idempotency_keys: IdempotencyKeysTable;
+  used_link_tokens: UsedLinkTokensTable;
   events: EventsTable;
+  webhook_subscriptions: WebhookSubscriptionsTable;
+  webhook_deliveries: WebhookDeliveriesTable;
+  webhook_attempts: WebhookAttemptsTable;
 }
 
 export type Project = Selectable<ProjectsTable>;

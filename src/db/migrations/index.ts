@@ -1,5 +1,7 @@
 import type { Migration } from 'kysely/migration';
 import * as foundation from './0001_foundation.ts';
+import * as users from './0003_users.ts';
+import * as webhooks from './0004_webhooks.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -7,4 +9,6 @@ import * as foundation from './0001_foundation.ts';
  */
 export const migrations: Record<string, Migration> = {
   '0001_foundation': foundation,
+  '0003_users': users,
+  '0004_webhooks': webhooks,
 };
