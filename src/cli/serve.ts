@@ -48,6 +48,7 @@ function untilSignal(): Promise<string> {
 }
 
 export async function runProxy(config: Config, options: { migrate: boolean }): Promise<number> {
+  const stopRequested = untilSignal();
   const ctx = await createContext(config);
   if (options.migrate) {
     const applied = await migrateToLatest(ctx.database);
@@ -66,7 +67,7 @@ export async function runProxy(config: Config, options: { migrate: boolean }): P
     { url: running.url, database: ctx.database.kind, bus: ctx.bus.kind },
     `tollgate proxy listening on ${running.url} (database: ${ctx.database.kind}, bus: ${ctx.bus.kind})`,
   );
-  const signal = await untilSignal();
+  const signal = await stopRequested;
   ctx.log.info(`${signal} received: draining in-flight requests`);
   await running.stop();
   return 0;
@@ -123,6 +124,7 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
 }
 
 export async function runDev(config: Config): Promise<number> {
+  const stopRequested = untilSignal();
   const ctx = await createContext(config);
   const applied = await migrateToLatest(ctx.database);
   if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
@@ -156,7 +158,7 @@ export async function runDev(config: Config): Promise<number> {
       '',
     ].join('\n'),
   );
-  const signal = await untilSignal();
+  const signal = await stopRequested;
   ctx.log.info(`${signal} received: stopping`);
   await running.stop();
   return 0;

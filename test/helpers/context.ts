@@ -14,10 +14,14 @@ export const realPostgres = Boolean(process.env.TOLLGATE_TEST_PG);
 /**
  * A fully built application context for one test file: its own Postgres schema (or its own embedded
  * database directory), its own bus channel prefix on the real Redis, migrations applied.
- * `env` overrides configuration variables.
+ * `env` overrides configuration variables; `shared.id` makes a second context on the same schema and bus
+ * channels (a second pod).
  */
-export async function createTestContext(env: Record<string, string> = {}): Promise<AppContext> {
-  const id = randomBytes(5).toString('hex');
+export async function createTestContext(
+  env: Record<string, string> = {},
+  shared: { id?: string } = {},
+): Promise<AppContext> {
+  const id = shared.id ?? randomBytes(5).toString('hex');
   const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const config = loadConfig({
     LOG_LEVEL: 'silent',

@@ -15,8 +15,11 @@ export interface TestServer {
 }
 
 /** Starts the real HTTP server on an ephemeral loopback port with a fresh test context. */
-export async function startTestServer(env: Record<string, string> = {}): Promise<TestServer> {
-  const ctx = await createTestContext(env);
+export async function startTestServer(
+  env: Record<string, string> = {},
+  shared: { id?: string } = {},
+): Promise<TestServer> {
+  const ctx = await createTestContext(env, shared);
   const app = await buildServer(ctx);
   await app.listen({ port: 0, host: '127.0.0.1' });
   const { port } = app.server.address() as { port: number };

@@ -1,0 +1,65 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+import { afterAll, describe, expect, it } from 'vitest';
+
+/** `tollgate dev` on the embedded default, as a newcomer runs it (`make dev`): no DATABASE_URL, no REDIS_URL. */
+describe('tollgate dev', () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-dev-'));
+  let child: ChildProcess | undefined;
+
+  afterAll(() => {
+    child?.kill('SIGKILL');
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  async function start(): Promise<{ base: string; key: string; output: () => string }> {
+    const env = {
+      ...process.env,
+      DATABASE_URL: '',
+      REDIS_URL: '',
+      TOLLGATE_ENCRYPTION_KEY: '',
+      TOLLGATE_DATA_DIR: dataDir,
+      PORT: '0',
+      HOST: '127.0.0.1',
+      LOG_LEVEL: 'warn',
+    };
+    child = spawn(process.execPath, ['cmd/tollgate.ts', 'dev'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stderr!.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    return new Promise((resolve, reject) => {
+      child!.stdout!.on('data', (c: Buffer) => {
+        out += c.toString();
+        const base = /running at (http:\/\/\S+)\/v1/.exec(out)?.[1];
+        const key = /API key:\s+(tg_\S+)/.exec(out)?.[1];
+        if (base && key && out.includes('Press Ctrl+C')) resolve({ base, key, output: () => out });
+      });
+      child!.once('exit', (code) => reject(new Error(`dev exited with ${code}: ${out}`)));
+    });
+  }
+
+  async function stop(): Promise<number | null> {
+    const exited = new Promise<number | null>((resolve) => child!.once('exit', resolve));
+    child!.kill('SIGINT');
+    const code = await exited;
+    child = undefined;
+    return code;
+  }
+
+  it('starts on the embedded database with a demo project, and keeps it across restarts', async () => {
+    const first = await start();
+    expect(first.output()).toMatch(/embedded Postgres/);
+    const client = new OpenAI({ baseURL: `${first.base}/v1`, apiKey: first.key, maxRetries: 0 });
+    const models = await client.models.list();
+    expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-per-request']);
+    expect(await stop()).toBe(0);
+
+    const second = await start();
+    expect(second.key).toBe(first.key);
+    expect(await stop()).toBe(0);
+  }, 60_000);
+});
