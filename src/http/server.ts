@@ -7,6 +7,7 @@ import Fastify, {
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { ApiError } from '../core/errors.ts';
+import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
 import { healthRoutes } from './health.ts';
 
@@ -19,6 +20,7 @@ declare module 'fastify' {
 /**
  * The HTTP surface of `tollgate proxy`. Where a request goes:
  * - `/healthz`, `/readyz` — ./health.ts
+ * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
  */
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
@@ -62,6 +64,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     );
   });
 
+  await app.register(metricsRoutes);
   await app.register(healthRoutes);
   await app.register(
     async (v1) => {

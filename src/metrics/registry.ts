@@ -1,3 +1,5 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 
 /**
@@ -9,6 +11,28 @@ import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom
  */
 export class Metrics {
   readonly registry = new Registry();
+
+  readonly buildInfo = new Gauge({
+    name: 'tollgate_build_info',
+    help: 'Always 1; labels carry the Tollgate version and the Node.js version.',
+    labelNames: ['version', 'node_version'] as const,
+    registers: [this.registry],
+  });
+
+  // ---- HTTP (every route of the proxy, recorded by src/metrics/routes.ts) ----
+  readonly httpRequests = new Counter({
+    name: 'tollgate_http_requests_total',
+    help: 'HTTP requests answered, by route template, method and status code.',
+    labelNames: ['project', 'route', 'method', 'status'] as const,
+    registers: [this.registry],
+  });
+  readonly httpRequestDuration = new Histogram({
+    name: 'tollgate_http_request_duration_seconds',
+    help: 'Time from receiving a request to sending the last byte of its response (streams included).',
+    labelNames: ['project', 'route', 'method'] as const,
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+    registers: [this.registry],
+  });
 
   // ---- chat ----
   readonly requests = new Counter({
@@ -134,5 +158,29 @@ export class Metrics {
   constructor(options: { defaultMetrics?: boolean } = {}) {
     if (options.defaultMetrics ?? true)
       collectDefaultMetrics({ register: this.registry, prefix: 'tollgate_' });
+    this.buildInfo.set({ version: tollgateVersion(), node_version: process.versions.node }, 1);
   }
+}
+
+let version: string | undefined;
+
+/** The version of the tollgate package (read once from its package.json, from source or from dist/). */
+export function tollgateVersion(): string {
+  if (version !== undefined) return version;
+  version = 'unknown';
+  let dir = import.meta.dirname;
+  for (let i = 0; i < 5; i++) {
+    const file = join(dir, 'package.json');
+    if (existsSync(file)) {
+      try {
+        const pkg = JSON.parse(readFileSync(file, 'utf8')) as { name?: string; version?: string };
+        if (pkg.name === 'tollgate' && pkg.version) {
+          version = pkg.version;
+          break;
+        }
+      } catch {}
+    }
+    dir = dirname(dir);
+  }
+  return version;
 }
