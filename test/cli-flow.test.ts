@@ -11,7 +11,7 @@ const pgUrl = process.env.TOLLGATE_TEST_PG;
 
 /** The admin flow of the README against the real Postgres: migrate → project create → models apply → proxy. */
 describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
-  const schema = `tgt_cli${randomBytes(4).toString('hex')}`;
+  const schema = `tgt_${Math.floor(Date.now() / 1000).toString(36)}_cli${randomBytes(4).toString('hex')}`;
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-cli-'));
   let env: NodeJS.ProcessEnv;
   let proxy: ChildProcess | undefined;

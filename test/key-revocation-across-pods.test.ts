@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { channels } from '../src/bus/index.ts';
+import { newTestId } from './helpers/context.ts';
 import { api, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 const twoPods = Boolean(process.env.TOLLGATE_TEST_REDIS && process.env.TOLLGATE_TEST_PG);
@@ -9,8 +10,9 @@ describe.skipIf(!twoPods)('API key revocation across pods (needs Postgres and Re
   let podB: TestServer;
 
   beforeAll(async () => {
-    podA = await startTestServer({}, { id: 'revokepods' });
-    podB = await startTestServer({}, { id: 'revokepods' });
+    const shared = { id: newTestId() };
+    podA = await startTestServer({}, shared);
+    podB = await startTestServer({}, shared);
   });
   afterAll(async () => {
     await podB?.close();

@@ -8,6 +8,11 @@ import { migrateToLatest } from '../../src/db/index.ts';
 
 export const TEST_ENCRYPTION_KEY = 'a'.repeat(64);
 
+/** A fresh id for a test schema: `<seconds since the epoch, base 36>_<random>` (stale ones are dropped by age). */
+export function newTestId(): string {
+  return `${Math.floor(Date.now() / 1000).toString(36)}_${randomBytes(5).toString('hex')}`;
+}
+
 /** True when the suite runs against the real local Postgres (else the embedded database). */
 export const realPostgres = Boolean(process.env.TOLLGATE_TEST_PG);
 
@@ -21,7 +26,7 @@ export async function createTestContext(
   env: Record<string, string> = {},
   shared: { id?: string } = {},
 ): Promise<AppContext> {
-  const id = shared.id ?? randomBytes(5).toString('hex');
+  const id = shared.id ?? newTestId();
   const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const config = loadConfig({
     LOG_LEVEL: 'silent',

@@ -36,7 +36,13 @@ export default async function setup(): Promise<() => Promise<void>> {
       const { rows } = await client.query<{ nspname: string }>(
         "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tgt\\_%'",
       );
-      for (const { nspname } of rows) await client.query(`DROP SCHEMA IF EXISTS ${nspname} CASCADE`);
+      // Schemas are named tgt_<seconds since the epoch in base 36>_…: drop those older than an hour, so
+      // runs in progress elsewhere keep theirs.
+      const cutoff = Math.floor(Date.now() / 1000) - 3600;
+      for (const { nspname } of rows) {
+        const born = Number.parseInt(nspname.split('_')[1] ?? '', 36);
+        if (!(born > cutoff)) await client.query(`DROP SCHEMA IF EXISTS ${nspname} CASCADE`);
+      }
       pgOk = true;
     } catch (err) {
       console.warn(
