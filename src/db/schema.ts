@@ -135,6 +135,22 @@ export interface UsedLinkTokensTable {
   expires_at: Timestamp;
 }
 
+// ---- chat ----
+
+/** The current (or last) subscription period of a user for a subscription-priced model. */
+export interface ModelSubscriptionsTable {
+  project_id: string;
+  user_id: string;
+  model_id: string;
+  fee: Numeric;
+  period_start: Timestamp;
+  period_end: Timestamp;
+  charge_entry_id: string | null;
+  periods: Default<number>;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
 // ---- events outbox (foundation) ----
 
 export interface EventsTable {
@@ -212,6 +228,7 @@ export interface DB {
   holds: HoldsTable;
   idempotency_keys: IdempotencyKeysTable;
   used_link_tokens: UsedLinkTokensTable;
+  model_subscriptions: ModelSubscriptionsTable;
   events: EventsTable;
   webhook_subscriptions: WebhookSubscriptionsTable;
   webhook_deliveries: WebhookDeliveriesTable;

@@ -1,5 +1,6 @@
 import type { Migration } from 'kysely/migration';
 import * as foundation from './0001_foundation.ts';
+import * as chat from './0002_chat.ts';
 import * as users from './0003_users.ts';
 import * as webhooks from './0004_webhooks.ts';
 
@@ -9,6 +10,7 @@ import * as webhooks from './0004_webhooks.ts';
  */
 export const migrations: Record<string, Migration> = {
   '0001_foundation': foundation,
+  '0002_chat': chat,
   '0003_users': users,
   '0004_webhooks': webhooks,
 };
