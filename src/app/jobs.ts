@@ -1,4 +1,6 @@
 import { sweepExpiredHolds } from '../billing/ledger.ts';
+import { deleteExpiredIdempotencyKeys } from '../idempotency/index.ts';
+import { deleteExpiredLinkNonces } from '../users/service.ts';
 import type { AppContext } from './context.ts';
 
 /**
@@ -16,6 +18,16 @@ export const maintenanceJobs: Job[] = [
     name: 'hold-sweeper',
     intervalMs: 30_000,
     run: (ctx) => sweepExpiredHolds(ctx.db),
+  },
+  {
+    name: 'idempotency-key-cleanup',
+    intervalMs: 10 * 60_000,
+    run: (ctx) => deleteExpiredIdempotencyKeys(ctx.db),
+  },
+  {
+    name: 'link-nonce-cleanup',
+    intervalMs: 60 * 60_000,
+    run: (ctx) => deleteExpiredLinkNonces(ctx.db),
   },
 ];
 

@@ -9,6 +9,8 @@ import { installAuth } from '../auth/plugin.ts';
 import { ApiError } from '../core/errors.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
+import { pageRoutes } from '../users/pages.ts';
+import { userRoutes } from '../users/routes.ts';
 import { healthRoutes } from './health.ts';
 
 declare module 'fastify' {
@@ -21,6 +23,7 @@ declare module 'fastify' {
  * The HTTP surface of `tollgate proxy`. Where a request goes:
  * - `/healthz`, `/readyz` — ./health.ts
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
+ * - `/connect/*`, `/topup/*` — the hosted pages of connect and top-up links, ../users/pages.ts (no key)
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
  */
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
@@ -66,10 +69,12 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
 
   await app.register(metricsRoutes);
   await app.register(healthRoutes);
+  await app.register(pageRoutes);
   await app.register(
     async (v1) => {
       installAuth(v1);
       await v1.register(modelRoutes);
+      await v1.register(userRoutes);
     },
     { prefix: '/v1' },
   );

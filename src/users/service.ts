@@ -1,8 +1,27 @@
-import { sql } from 'kysely';
-import { ensureUser, findWallet, type Trigger, type WalletState } from '../billing/ledger.ts';
-import type { Database } from '../db/index.ts';
+import { type Kysely, sql, type Transaction } from 'kysely';
+import {
+  charge,
+  deposit,
+  ensureUser,
+  findWallet,
+  type LedgerProject,
+  type Trigger,
+  type WalletState,
+} from '../billing/ledger.ts';
+import type { Sealer } from '../core/crypto.ts';
+import { formatForCurrency } from '../core/money.ts';
+import type { Database, DB } from '../db/index.ts';
+import type { LedgerEntry } from '../db/schema.ts';
 import type { EventRecorder } from '../events/outbox.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import {
+  connectReply,
+  createLinkToken,
+  type LinkPayload,
+  linkUrl,
+  topupReply,
+  verifyLinkToken,
+} from './links.ts';
 
 type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'>;
 
@@ -12,9 +31,12 @@ export interface ConnectionChange {
   changed: boolean;
 }
 
-/** Connects a user to the paywall (creating the user when unknown); emits `user.connected` on a change. */
+/**
+ * Connects a user to the paywall (creating the user when unknown); emits `user.connected` on a change.
+ * When db is an outer transaction, the caller calls `events.wake()` after committing it.
+ */
 export async function connectUser(
-  db: Database,
+  db: Kysely<DB>,
   events: EventRecorder,
   project: ProjectRef,
   externalId: string,
@@ -25,7 +47,7 @@ export async function connectUser(
 
 /** Disconnects a user; emits `user.disconnected` on a change. The wallet keeps its balance. */
 export async function disconnectUser(
-  db: Database,
+  db: Kysely<DB>,
   events: EventRecorder,
   project: ProjectRef,
   externalId: string,
@@ -34,15 +56,20 @@ export async function disconnectUser(
   return setConnected(db, events, project, externalId, false, trigger);
 }
 
+async function inTransaction<T>(db: Kysely<DB>, fn: (tx: Transaction<DB>) => Promise<T>): Promise<T> {
+  if (db.isTransaction) return fn(db as Transaction<DB>);
+  return db.transaction().execute(fn);
+}
+
 async function setConnected(
-  db: Database,
+  db: Kysely<DB>,
   events: EventRecorder,
   project: ProjectRef,
   externalId: string,
   connected: boolean,
   trigger: Trigger,
 ): Promise<ConnectionChange> {
-  const result = await db.transaction().execute(async (tx) => {
+  const result = await inTransaction(db, async (tx) => {
     const userId = await ensureUser(tx, project.id, externalId);
     const updated = await tx
       .updateTable('end_users')
@@ -63,6 +90,317 @@ async function setConnected(
     const wallet = (await findWallet(tx, project.id, externalId))!;
     return { wallet, changed: Boolean(updated) };
   });
-  if (result.changed) events.wake();
+  if (result.changed && !db.isTransaction) events.wake();
   return result;
 }
+
+// ---- what the API returns ----
+
+type ApiProject = Pick<ProjectContext, 'id' | 'name' | 'owner_user_id' | 'currency' | 'settings'>;
+
+/** The balance of a user as the API shows it; an unknown user is a disconnected one with nothing. */
+export function balanceView(
+  project: Pick<ProjectContext, 'currency'>,
+  externalId: string,
+  wallet?: WalletState,
+) {
+  const money = (v: string) => formatForCurrency(v, project.currency);
+  return {
+    object: 'user.balance' as const,
+    user: externalId,
+    connected: wallet?.connected ?? false,
+    balance: money(wallet?.balance ?? '0'),
+    held: money(wallet?.held ?? '0'),
+    available: money(wallet?.available ?? '0'),
+    currency: project.currency,
+  };
+}
+
+export async function getBalance(db: Database, project: ApiProject, externalId: string) {
+  return balanceView(project, externalId, await findWallet(db, project.id, externalId));
+}
+
+/** One ledger entry as the activity list shows it. */
+export function activityView(project: Pick<ProjectContext, 'currency'>, externalId: string, e: LedgerEntry) {
+  return {
+    id: e.id,
+    object: 'user.activity' as const,
+    user: externalId,
+    type: e.kind,
+    amount: formatForCurrency(e.amount, project.currency),
+    heldDelta: formatForCurrency(e.held_delta, project.currency),
+    balance: formatForCurrency(e.balance_after, project.currency),
+    held: formatForCurrency(e.held_after, project.currency),
+    currency: project.currency,
+    source: e.source,
+    description: e.description,
+    holdId: e.hold_id,
+    metadata: e.metadata,
+    createdAt: e.created_at.toISOString(),
+  };
+}
+
+/** A user's ledger entries, newest first; `after` is the id of the last entry of the previous page. */
+export async function listActivity(
+  db: Database,
+  project: ApiProject,
+  externalId: string,
+  page: { limit: number; after?: string | undefined },
+) {
+  const wallet = await findWallet(db, project.id, externalId);
+  if (!wallet) return { object: 'list' as const, data: [], has_more: false };
+  let query = db
+    .selectFrom('ledger_entries')
+    .selectAll()
+    .where('user_id', '=', wallet.userId)
+    .orderBy('id', 'desc')
+    .limit(page.limit + 1);
+  if (page.after) query = query.where('id', '<', page.after);
+  const rows = await query.execute();
+  const data = rows.slice(0, page.limit).map((e) => activityView(project, externalId, e));
+  return {
+    object: 'list' as const,
+    data,
+    has_more: rows.length > page.limit,
+    first_id: data[0]?.id ?? null,
+    last_id: data.at(-1)?.id ?? null,
+  };
+}
+
+export interface MoneyRequest {
+  user: string;
+  amount: string;
+  metadata?: Record<string, unknown> | undefined;
+}
+
+/**
+ * Credits a wallet from the API (source `api`) inside the caller's transaction; the response body of
+ * `POST /v1/user/balance/deposit`. The caller wakes the event fan-out after committing.
+ */
+export async function depositFromApi(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  project: ApiProject,
+  input: MoneyRequest,
+  trigger: Trigger,
+) {
+  const result = await deposit(tx, events, {
+    project: ledgerProject(project),
+    externalId: input.user,
+    amount: input.amount,
+    source: 'api',
+    trigger,
+    metadata: input.metadata,
+  });
+  return {
+    id: result.entry.id,
+    object: 'deposit' as const,
+    user: input.user,
+    amount: input.amount,
+    currency: project.currency,
+    balance: formatForCurrency(result.wallet.balance, project.currency),
+    metadata: input.metadata ?? {},
+    createdAt: result.entry.created_at.toISOString(),
+  };
+}
+
+export interface LinkSettings {
+  sealer: Sealer;
+  publicBaseUrl: string;
+  ttlSeconds: number;
+}
+
+/**
+ * Debits a wallet from the API (source `api`) inside the caller's transaction; the response body of
+ * `POST /v1/user/charge`. A refusal is `success: false` with a reason and the assistant message that
+ * carries the connect or top-up link (the same links and messages chat replies with), and records
+ * `auth.connection.required` or `limits.balance.insufficient`.
+ */
+export async function chargeFromApi(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  project: ApiProject,
+  input: MoneyRequest,
+  trigger: Trigger,
+  links: LinkSettings,
+) {
+  const money = (v: string) => formatForCurrency(v, project.currency);
+  const result = await charge(tx, events, {
+    project: ledgerProject(project),
+    externalId: input.user,
+    amount: input.amount,
+    source: 'api',
+    trigger,
+    metadata: input.metadata,
+  });
+  if (result.ok) {
+    return {
+      success: true as const,
+      charge: {
+        id: result.entry.id,
+        object: 'charge' as const,
+        user: input.user,
+        amount: input.amount,
+        currency: project.currency,
+        balance: money(result.wallet.balance),
+        metadata: input.metadata ?? {},
+        createdAt: result.entry.created_at.toISOString(),
+      },
+      balance: money(result.wallet.balance),
+      currency: project.currency,
+    };
+  }
+  const linkInput = { ...links, project, externalId: input.user };
+  const subjectId = result.wallet?.userId ?? (await ensureUser(tx, project.id, input.user));
+  const subject = { type: 'user', id: subjectId, externalId: input.user };
+  let reply: { url: string; message: string };
+  if (result.reason === 'not_connected') {
+    reply = connectReply(linkInput);
+    await events.record(tx, {
+      project,
+      type: 'auth.connection.required',
+      trigger,
+      subject,
+      data: { model: null, operation: 'charge' },
+      metadata: input.metadata,
+    });
+  } else {
+    const available = money(result.wallet.available);
+    reply = topupReply({ ...linkInput, required: input.amount, available });
+    await events.record(tx, {
+      project,
+      type: 'limits.balance.insufficient',
+      trigger,
+      subject,
+      data: {
+        model: null,
+        operation: 'charge',
+        required: input.amount,
+        available,
+        currency: project.currency,
+      },
+      metadata: input.metadata,
+    });
+  }
+  return {
+    success: false as const,
+    reason: result.reason,
+    message: { role: 'assistant' as const, content: reply.message },
+    url: reply.url,
+    user: input.user,
+    amount: input.amount,
+    balance: money(result.wallet?.balance ?? '0'),
+    available: money(result.wallet?.available ?? '0'),
+    currency: project.currency,
+  };
+}
+
+function ledgerProject(project: ApiProject): LedgerProject {
+  return { id: project.id, owner_user_id: project.owner_user_id, currency: project.currency };
+}
+
+// ---- links ----
+
+/** The expiry of the token at the end of a link URL we just made. */
+function expiresAtOf(url: string): string {
+  const body = url.slice(url.lastIndexOf('/') + 1).split('.')[0]!;
+  const payload = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as LinkPayload;
+  return new Date(payload.exp * 1000).toISOString();
+}
+
+/** The connect link of a user (and the message chat would show with it). */
+export function connectLink(links: LinkSettings, project: ApiProject, externalId: string) {
+  const reply = connectReply({ ...links, project, externalId });
+  return { url: reply.url, message: reply.message, expiresAt: expiresAtOf(reply.url) };
+}
+
+/** A top-up link, optionally for a suggested amount. */
+export function topupLink(
+  links: LinkSettings,
+  project: Pick<ProjectContext, 'id'>,
+  externalId: string,
+  amount: string | undefined,
+) {
+  const token = createLinkToken(links.sealer, {
+    kind: 'topup',
+    projectId: project.id,
+    externalId,
+    ...(amount ? { amount } : {}),
+    ttlSeconds: links.ttlSeconds,
+  });
+  const url = linkUrl(links.publicBaseUrl, 'topup', token);
+  return { url, expiresAt: expiresAtOf(url) };
+}
+
+export type LinkProblem = 'malformed' | 'forged' | 'expired' | 'wrong_kind' | 'used' | 'unknown_project';
+
+export type OpenedLink =
+  | { ok: true; payload: LinkPayload; project: ProjectContext }
+  | { ok: false; problem: LinkProblem };
+
+/** Checks a link token of the given kind: signature, expiry, project, and (connect links) prior use. */
+export async function openLink(
+  ctx: { sealer: Sealer; db: Database; projects: { get(id: string): Promise<ProjectContext | undefined> } },
+  kind: 'connect' | 'topup',
+  token: string,
+): Promise<OpenedLink> {
+  const check = verifyLinkToken(ctx.sealer, token);
+  if (!check.ok) return { ok: false, problem: check.reason };
+  const payload = check.payload;
+  if (payload.k !== kind || typeof payload.p !== 'string' || typeof payload.u !== 'string')
+    return { ok: false, problem: 'wrong_kind' };
+  const project = await ctx.projects.get(payload.p);
+  if (!project) return { ok: false, problem: 'unknown_project' };
+  if (kind === 'connect') {
+    const used = await ctx.db
+      .selectFrom('used_link_tokens')
+      .select('nonce')
+      .where('nonce', '=', String(payload.n))
+      .executeTakeFirst();
+    if (used) return { ok: false, problem: 'used' };
+  }
+  return { ok: true, payload, project };
+}
+
+/**
+ * Uses a connect link: records its nonce (a second use is refused) and connects the user, in one
+ * transaction. Returns `used` when the link was used before (also by a concurrent request).
+ */
+export async function useConnectLink(
+  db: Database,
+  events: EventRecorder,
+  project: ProjectRef,
+  payload: LinkPayload,
+): Promise<{ ok: true; change: ConnectionChange } | { ok: false; problem: 'used' }> {
+  const trigger = { source: 'connect_page', actorType: 'end_user', actorId: payload.u };
+  const result = await db.transaction().execute(async (tx) => {
+    const recorded = await tx
+      .insertInto('used_link_tokens')
+      .values({
+        nonce: String(payload.n),
+        project_id: project.id,
+        kind: payload.k,
+        external_id: payload.u,
+        expires_at: new Date(payload.exp * 1000),
+      })
+      .onConflict((oc) => oc.column('nonce').doNothing())
+      .returning('nonce')
+      .executeTakeFirst();
+    if (!recorded) return { ok: false as const, problem: 'used' as const };
+    const change = await connectUser(tx, events, project, payload.u, trigger);
+    return { ok: true as const, change };
+  });
+  if (result.ok && result.change.changed) events.wake();
+  return result;
+}
+
+/** Deletes the nonces of links that have expired anyway; returns how many. */
+export async function deleteExpiredLinkNonces(db: Database): Promise<number> {
+  const result = await db
+    .deleteFrom('used_link_tokens')
+    .where('expires_at', '<', sql<Date>`now()`)
+    .executeTakeFirst();
+  return Number(result.numDeletedRows);
+}
+
+export type { ApiProject };

@@ -1,0 +1,266 @@
+import type { FastifyError, FastifyInstance, FastifyReply } from 'fastify';
+import type { ProjectContext } from '../projects/directory.ts';
+import { type LinkProblem, openLink, useConnectLink } from './service.ts';
+
+/**
+ * The hosted pages behind connect and top-up links (no API key; the signed token is the credential):
+ * - `GET /connect/{token}` — names the project and what connecting allows, with a Connect button
+ * - `POST /connect/{token}` — the button (a plain form post): connects the user once, then returns to
+ *   the project's `returnUrl` (303) or shows a done page
+ * - `GET /topup/{token}` — redirects (303) to the project's `checkoutUrl` with `user`, `amount`,
+ *   `currency` and `project`, or shows how to top up when none is configured
+ * Small semantic HTML with inline CSS; no JavaScript.
+ */
+
+const STYLE = `
+:root{color-scheme:light dark;--fg:#1b1f24;--bg:#f6f7f9;--card:#fff;--muted:#55606e;--accent:#1f5fd1;--accent-fg:#fff;--ring:#f0a500}
+@media (prefers-color-scheme:dark){:root{--fg:#e8eaed;--bg:#121417;--card:#1c1f24;--muted:#a9b1bc;--accent:#6ea0ff;--accent-fg:#0b1220}}
+*{box-sizing:border-box}
+body{margin:0;font:16px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
+main{max-width:32rem;margin:3rem auto;padding:2rem;background:var(--card);border-radius:12px;box-shadow:0 1px 4px rgba(0,0,0,.12)}
+h1{font-size:1.5rem;line-height:1.25;margin:0 0 1rem}
+p,ul{margin:0 0 1rem}
+li{margin:.25rem 0}
+.muted{color:var(--muted);font-size:.925rem}
+button,.button{display:inline-block;font:inherit;font-weight:600;padding:.7rem 1.6rem;border:0;border-radius:8px;background:var(--accent);color:var(--accent-fg);cursor:pointer;text-decoration:none}
+button:hover,.button:hover{filter:brightness(1.08)}
+button:focus-visible,a:focus-visible{outline:3px solid var(--ring);outline-offset:3px}
+a{color:var(--accent)}
+`;
+
+function escapeHtml(value: string): string {
+  return value.replace(
+    /[&<>"']/g,
+    (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!,
+  );
+}
+
+/** Escapes every interpolated value; values wrapped by raw() are inserted as they are. */
+class Raw {
+  readonly html: string;
+  constructor(html: string) {
+    this.html = html;
+  }
+}
+const raw = (html: string) => new Raw(html);
+function html(strings: TemplateStringsArray, ...values: unknown[]): Raw {
+  let out = strings[0]!;
+  values.forEach((value, i) => {
+    const text = Array.isArray(value)
+      ? value.map((v) => (v instanceof Raw ? v.html : escapeHtml(String(v)))).join('')
+      : value instanceof Raw
+        ? value.html
+        : escapeHtml(String(value ?? ''));
+    out += text + strings[i + 1]!;
+  });
+  return raw(out);
+}
+
+function page(title: string, body: Raw): string {
+  return html`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="robots" content="noindex">
+<title>${title}</title>
+<style>${raw(STYLE)}</style>
+</head>
+<body>
+<main>
+${body}
+</main>
+</body>
+</html>
+`.html;
+}
+
+function sendPage(reply: FastifyReply, status: number, title: string, body: Raw) {
+  return reply
+    .status(status)
+    .headers({
+      'content-type': 'text/html; charset=utf-8',
+      'cache-control': 'no-store',
+      // The token in the URL must not leak to the pages the user goes to next.
+      'referrer-policy': 'no-referrer',
+      'content-security-policy':
+        "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'",
+      'x-content-type-options': 'nosniff',
+      'x-frame-options': 'DENY',
+    })
+    .send(page(title, body));
+}
+
+const PROBLEMS: Record<LinkProblem, { status: number; title: string; text: string }> = {
+  malformed: {
+    status: 400,
+    title: 'This link is incomplete',
+    text: 'The link is damaged or was not copied completely. Open it again from the original message, or ask for a new link.',
+  },
+  forged: {
+    status: 400,
+    title: 'This link is not valid',
+    text: 'The link was not issued by this service or was changed. Ask for a new link.',
+  },
+  wrong_kind: {
+    status: 400,
+    title: 'This link is not valid here',
+    text: 'The link is meant for a different page. Open it exactly as you received it, or ask for a new link.',
+  },
+  expired: {
+    status: 410,
+    title: 'This link has expired',
+    text: 'Links work for a limited time. Go back to the app and ask for a new link.',
+  },
+  used: {
+    status: 410,
+    title: 'This link was already used',
+    text: 'A connect link works once. If you connected with it, you are all set and can close this page; otherwise go back to the app and ask for a new link.',
+  },
+  unknown_project: {
+    status: 404,
+    title: 'This app is no longer available',
+    text: 'The app this link belongs to no longer exists.',
+  },
+};
+
+function problemPage(reply: FastifyReply, problem: LinkProblem) {
+  const p = PROBLEMS[problem];
+  return sendPage(
+    reply,
+    p.status,
+    p.title,
+    html`<h1>${p.title}</h1>
+<p>${p.text}</p>
+<p class="muted">Nothing was changed.</p>`,
+  );
+}
+
+function connectPage(reply: FastifyReply, project: ProjectContext) {
+  const name = project.name;
+  return sendPage(
+    reply,
+    200,
+    `Connect to ${name}`,
+    html`<h1>Connect to ${name}</h1>
+<p>${name} asks you to connect your account to its pay-as-you-go balance.</p>
+<p>Connecting allows ${name} to:</p>
+<ul>
+<li>charge your prepaid ${name} balance (in ${project.currency.toUpperCase()}) for the requests you make and the actions you choose;</li>
+<li>show you a link to top up your balance when it runs low.</li>
+</ul>
+<p>It never charges more than your balance holds. ${name} can disconnect you at any time; your balance stays yours.</p>
+<form method="post">
+<input type="hidden" name="confirm" value="connect">
+<button type="submit">Connect</button>
+</form>`,
+  );
+}
+
+function connectedPage(reply: FastifyReply, project: ProjectContext) {
+  return sendPage(
+    reply,
+    200,
+    `Connected to ${project.name}`,
+    html`<h1>You are connected</h1>
+<p>Your account is now connected to ${project.name}.</p>
+<p>You can close this page and go back to ${project.name}.</p>`,
+  );
+}
+
+function topupInstructionsPage(
+  reply: FastifyReply,
+  project: ProjectContext,
+  user: string,
+  amount: string | undefined,
+) {
+  const currency = project.currency.toUpperCase();
+  return sendPage(
+    reply,
+    200,
+    `Top up your ${project.name} balance`,
+    html`<h1>Top up your ${project.name} balance</h1>
+${amount ? html`<p>You need <strong>${amount} ${currency}</strong> more to continue.</p>` : raw('')}
+<p>${project.name} has not set up online top-ups yet. To add funds, contact ${project.name} and ask them to credit your balance.</p>
+<p>Mention your account id: <strong>${user}</strong></p>
+<p class="muted">Once the funds are added, go back to ${project.name} and try again.</p>`,
+  );
+}
+
+/** The checkout URL with the top-up details as query parameters (existing parameters are kept). */
+export function checkoutRedirect(
+  checkoutUrl: string,
+  input: { user: string; amount: string | undefined; currency: string; project: string },
+): string {
+  const url = new URL(checkoutUrl);
+  url.searchParams.set('user', input.user);
+  if (input.amount) url.searchParams.set('amount', input.amount);
+  url.searchParams.set('currency', input.currency);
+  url.searchParams.set('project', input.project);
+  return url.toString();
+}
+
+export async function pageRoutes(app: FastifyInstance): Promise<void> {
+  const ctx = app.ctx;
+
+  // The Connect button posts a plain HTML form; only this plugin accepts form bodies.
+  app.addContentTypeParser(
+    'application/x-www-form-urlencoded',
+    { parseAs: 'string', bodyLimit: 4096 },
+    (_request, body, done) => {
+      done(null, Object.fromEntries(new URLSearchParams(body as string)));
+    },
+  );
+
+  app.setErrorHandler((error: FastifyError, request, reply) => {
+    const status =
+      error.statusCode && error.statusCode >= 400 && error.statusCode < 500 ? error.statusCode : 500;
+    if (status >= 500) request.log.error({ err: error, url: request.url }, 'page failed');
+    return sendPage(
+      reply,
+      status,
+      status >= 500 ? 'Something went wrong' : 'This request cannot be handled',
+      status >= 500
+        ? html`<h1>Something went wrong</h1><p>Please try again in a moment.</p>`
+        : html`<h1>This request cannot be handled</h1><p>Open the link exactly as you received it.</p>`,
+    );
+  });
+
+  // Wildcards, not `:token`: tokens are longer than the router's parameter length limit.
+  app.get<{ Params: { '*': string } }>('/connect/*', async (request, reply) => {
+    const opened = await openLink(ctx, 'connect', request.params['*']);
+    if (!opened.ok) return problemPage(reply, opened.problem);
+    return connectPage(reply, opened.project);
+  });
+
+  app.post<{ Params: { '*': string } }>('/connect/*', async (request, reply) => {
+    const opened = await openLink(ctx, 'connect', request.params['*']);
+    if (!opened.ok) return problemPage(reply, opened.problem);
+    const used = await useConnectLink(ctx.db, ctx.events, opened.project, opened.payload);
+    if (!used.ok) return problemPage(reply, used.problem);
+    const returnUrl = opened.project.settings.returnUrl;
+    if (returnUrl) return reply.status(303).header('cache-control', 'no-store').redirect(returnUrl, 303);
+    return connectedPage(reply, opened.project);
+  });
+
+  app.get<{ Params: { '*': string } }>('/topup/*', async (request, reply) => {
+    const opened = await openLink(ctx, 'topup', request.params['*']);
+    if (!opened.ok) return problemPage(reply, opened.problem);
+    const { project, payload } = opened;
+    const amount = typeof payload.a === 'string' ? payload.a : undefined;
+    const checkoutUrl = project.settings.checkoutUrl;
+    if (checkoutUrl) {
+      const target = checkoutRedirect(checkoutUrl, {
+        user: payload.u,
+        amount,
+        currency: project.currency,
+        project: project.id,
+      });
+      return reply
+        .header('cache-control', 'no-store')
+        .header('referrer-policy', 'no-referrer')
+        .redirect(target, 303);
+    }
+    return topupInstructionsPage(reply, project, payload.u, amount);
+  });
+}

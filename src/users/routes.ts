@@ -1,0 +1,186 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Transaction } from 'kysely';
+import { z } from 'zod';
+import type { Trigger } from '../billing/ledger.ts';
+import { amountSchema } from '../core/money.ts';
+import { parseInput } from '../core/validation.ts';
+import type { DB } from '../db/index.ts';
+import {
+  type IdempotentResponse,
+  type IdempotentResult,
+  idempotencyKeyFrom,
+  requestHash,
+  withIdempotency,
+} from '../idempotency/index.ts';
+import {
+  balanceView,
+  chargeFromApi,
+  connectLink,
+  depositFromApi,
+  disconnectUser,
+  getBalance,
+  type LinkSettings,
+  listActivity,
+  topupLink,
+} from './service.ts';
+
+/**
+ * `/v1/user/*`: balances, deposits, manual charges and sessions (connect, disconnect, top-up links,
+ * activity). Deposit and charge accept an `Idempotency-Key` header (see ../idempotency).
+ */
+
+/** The developer's end-user id: 1–256 characters, no control characters. */
+export const userIdSchema = z
+  .string({ message: 'must be a string (your end user’s id)' })
+  .min(1, { message: 'must not be empty' })
+  .max(256, { message: 'must be at most 256 characters' })
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: rejecting control characters is the point
+  .refine((v) => !/[\u0000-\u001f\u007f]/.test(v), { message: 'must not contain control characters' });
+
+const METADATA_MAX_KEYS = 50;
+const METADATA_MAX_BYTES = 8192;
+
+/** Caller's reference data: a JSON object of at most 50 keys and 8 KB. */
+export const metadataSchema = z
+  .record(z.string().min(1).max(64), z.unknown(), { message: 'must be a JSON object' })
+  .refine((v) => Object.keys(v).length <= METADATA_MAX_KEYS, {
+    message: `must have at most ${METADATA_MAX_KEYS} keys`,
+  })
+  .refine((v) => Buffer.byteLength(JSON.stringify(v)) <= METADATA_MAX_BYTES, {
+    message: `must be at most ${METADATA_MAX_BYTES} bytes as JSON`,
+  });
+
+const moneySchema = (currency: string) =>
+  z.strictObject({ user: userIdSchema, amount: amountSchema(currency), metadata: metadataSchema.optional() });
+
+const userBody = z.strictObject({ user: userIdSchema });
+const userQuery = z.strictObject({ user: userIdSchema });
+const topupBody = (currency: string) =>
+  z.strictObject({ user: userIdSchema, amount: amountSchema(currency).optional() });
+const activityQuery = z.strictObject({
+  user: userIdSchema,
+  limit: z.coerce
+    .number({ message: 'must be a whole number from 1 to 100' })
+    .int({ message: 'must be a whole number from 1 to 100' })
+    .min(1, { message: 'must be a whole number from 1 to 100' })
+    .max(100, { message: 'must be a whole number from 1 to 100' })
+    .default(20),
+  after: z.string().min(1).max(64).optional(),
+});
+
+export async function userRoutes(app: FastifyInstance): Promise<void> {
+  const ctx = app.ctx;
+  const links = (): LinkSettings => ({
+    sealer: ctx.sealer,
+    publicBaseUrl: ctx.publicBaseUrl,
+    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
+  });
+  const triggerOf = (request: FastifyRequest): Trigger => ({
+    source: 'api',
+    actorType: 'api_key',
+    actorId: request.apiKeyId,
+  });
+
+  /** Runs a money move once per Idempotency-Key (when given), in one transaction with its response. */
+  async function once(
+    request: FastifyRequest,
+    endpoint: string,
+    key: string | undefined,
+    fn: (tx: Transaction<DB>) => Promise<IdempotentResponse>,
+  ): Promise<IdempotentResult> {
+    if (key === undefined) {
+      const response = await ctx.db.transaction().execute(fn);
+      return { ...response, replayed: false };
+    }
+    return withIdempotency(
+      ctx,
+      { projectId: request.project.id, endpoint, key, requestHash: requestHash(request.body) },
+      fn,
+    );
+  }
+
+  function send(reply: FastifyReply, result: IdempotentResult) {
+    if (result.replayed) reply.header('idempotent-replayed', 'true');
+    return reply.status(result.status).send(result.body);
+  }
+
+  app.post('/user/balance/deposit', async (request, reply) => {
+    const project = request.project;
+    const key = idempotencyKeyFrom(request.headers);
+    const input = parseInput(moneySchema(project.currency), request.body);
+    const result = await once(request, 'POST /v1/user/balance/deposit', key, async (tx) => ({
+      status: 201,
+      body: await depositFromApi(tx, ctx.events, project, input, triggerOf(request)),
+    }));
+    if (!result.replayed) {
+      ctx.events.wake();
+      ctx.metrics.deposited.inc({ project: project.id, currency: project.currency }, Number(input.amount));
+    }
+    return send(reply, result);
+  });
+
+  app.post('/user/charge', async (request, reply) => {
+    const project = request.project;
+    const key = idempotencyKeyFrom(request.headers);
+    const input = parseInput(moneySchema(project.currency), request.body);
+    let success = false;
+    const result = await once(request, 'POST /v1/user/charge', key, async (tx) => {
+      const body = await chargeFromApi(tx, ctx.events, project, input, triggerOf(request), links());
+      success = body.success;
+      return { status: 200, body };
+    });
+    if (!result.replayed) {
+      ctx.events.wake();
+      if (success) {
+        ctx.metrics.charged.inc(
+          { project: project.id, model: '', currency: project.currency, source: 'api' },
+          Number(input.amount),
+        );
+      }
+    }
+    return send(reply, result);
+  });
+
+  app.get('/user/balance', async (request) => {
+    const { user } = parseInput(userQuery, request.query, 'query');
+    return getBalance(ctx.db, request.project, user);
+  });
+
+  app.get('/user/activity', async (request) => {
+    const query = parseInput(activityQuery, request.query, 'query');
+    return listActivity(ctx.db, request.project, query.user, query);
+  });
+
+  app.post('/user/connect', async (request) => {
+    const { user } = parseInput(userBody, request.body);
+    const state = await getBalance(ctx.db, request.project, user);
+    const link = connectLink(links(), request.project, user);
+    return { object: 'user.connect_link', user, connected: state.connected, ...link };
+  });
+
+  app.post('/user/disconnect', async (request) => {
+    const { user } = parseInput(userBody, request.body);
+    const { wallet, changed } = await disconnectUser(
+      ctx.db,
+      ctx.events,
+      request.project,
+      user,
+      triggerOf(request),
+    );
+    return { ...balanceView(request.project, user, wallet), changed };
+  });
+
+  app.post('/user/topup', async (request) => {
+    const project = request.project;
+    const { user, amount } = parseInput(topupBody(project.currency), request.body);
+    const link = topupLink(links(), project, user, amount);
+    return {
+      object: 'user.topup_link',
+      user,
+      amount: amount ?? null,
+      currency: project.currency,
+      checkout: project.settings.checkoutUrl ? 'redirect' : 'instructions',
+      ...link,
+    };
+  });
+}
