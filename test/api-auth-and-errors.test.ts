@@ -20,7 +20,7 @@ describe('authentication', () => {
         headers: header ? { authorization: header } : {},
       });
       expect(res.status).toBe(401);
-      const body = await res.json();
+      const body = (await res.json()) as any;
       expect(body.error).toMatchObject({
         type: 'authentication_error',
         code: 'invalid_api_key',

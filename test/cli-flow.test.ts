@@ -107,7 +107,7 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
     });
     const models = await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${apiKey}` } });
     expect(models.status).toBe(200);
-    expect((await models.json()).data.map((m: { id: string }) => m.id)).toEqual(['quick']);
+    expect(((await models.json()) as any).data.map((m: { id: string }) => m.id)).toEqual(['quick']);
 
     expect(tollgate('key', 'revoke', '--key', key2.id).status).toBe(0);
     const revoked = await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${key2.apiKey}` } });

@@ -11,6 +11,7 @@ import {
 } from '../src/billing/ledger.ts';
 import { Money } from '../src/core/money.ts';
 import type { Project } from '../src/db/schema.ts';
+import { recordEverything } from '../src/events/outbox.ts';
 import { getProject } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
 import { createTestContext } from './helpers/context.ts';
@@ -23,6 +24,8 @@ let project: Project;
 
 beforeAll(async () => {
   ctx = await createTestContext();
+  // This file checks the ledger's own events; which events a project wants is the webhooks' concern.
+  ctx.events.filter = recordEverything;
   project = await getProject(ctx.db, (await seedProject(ctx)).projectId);
 });
 afterAll(() => ctx.close());

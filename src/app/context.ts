@@ -6,7 +6,7 @@ import { KeyDirectory } from '../auth/directory.ts';
 import { type Bus, openBus } from '../bus/index.ts';
 import { type Config, ConfigError, decodeKey, publicBaseUrl } from '../config/index.ts';
 import { Sealer } from '../core/crypto.ts';
-import { type Database, type DatabaseHandle, openDatabase } from '../db/index.ts';
+import { type Database, type DatabaseHandle, migrateToLatest, openDatabase } from '../db/index.ts';
 import { EventRecorder } from '../events/outbox.ts';
 import { Metrics } from '../metrics/registry.ts';
 import { ProjectDirectory } from '../projects/directory.ts';
@@ -32,6 +32,8 @@ export interface AppContext {
    * ephemeral port sets it once bound).
    */
   publicBaseUrl: string;
+  /** Applies pending migrations (returns their names) and reloads what was read before they ran. */
+  migrate(): Promise<string[]>;
   close(): Promise<void>;
 }
 
@@ -114,6 +116,11 @@ export async function createContext(config: Config, options: ContextOptions = {}
     projects,
     metrics: new Metrics(),
     publicBaseUrl: publicBaseUrl(config),
+    async migrate() {
+      const applied = await migrateToLatest(database);
+      await eventFilter.reloadAll();
+      return applied;
+    },
     async close() {
       await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
       await bus.close();

@@ -7,7 +7,6 @@ import { type Config, ConfigError, loadConfig } from '../config/index.ts';
 import { ApiError } from '../core/errors.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
-import { migrateToLatest } from '../db/index.ts';
 import { applyPricing, parsePricingFile } from '../models/service.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { connectUser } from '../users/service.ts';
@@ -285,7 +284,7 @@ export async function main(argv: string[]): Promise<number> {
       }
       case 'migrate':
         return await withContext(config, async (ctx) => {
-          const applied = await migrateToLatest(ctx.database);
+          const applied = await ctx.migrate();
           out.result(
             { applied },
             applied.length ? `Applied ${applied.join(', ')}` : 'Database is up to date',

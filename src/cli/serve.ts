@@ -5,7 +5,7 @@ import { type AppContext, createContext } from '../app/context.ts';
 import { startJobs } from '../app/jobs.ts';
 import { deposit } from '../billing/ledger.ts';
 import { type Config, publicBaseUrl } from '../config/index.ts';
-import { migrateToLatest, pendingMigrations } from '../db/index.ts';
+import { pendingMigrations } from '../db/index.ts';
 import { buildServer } from '../http/server.ts';
 import { applyPricing } from '../models/service.ts';
 import { createProject, ECHO_UPSTREAM } from '../projects/service.ts';
@@ -51,7 +51,7 @@ export async function runProxy(config: Config, options: { migrate: boolean }): P
   const stopRequested = untilSignal();
   const ctx = await createContext(config);
   if (options.migrate) {
-    const applied = await migrateToLatest(ctx.database);
+    const applied = await ctx.migrate();
     if (applied.length) ctx.log.info({ applied }, `applied migrations: ${applied.join(', ')}`);
   } else {
     const pending = await pendingMigrations(ctx.database);
@@ -126,7 +126,7 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
 export async function runDev(config: Config): Promise<number> {
   const stopRequested = untilSignal();
   const ctx = await createContext(config);
-  const applied = await migrateToLatest(ctx.database);
+  const applied = await ctx.migrate();
   if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
   const state = await seedDev(ctx);
   const running = await startServing(ctx);

@@ -4,7 +4,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type AppContext, createContext } from '../../src/app/context.ts';
 import { loadConfig } from '../../src/config/index.ts';
-import { migrateToLatest } from '../../src/db/index.ts';
 
 export const TEST_ENCRYPTION_KEY = 'a'.repeat(64);
 
@@ -41,7 +40,7 @@ export async function createTestContext(
     ...env,
   });
   const ctx = await createContext(config, { schema: `tgt_${id}`, busPrefix: `t${id}:` });
-  await migrateToLatest(ctx.database);
+  await ctx.migrate();
   const close = ctx.close.bind(ctx);
   ctx.close = async () => {
     await close();
