@@ -1,0 +1,530 @@
+import { randomBytes } from 'node:crypto';
+import type { CoreV1Event, V1Secret } from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import { ApiError } from '../core/errors.ts';
+import {
+  API_VERSION,
+  FIELD_MANAGER,
+  FINALIZER,
+  GROUP,
+  isNotFound,
+  KIND,
+  type KubeClients,
+  kubeErrorMessage,
+  mergePatch,
+  PLURAL,
+  splitKey,
+  statusOf,
+  VERSION,
+} from './kube.ts';
+import {
+  type Condition,
+  type ReadyReason,
+  readyCondition,
+  setCondition,
+  statusPatch,
+  type WebhookSubscription,
+  type WebhookSubscriptionSpec,
+  type WebhookSubscriptionStatus,
+} from './status.ts';
+
+// ---------------------------------------------------------------------------------------------------
+// The subscription service, as the reconciler sees it (the same functions the REST API uses).
+
+export interface SubscriptionRow {
+  id: string;
+  paywallId: string;
+  url: string;
+  events: string[];
+  isActive: boolean;
+  description: string | null;
+  customHeaders: Record<string, string>;
+  secretSuffix: string;
+  consecutiveFailures: number;
+  lastDeliveredAt: string | null;
+  managedBy: string | null;
+}
+
+export interface DesiredInput {
+  url: string;
+  events: string[];
+  description: string | null;
+  customHeaders: Record<string, string>;
+}
+
+export interface SubscriptionStore {
+  findByManager(managedBy: string): Promise<SubscriptionRow | undefined>;
+  create(
+    projectId: string,
+    input: DesiredInput & { secret: string },
+    opts: { createdBy: string; managedBy: string },
+  ): Promise<SubscriptionRow>;
+  update(
+    projectId: string,
+    id: string,
+    input: DesiredInput & { secret?: string; isActive: boolean },
+    opts: { managedBy: string },
+  ): Promise<SubscriptionRow>;
+  setActive(
+    projectId: string,
+    id: string,
+    active: boolean,
+    opts: { managedBy: string },
+  ): Promise<SubscriptionRow>;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pure decisions.
+
+export const DESCRIPTION_MAX = 512;
+export const MAX_CUSTOM_HEADERS = 10;
+/** Key of the signing secret in a Secret the operator generates. */
+export const GENERATED_SECRET_KEY = 'secret';
+
+export const createdByOf = (namespace: string, name: string) => `k8s:${namespace}/${name}`;
+export const managedByOf = (namespace: string, name: string) => `${KIND} ${namespace}/${name}`;
+export const generatedSecretName = (name: string) => `${name}-webhook-secret`;
+
+export function generateSigningSecret(): string {
+  return `whsec_${randomBytes(32).toString('base64url')}`;
+}
+
+export type SpecCheck =
+  | { ok: true; paywallId: string; input: DesiredInput; active: boolean }
+  | { ok: false; message: string };
+
+/**
+ * What the API server's schema would refuse, checked again here (an older CRD, or a server that does not
+ * validate): a readable message for the Ready condition. The service validates the rest.
+ */
+export function checkSpec(spec: WebhookSubscriptionSpec | undefined): SpecCheck {
+  if (!spec || typeof spec !== 'object') return { ok: false, message: 'spec is required' };
+  if (typeof spec.paywallId !== 'string' || spec.paywallId.trim() === '')
+    return { ok: false, message: 'spec.paywallId is required' };
+  if (typeof spec.url !== 'string' || spec.url.trim() === '')
+    return { ok: false, message: 'spec.url is required' };
+  if (!Array.isArray(spec.events) || spec.events.length === 0)
+    return { ok: false, message: 'spec.events must list at least one event name or pattern' };
+  if (spec.events.some((e) => typeof e !== 'string' || e.trim() === ''))
+    return { ok: false, message: 'spec.events must hold non-empty strings' };
+  if (spec.events.includes('*') && spec.events.length > 1)
+    return { ok: false, message: 'spec.events: "*" cannot be combined with other events' };
+  if (spec.description !== undefined && spec.description !== null && typeof spec.description !== 'string')
+    return { ok: false, message: 'spec.description must be a string' };
+  const headers = spec.customHeaders ?? {};
+  if (typeof headers !== 'object' || Array.isArray(headers))
+    return { ok: false, message: 'spec.customHeaders must map header names to strings' };
+  if (Object.keys(headers).length > MAX_CUSTOM_HEADERS)
+    return { ok: false, message: `spec.customHeaders must have at most ${MAX_CUSTOM_HEADERS} entries` };
+  if (Object.values(headers).some((v) => typeof v !== 'string'))
+    return { ok: false, message: 'spec.customHeaders values must be strings' };
+  if (spec.secretRef && (typeof spec.secretRef.name !== 'string' || spec.secretRef.name === ''))
+    return { ok: false, message: 'spec.secretRef.name is required when secretRef is given' };
+  if (spec.active !== undefined && typeof spec.active !== 'boolean')
+    return { ok: false, message: 'spec.active must be true or false' };
+  const description = (spec.description ?? '').trim().slice(0, DESCRIPTION_MAX);
+  return {
+    ok: true,
+    paywallId: spec.paywallId.trim(),
+    active: spec.active ?? true,
+    input: {
+      url: spec.url.trim(),
+      events: [...spec.events],
+      description: description === '' ? null : description,
+      customHeaders: { ...headers },
+    },
+  };
+}
+
+/** Where the signing secret comes from: the referenced Secret, or one the operator generates and owns. */
+export function secretSourceOf(resource: WebhookSubscription): {
+  name: string;
+  key: string;
+  generated: boolean;
+} {
+  const ref = resource.spec?.secretRef;
+  if (ref?.name) return { name: ref.name, key: ref.key || GENERATED_SECRET_KEY, generated: false };
+  return { name: generatedSecretName(resource.metadata.name), key: GENERATED_SECRET_KEY, generated: true };
+}
+
+/** The fields of the row that differ from the spec (empty: nothing to write). */
+export function rowDrift(desired: DesiredInput, active: boolean, row: SubscriptionRow): string[] {
+  const drift: string[] = [];
+  if (row.url !== desired.url) drift.push('url');
+  if (JSON.stringify(row.events) !== JSON.stringify(desired.events)) drift.push('events');
+  if ((row.description ?? null) !== desired.description) drift.push('description');
+  if (!sameRecord(row.customHeaders ?? {}, desired.customHeaders)) drift.push('customHeaders');
+  if (row.isActive !== active) drift.push('active');
+  return drift;
+}
+
+function sameRecord(a: Record<string, string>, b: Record<string, string>): boolean {
+  const ka = Object.keys(a).sort();
+  const kb = Object.keys(b).sort();
+  return ka.length === kb.length && ka.every((k, i) => k === kb[i] && a[k] === b[k]);
+}
+
+/**
+ * Whether the row must receive the secret again: the Secret changed since the row got it (its
+ * resourceVersion, recorded in status), or the row's suffix does not match the value.
+ */
+export function secretNeedsPush(
+  status: WebhookSubscriptionStatus | undefined,
+  observedSecret: string,
+  secret: string,
+  row: SubscriptionRow,
+): boolean {
+  return status?.observedSecret !== observedSecret || !secret.endsWith(row.secretSuffix);
+}
+
+export type Failure = { reason: ReadyReason; message: string; retry: boolean };
+
+const DB_ERROR_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EPIPE',
+]);
+
+/** How a failed service call shows in the resource: a spec the service refuses, or a transient fault. */
+export function classifyServiceError(err: unknown): Failure {
+  if (err instanceof ApiError) {
+    if (err.status === 400 || err.status === 422) {
+      const param = err.param ? ` (${err.param.startsWith('spec.') ? err.param : `spec.${err.param}`})` : '';
+      return { reason: 'InvalidSpec', message: `${err.message}${param}`, retry: false };
+    }
+    if (err.status === 404) return { reason: 'PaywallNotFound', message: err.message, retry: true };
+    return { reason: 'ReconcileError', message: err.message, retry: true };
+  }
+  const code = String((err as { code?: unknown } | null)?.code ?? '');
+  // Foreign key violation: the project does not exist.
+  if (code === '23503')
+    return { reason: 'PaywallNotFound', message: 'spec.paywallId names no paywall', retry: true };
+  const message = (err as Error)?.message ?? String(err);
+  if (
+    DB_ERROR_CODES.has(code) ||
+    code.startsWith('08') ||
+    code.startsWith('57P') ||
+    code.startsWith('53') ||
+    /connect|terminat|timeout|pool/i.test(message)
+  )
+    return { reason: 'DatabaseUnavailable', message: `database unavailable: ${message}`, retry: true };
+  return { reason: 'ReconcileError', message, retry: true };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The effectful reconcile.
+
+export interface ReconcileResult {
+  /** Retry with the queue's exponential backoff. */
+  retry?: boolean;
+  /** What happened, for logs and metrics. */
+  outcome: 'synced' | 'finalized' | 'gone' | 'invalid' | 'failed';
+}
+
+export interface ReconcilerDeps {
+  kube: KubeClients;
+  store: SubscriptionStore;
+  log: Logger;
+  /** The reconciler's view of the resource (the informer's cache). */
+  getResource(key: string): WebhookSubscription | undefined;
+  /** Reporting instance in Events (the pod name). */
+  identity: string;
+  now?: () => Date;
+}
+
+export class Reconciler {
+  readonly #d: ReconcilerDeps;
+
+  constructor(deps: ReconcilerDeps) {
+    this.#d = deps;
+  }
+
+  #now(): Date {
+    return this.#d.now?.() ?? new Date();
+  }
+
+  /** Level-triggered and idempotent: makes the row, the Secret and the status agree with the resource. */
+  async reconcile(key: string): Promise<ReconcileResult> {
+    const { namespace, name } = splitKey(key);
+    const managedBy = managedByOf(namespace, name);
+    let resource = this.#d.getResource(key);
+    if (!resource) return this.#orphan(managedBy);
+    if (resource.metadata.deletionTimestamp) return this.#finalize(resource, managedBy);
+    if (!resource.metadata.finalizers?.includes(FINALIZER)) resource = await this.#addFinalizer(resource);
+
+    const check = checkSpec(resource.spec);
+    if (!check.ok)
+      return this.#fail(resource, { reason: 'InvalidSpec', message: check.message, retry: false });
+
+    let row: SubscriptionRow | undefined;
+    try {
+      row = await this.#d.store.findByManager(managedBy);
+    } catch (err) {
+      return this.#fail(resource, classifyServiceError(err));
+    }
+    if (row && row.paywallId !== check.paywallId)
+      return this.#fail(resource, {
+        reason: 'InvalidSpec',
+        message: `spec.paywallId cannot change (the subscription ${row.id} belongs to ${row.paywallId}); delete and re-create the resource to move it`,
+        retry: false,
+      });
+
+    const secret = await this.#resolveSecret(resource);
+    if ('missing' in secret)
+      return this.#fail(resource, { reason: 'SecretNotFound', message: secret.missing, retry: true });
+
+    const events: Array<[string, string]> = [];
+    try {
+      if (!row) {
+        row = await this.#d.store.create(
+          check.paywallId,
+          { ...check.input, secret: secret.value },
+          { createdBy: createdByOf(namespace, name), managedBy },
+        );
+        events.push(['Created', `Created webhook subscription ${row.id} in ${row.paywallId}`]);
+        if (!check.active) row = await this.#d.store.setActive(row.paywallId, row.id, false, { managedBy });
+      } else {
+        const drift = rowDrift(check.input, check.active, row);
+        const pushSecret = secretNeedsPush(resource.status, secret.observed, secret.value, row);
+        if (drift.length || pushSecret) {
+          const specChanged = resource.status?.observedGeneration !== resource.metadata.generation;
+          row = await this.#d.store.update(
+            row.paywallId,
+            row.id,
+            { ...check.input, isActive: check.active, ...(pushSecret ? { secret: secret.value } : {}) },
+            { managedBy },
+          );
+          const what = [...drift, ...(pushSecret ? ['secret'] : [])].join(', ');
+          events.push([
+            'Updated',
+            specChanged || pushSecret
+              ? `Updated webhook subscription ${row.id} (${what})`
+              : `Put back webhook subscription ${row.id} changed outside the resource (${what})`,
+          ]);
+        }
+      }
+    } catch (err) {
+      return this.#fail(resource, classifyServiceError(err));
+    }
+
+    for (const [reason, message] of events) await this.#event(resource, 'Normal', reason, message);
+    await this.#writeStatus(resource, {
+      subscriptionId: row.id,
+      secretSuffix: row.secretSuffix,
+      observedSecret: secret.observed,
+      consecutiveFailures: row.consecutiveFailures,
+      lastDeliveredAt: row.lastDeliveredAt,
+      ready: {
+        status: 'True',
+        reason: 'Synced',
+        message: row.isActive
+          ? `Subscription ${row.id} is active`
+          : `Subscription ${row.id} is inactive (spec.active is false)`,
+      },
+    });
+    return { outcome: 'synced' };
+  }
+
+  /** The resource is gone without passing the finalizer (removed by hand): its row must not stay active. */
+  async #orphan(managedBy: string): Promise<ReconcileResult> {
+    const row = await this.#d.store.findByManager(managedBy);
+    if (row?.isActive) {
+      await this.#d.store.setActive(row.paywallId, row.id, false, { managedBy });
+      this.#d.log.info(`${managedBy} is gone; deactivated subscription ${row.id}`);
+    }
+    return { outcome: 'gone' };
+  }
+
+  async #finalize(resource: WebhookSubscription, managedBy: string): Promise<ReconcileResult> {
+    if (!resource.metadata.finalizers?.includes(FINALIZER)) return { outcome: 'finalized' };
+    try {
+      const row = await this.#d.store.findByManager(managedBy);
+      if (row?.isActive) {
+        await this.#d.store.setActive(row.paywallId, row.id, false, { managedBy });
+        await this.#event(resource, 'Normal', 'Deactivated', `Deactivated webhook subscription ${row.id}`);
+        this.#d.log.info(`${managedBy} is being deleted; deactivated subscription ${row.id}`);
+      }
+    } catch (err) {
+      const failure = classifyServiceError(err);
+      this.#d.log.warn(
+        `${managedBy} is being deleted but its row could not be deactivated: ${failure.message}`,
+      );
+      return { outcome: 'failed', retry: true };
+    }
+    const finalizers = resource.metadata.finalizers.filter((f) => f !== FINALIZER);
+    await this.#patchMeta(resource, { finalizers });
+    return { outcome: 'finalized' };
+  }
+
+  async #addFinalizer(resource: WebhookSubscription): Promise<WebhookSubscription> {
+    const finalizers = [...(resource.metadata.finalizers ?? []), FINALIZER];
+    return this.#patchMeta(resource, { finalizers });
+  }
+
+  /** Merge patch of metadata, conditional on the resourceVersion read (409 on a stale read). */
+  async #patchMeta(
+    resource: WebhookSubscription,
+    metadata: Record<string, unknown>,
+  ): Promise<WebhookSubscription> {
+    const { namespace = '', name } = resource.metadata;
+    return (await this.#d.kube.custom.patchNamespacedCustomObject(
+      {
+        group: GROUP,
+        version: VERSION,
+        namespace,
+        plural: PLURAL,
+        name,
+        fieldManager: FIELD_MANAGER,
+        body: { metadata: { ...metadata, resourceVersion: resource.metadata.resourceVersion } },
+      },
+      mergePatch,
+    )) as WebhookSubscription;
+  }
+
+  async #resolveSecret(
+    resource: WebhookSubscription,
+  ): Promise<{ value: string; observed: string } | { missing: string }> {
+    const namespace = resource.metadata.namespace ?? '';
+    const source = secretSourceOf(resource);
+    let secret: V1Secret | undefined;
+    try {
+      secret = await this.#d.kube.core.readNamespacedSecret({ name: source.name, namespace });
+    } catch (err) {
+      if (!isNotFound(err)) throw err;
+    }
+    if (!secret && source.generated) secret = await this.#createGeneratedSecret(resource, source.name);
+    if (!secret) return { missing: `Secret ${namespace}/${source.name} not found` };
+    const encoded = secret.data?.[source.key];
+    const value =
+      encoded !== undefined
+        ? Buffer.from(encoded, 'base64').toString('utf8')
+        : secret.stringData?.[source.key];
+    if (value === undefined || value === '')
+      return { missing: `Secret ${namespace}/${source.name} has no key "${source.key}"` };
+    return { value, observed: `${source.name}/${source.key}@${secret.metadata?.resourceVersion ?? ''}` };
+  }
+
+  async #createGeneratedSecret(resource: WebhookSubscription, name: string): Promise<V1Secret> {
+    const namespace = resource.metadata.namespace ?? '';
+    try {
+      const created = await this.#d.kube.core.createNamespacedSecret({
+        namespace,
+        fieldManager: FIELD_MANAGER,
+        body: {
+          apiVersion: 'v1',
+          kind: 'Secret',
+          type: 'Opaque',
+          metadata: {
+            name,
+            namespace,
+            labels: { 'app.kubernetes.io/managed-by': 'tollgate-operator' },
+            ownerReferences: [
+              {
+                apiVersion: API_VERSION,
+                kind: KIND,
+                name: resource.metadata.name,
+                uid: resource.metadata.uid ?? '',
+                controller: true,
+                blockOwnerDeletion: true,
+              },
+            ],
+          },
+          data: { [GENERATED_SECRET_KEY]: Buffer.from(generateSigningSecret()).toString('base64') },
+        },
+      });
+      this.#d.log.info(
+        `generated signing secret ${namespace}/${name} for ${KIND} ${namespace}/${resource.metadata.name}`,
+      );
+      return created;
+    } catch (err) {
+      // Made meanwhile (another reconcile of the same key cannot run at once; an earlier one may have).
+      if (statusOf(err) === 409) return this.#d.kube.core.readNamespacedSecret({ name, namespace });
+      throw err;
+    }
+  }
+
+  async #fail(resource: WebhookSubscription, failure: Failure): Promise<ReconcileResult> {
+    const previous = readyCondition(resource);
+    const changed = previous?.reason !== failure.reason || previous?.message !== failure.message;
+    this.#d.log.warn(
+      `${KIND} ${resource.metadata.namespace}/${resource.metadata.name}: ${failure.reason}: ${failure.message}`,
+    );
+    if (changed) await this.#event(resource, 'Warning', failure.reason, failure.message);
+    try {
+      await this.#writeStatus(resource, {
+        ready: { status: 'False', reason: failure.reason, message: failure.message },
+      });
+    } catch (err) {
+      if (!isNotFound(err)) throw err;
+    }
+    return { outcome: failure.reason === 'InvalidSpec' ? 'invalid' : 'failed', retry: failure.retry };
+  }
+
+  async #writeStatus(
+    resource: WebhookSubscription,
+    fields: Omit<WebhookSubscriptionStatus, 'conditions' | 'observedGeneration'> & {
+      ready: Pick<Condition, 'status' | 'reason' | 'message'>;
+    },
+  ): Promise<void> {
+    const { ready, ...rest } = fields;
+    const generation = resource.metadata.generation;
+    const next: WebhookSubscriptionStatus = {
+      ...rest,
+      ...(generation !== undefined ? { observedGeneration: generation } : {}),
+      conditions: setCondition(
+        resource.status?.conditions,
+        { type: 'Ready', ...ready, ...(generation !== undefined ? { observedGeneration: generation } : {}) },
+        this.#now(),
+      ),
+    };
+    const patch = statusPatch(resource.status, next);
+    if (!patch) return;
+    const { namespace = '', name } = resource.metadata;
+    await this.#d.kube.custom.patchNamespacedCustomObjectStatus(
+      {
+        group: GROUP,
+        version: VERSION,
+        namespace,
+        plural: PLURAL,
+        name,
+        fieldManager: FIELD_MANAGER,
+        body: { status: patch },
+      },
+      mergePatch,
+    );
+  }
+
+  /** Records a Kubernetes Event on the resource; a failure to record one is logged, never fatal. */
+  async #event(
+    resource: WebhookSubscription,
+    type: 'Normal' | 'Warning',
+    reason: string,
+    message: string,
+  ): Promise<void> {
+    const { namespace = 'default', name, uid, resourceVersion } = resource.metadata;
+    const now = this.#now();
+    const body: CoreV1Event = {
+      metadata: { generateName: `${name}.`, namespace },
+      involvedObject: { apiVersion: API_VERSION, kind: KIND, name, namespace, uid, resourceVersion },
+      type,
+      reason,
+      message: message.slice(0, 1024),
+      source: { component: FIELD_MANAGER },
+      reportingComponent: `${GROUP}/operator`,
+      reportingInstance: this.#d.identity,
+      firstTimestamp: now,
+      lastTimestamp: now,
+      count: 1,
+    };
+    try {
+      await this.#d.kube.core.createNamespacedEvent({ namespace, body });
+    } catch (err) {
+      this.#d.log.warn(
+        `could not record event ${reason} on ${KIND} ${namespace}/${name}: ${kubeErrorMessage(err)}`,
+      );
+    }
+  }
+}
