@@ -68,6 +68,12 @@ describe('errors', () => {
     expect(res.body.error).toMatchObject({ type: 'not_found_error', code: 'unknown_url' });
   });
 
+  it('answers a malformed URL with 400 in the OpenAI shape', async () => {
+    const res = await api(server, project.apiKey, 'GET', '/v1/models/%zz');
+    expect(res.status).toBe(400);
+    expect(res.body.error).toMatchObject({ type: 'invalid_request_error', code: 'FST_ERR_BAD_URL' });
+  });
+
   it('answers an unknown model with 404 model_not_found', async () => {
     const res = await api(server, project.apiKey, 'GET', '/v1/models/nope');
     expect(res.status).toBe(404);

@@ -2,6 +2,7 @@ import Fastify, {
   type FastifyBaseLogger,
   type FastifyError,
   type FastifyInstance,
+  type FastifyReply,
   LogController,
 } from 'fastify';
 import type { AppContext } from '../app/context.ts';
@@ -36,6 +37,11 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     return503OnClosing: true,
     forceCloseConnections: 'idle',
     routerOptions: { ignoreTrailingSlash: true },
+    // Errors fastify raises before routing (a malformed URL, a bad header) get the same error shape.
+    frameworkErrors: (error, _request, reply: FastifyReply) => {
+      const apiError = toApiError(error);
+      reply.status(apiError.status).send(apiError.toBody());
+    },
   });
   app.decorate('ctx', ctx);
 
