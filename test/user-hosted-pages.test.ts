@@ -1,0 +1,223 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { recordEverything } from '../src/events/outbox.ts';
+import { updateProject } from '../src/projects/service.ts';
+import { createLinkToken } from '../src/users/links.ts';
+import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
+
+let server: TestServer;
+let withUrls: SeededProject;
+let plain: SeededProject;
+
+beforeAll(async () => {
+  server = await startTestServer();
+  server.ctx.events.filter = recordEverything;
+  withUrls = await seedProject(server.ctx, {
+    name: 'Acme <Chat> & Co',
+    settings: {
+      returnUrl: 'https://app.example.com/back?from=tollgate',
+      checkoutUrl: 'https://pay.example.com/checkout?plan=credits',
+    },
+  });
+  plain = await seedProject(server.ctx, { name: 'Plain app', currency: 'eur' });
+});
+afterAll(() => server?.close());
+
+async function connectLink(project: SeededProject, user: string): Promise<string> {
+  const res = await api(server, project.apiKey, 'POST', '/v1/user/connect', { user });
+  return res.body.url;
+}
+
+const get = (url: string) => fetch(url, { redirect: 'manual' });
+const press = (url: string) =>
+  fetch(url, {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: 'confirm=connect',
+  });
+
+async function isConnected(project: SeededProject, user: string): Promise<boolean> {
+  const res = await api(server, project.apiKey, 'GET', `/v1/user/balance?user=${encodeURIComponent(user)}`);
+  return res.body.connected;
+}
+
+describe('connect page', () => {
+  it('names the project and what connecting allows, with a Connect form and no script', async () => {
+    const url = await connectLink(withUrls, 'ann');
+    const res = await get(url);
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('text/html; charset=utf-8');
+    expect(res.headers.get('referrer-policy')).toBe('no-referrer');
+    expect(res.headers.get('cache-control')).toBe('no-store');
+    const html = await res.text();
+    expect(html).toMatch(/^<!doctype html>\n<html lang="en">/);
+    expect(html).toContain('<h1>Connect to Acme &lt;Chat&gt; &amp; Co</h1>');
+    expect(html).not.toContain('<Chat>');
+    expect(html).toContain('Connecting allows');
+    expect(html).toContain('<form method="post">');
+    expect(html).toContain('<button type="submit">Connect</button>');
+    expect(html).not.toContain('<script');
+    expect(html).toContain(':focus-visible');
+    expect(await isConnected(withUrls, 'ann')).toBe(false);
+  });
+
+  it('connects on the form post, returns to the return URL and emits user.connected once', async () => {
+    const url = await connectLink(withUrls, 'bob');
+    const res = await press(url);
+    expect(res.status).toBe(303);
+    expect(res.headers.get('location')).toBe('https://app.example.com/back?from=tollgate');
+    expect(await isConnected(withUrls, 'bob')).toBe(true);
+    const events = await server.ctx.db
+      .selectFrom('events')
+      .select('envelope')
+      .where('project_id', '=', withUrls.projectId)
+      .where('type', '=', 'user.connected')
+      .execute();
+    expect(events.map((e) => (e.envelope as any).subject.externalId)).toEqual(['bob']);
+    expect((events[0]!.envelope as any).trigger).toEqual({
+      source: 'connect_page',
+      actorType: 'end_user',
+      actorId: 'bob',
+    });
+  });
+
+  it('refuses a used link with 410 on the page and on a second post, changing nothing', async () => {
+    const url = await connectLink(withUrls, 'cat');
+    expect((await press(url)).status).toBe(303);
+    await api(server, withUrls.apiKey, 'POST', '/v1/user/disconnect', { user: 'cat' });
+    const page = await get(url);
+    expect(page.status).toBe(410);
+    expect(await page.text()).toContain('This link was already used');
+    const again = await press(url);
+    expect(again.status).toBe(410);
+    expect(await isConnected(withUrls, 'cat')).toBe(false);
+  });
+
+  it('lets exactly one of many concurrent posts of one link through', async () => {
+    const url = await connectLink(plain, 'dan');
+    const results = await Promise.all(Array.from({ length: 10 }, () => press(url)));
+    const statuses = results.map((r) => r.status).sort();
+    expect(statuses).toEqual([200, ...Array(9).fill(410)]);
+    const done = results.find((r) => r.status === 200)!;
+    const html = await done.text();
+    expect(html).toContain('You are connected');
+    expect(html).toContain('Plain app');
+    expect(await isConnected(plain, 'dan')).toBe(true);
+  });
+
+  it('shows clear error pages for forged, malformed, expired and wrong-kind links', async () => {
+    const url = await connectLink(plain, 'eve');
+    const token = url.slice(url.lastIndexOf('/') + 1);
+    const [body, signature] = token.split('.') as [string, string];
+    const forgedBody = Buffer.from(
+      JSON.stringify({ ...JSON.parse(Buffer.from(body, 'base64url').toString()), u: 'mallory' }),
+    ).toString('base64url');
+    const expired = createLinkToken(
+      server.ctx.sealer,
+      { kind: 'connect', projectId: plain.projectId, externalId: 'eve', ttlSeconds: 60 },
+      Date.now() - 120_000,
+    );
+    const topup = createLinkToken(server.ctx.sealer, {
+      kind: 'topup',
+      projectId: plain.projectId,
+      externalId: 'eve',
+      ttlSeconds: 60,
+    });
+    const unknownProject = createLinkToken(server.ctx.sealer, {
+      kind: 'connect',
+      projectId: 'pw_gone',
+      externalId: 'eve',
+      ttlSeconds: 60,
+    });
+    const cases: [string, number, string][] = [
+      [`${forgedBody}.${signature}`, 400, 'This link is not valid'],
+      [`${body}.${signature.slice(0, -2)}xx`, 400, 'This link is not valid'],
+      ['garbage', 400, 'This link is incomplete'],
+      [`${body}.${signature}.extra`, 400, 'This link is incomplete'],
+      [expired, 410, 'This link has expired'],
+      [topup, 400, 'This link is not valid here'],
+      [unknownProject, 404, 'no longer available'],
+    ];
+    for (const [bad, status, text] of cases) {
+      for (const send of [get, press]) {
+        const res = await send(`${server.url}/connect/${bad}`);
+        expect(res.status, `${bad} ${send === get ? 'GET' : 'POST'}`).toBe(status);
+        expect(res.headers.get('content-type')).toBe('text/html; charset=utf-8');
+        const html = await res.text();
+        expect(html).toContain(text);
+        expect(html).toContain('Nothing was changed.');
+      }
+    }
+    expect(await isConnected(plain, 'eve')).toBe(false);
+    expect(await isConnected(plain, 'mallory')).toBe(false);
+    // The untouched link still works.
+    expect((await press(url)).status).toBe(200);
+  });
+
+  it('does not need an API key and leaves /v1 JSON errors alone', async () => {
+    const res = await fetch(`${server.url}/v1/user/balance?user=a`);
+    expect(res.status).toBe(401);
+    expect(((await res.json()) as any).error.code).toBe('invalid_api_key');
+  });
+});
+
+describe('top-up page', () => {
+  it('redirects to the checkout URL with user, amount, currency and project, more than once', async () => {
+    const link = await api(server, withUrls.apiKey, 'POST', '/v1/user/topup', {
+      user: 'fay',
+      amount: '12.5',
+    });
+    expect(link.body.checkout).toBe('redirect');
+    for (let i = 0; i < 2; i++) {
+      const res = await get(link.body.url);
+      expect(res.status).toBe(303);
+      const location = new URL(res.headers.get('location')!);
+      expect(location.origin + location.pathname).toBe('https://pay.example.com/checkout');
+      expect(Object.fromEntries(location.searchParams)).toEqual({
+        plan: 'credits',
+        user: 'fay',
+        amount: '12.50',
+        currency: 'usd',
+        project: withUrls.projectId,
+      });
+    }
+  });
+
+  it('sends the amount a refused charge needed', async () => {
+    await api(server, withUrls.apiKey, 'POST', '/v1/user/balance/deposit', { user: 'bob', amount: '1.00' });
+    const refused = await api(server, withUrls.apiKey, 'POST', '/v1/user/charge', {
+      user: 'bob',
+      amount: '3.00',
+    });
+    expect(refused.body.reason).toBe('insufficient_balance');
+    const res = await get(refused.body.url);
+    expect(res.status).toBe(303);
+    expect(new URL(res.headers.get('location')!).searchParams.get('amount')).toBe('3.00');
+  });
+
+  it('explains how to top up when the project has no checkout URL', async () => {
+    const link = await api(server, plain.apiKey, 'POST', '/v1/user/topup', { user: 'gus', amount: '5' });
+    const res = await get(link.body.url);
+    expect(res.status).toBe(200);
+    const html = await res.text();
+    expect(html).toContain('<h1>Top up your Plain app balance</h1>');
+    expect(html).toContain('5.00 EUR');
+    expect(html).toContain('<strong>gus</strong>');
+  });
+
+  it('follows a checkout URL configured after the link was made, and refuses connect links', async () => {
+    const link = await api(server, plain.apiKey, 'POST', '/v1/user/topup', { user: 'hal' });
+    await updateProject(server.ctx.db, server.ctx.sealer, plain.projectId, {
+      settings: { checkoutUrl: 'https://shop.example.org/add-funds' },
+    });
+    await server.ctx.projects.changed(plain.projectId);
+    const res = await get(link.body.url);
+    expect(res.status).toBe(303);
+    const location = new URL(res.headers.get('location')!);
+    expect(location.searchParams.get('user')).toBe('hal');
+    expect(location.searchParams.has('amount')).toBe(false);
+    const connect = await connectLink(plain, 'hal');
+    const wrong = await get(connect.replace('/connect/', '/topup/'));
+    expect(wrong.status).toBe(400);
+  });
+});
