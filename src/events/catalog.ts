@@ -32,6 +32,7 @@ export const eventCatalog = {
       amount: 'decimal string charged',
       currency: 'currency code',
       finishReason: 'string or null',
+      outcome: '`success`, `client_closed` (charged for what was produced) or `bound_reached`',
       durationMs: 'integer',
     },
   },

@@ -7,6 +7,7 @@ import Fastify, {
 } from 'fastify';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
+import { chatRoutes } from '../chat/routes.ts';
 import { ApiError } from '../core/errors.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
@@ -80,6 +81,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     async (v1) => {
       installAuth(v1);
       await v1.register(modelRoutes);
+      await v1.register(chatRoutes);
       await v1.register(userRoutes);
     },
     { prefix: '/v1' },

@@ -1,0 +1,150 @@
+import { createParser } from 'eventsource-parser';
+import { Agent, type Dispatcher } from 'undici';
+import { type ChatProvider, type Completion, type CompletionJson, isAbort, type UpstreamCall, UpstreamError } from './types.ts';
+
+export interface UpstreamTimeouts {
+  connectMs: number;
+  /** For the response headers, and between two body chunks. */
+  responseMs: number;
+}
+
+/**
+ * One undici Agent per process: a keep-alive connection pool per provider origin, shared by every
+ * project that uses that provider. HTTP/1.1 (no pipelining) for predictable time-outs and aborts.
+ */
+export function createUpstreamAgent(timeouts: UpstreamTimeouts): Agent {
+  return new Agent({
+    connections: 512,
+    pipelining: 1,
+    keepAliveTimeout: 30_000,
+    keepAliveMaxTimeout: 120_000,
+    connectTimeout: timeouts.connectMs,
+    headersTimeout: timeouts.responseMs,
+    bodyTimeout: timeouts.responseMs,
+    allowH2: false,
+  });
+}
+
+const MAX_ERROR_BODY = 8192;
+
+/** Any OpenAI-compatible chat completions API: `POST {baseUrl}/chat/completions` with a bearer key. */
+export class OpenAICompatibleProvider implements ChatProvider {
+  readonly #agent: Dispatcher;
+  readonly #origin: string;
+  readonly #path: string;
+  readonly #headers: Record<string, string>;
+
+  constructor(agent: Dispatcher, baseUrl: string, apiKey: string | undefined) {
+    const url = new URL(`${baseUrl.replace(/\/+$/, '')}/chat/completions`);
+    this.#agent = agent;
+    this.#origin = url.origin;
+    this.#path = url.pathname + url.search;
+    this.#headers = {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}),
+    };
+  }
+
+  async complete(call: UpstreamCall): Promise<Completion> {
+    const res = await this.#send(call);
+    let text: string;
+    try {
+      text = await res.body.text();
+    } catch (err) {
+      throw failure(err);
+    }
+    let json: CompletionJson;
+    try {
+      json = JSON.parse(text) as CompletionJson;
+    } catch {
+      throw new UpstreamError('malformed', 'The provider returned a response that is not JSON.');
+    }
+    if (!json || typeof json !== 'object' || !Array.isArray(json.choices)) {
+      throw new UpstreamError('malformed', 'The provider returned a response without `choices`.');
+    }
+    return { text, json };
+  }
+
+  async stream(call: UpstreamCall): Promise<AsyncIterable<string>> {
+    const res = await this.#send(call);
+    const type = String(res.headers['content-type'] ?? '');
+    if (!type.includes('text/event-stream')) {
+      res.body.destroy();
+      throw new UpstreamError('malformed', `The provider answered a streaming request with ${type || 'no content type'}.`);
+    }
+    return sseData(res.body);
+  }
+
+  async #send(call: UpstreamCall): Promise<Dispatcher.ResponseData> {
+    let res: Dispatcher.ResponseData;
+    try {
+      res = await this.#agent.request({
+        origin: this.#origin,
+        path: this.#path,
+        method: 'POST',
+        headers: this.#headers,
+        body: JSON.stringify(call.body),
+        signal: call.signal,
+      });
+    } catch (err) {
+      throw failure(err);
+    }
+    if (res.statusCode !== 200) {
+      let body = '';
+      try {
+        for await (const chunk of res.body) {
+          body += chunk.toString();
+          if (body.length > MAX_ERROR_BODY) break;
+        }
+      } catch {}
+      res.body.destroy();
+      const retryAfter = res.headers['retry-after'];
+      throw new UpstreamError('status', `The provider answered ${res.statusCode}.`, {
+        status: res.statusCode,
+        body: body.slice(0, MAX_ERROR_BODY),
+        ...(typeof retryAfter === 'string' ? { retryAfter } : {}),
+      });
+    }
+    return res;
+  }
+}
+
+/** The data of each server-sent event of a body, as it arrives (eventsource-parser does the framing). */
+async function* sseData(body: Dispatcher.ResponseData['body']): AsyncGenerator<string> {
+  const queue: string[] = [];
+  const parser = createParser({ onEvent: (event) => queue.push(event.data) });
+  const decoder = new TextDecoder();
+  try {
+    for await (const chunk of body) {
+      parser.feed(decoder.decode(chunk as Uint8Array, { stream: true }));
+      if (queue.length) {
+        for (const data of queue) yield data;
+        queue.length = 0;
+      }
+    }
+  } catch (err) {
+    throw failure(err);
+  } finally {
+    if (!body.destroyed) body.destroy();
+  }
+  parser.feed(`${decoder.decode()}\n\n`);
+  for (const data of queue) yield data;
+}
+
+/** Maps undici's errors to UpstreamError; our own abort is rethrown as is. */
+export function failure(err: unknown): unknown {
+  if (err instanceof UpstreamError || isAbort(err)) return err;
+  const code = (err as { code?: string }).code ?? '';
+  switch (code) {
+    case 'UND_ERR_CONNECT_TIMEOUT':
+      return new UpstreamError('timeout', 'Connecting to the provider timed out.', { cause: err });
+    case 'UND_ERR_HEADERS_TIMEOUT':
+      return new UpstreamError('timeout', 'The provider did not answer in time.', { cause: err });
+    case 'UND_ERR_BODY_TIMEOUT':
+      return new UpstreamError('timeout', 'The provider stopped sending its response.', { cause: err });
+  }
+  return new UpstreamError('connection', `Could not reach the provider (${code || (err as Error).message}).`, {
+    cause: err,
+  });
+}

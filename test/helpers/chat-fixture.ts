@@ -1,0 +1,100 @@
+import OpenAI from 'openai';
+import type { AppContext } from '../../src/app/context.ts';
+import { deposit, findWallet, type WalletState } from '../../src/billing/ledger.ts';
+import { chatServiceOf } from '../../src/chat/routes.ts';
+import { Money } from '../../src/core/money.ts';
+import type { Project } from '../../src/db/schema.ts';
+import type { ModelSpec } from '../../src/models/pricing.ts';
+import { getProject } from '../../src/projects/service.ts';
+import { connectUser } from '../../src/users/service.ts';
+import { type MockBehavior, type MockUpstream, startMockUpstream } from './mock-upstream.ts';
+import { seedProject, startTestServer, type TestServer } from './server.ts';
+
+const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+
+/**
+ * A Tollgate server with a project whose provider is the mock upstream (or the echo provider), an
+ * official `openai` client pointed at it, and helpers to fund users and read the ledger.
+ */
+export interface ChatFixture {
+  server: TestServer;
+  ctx: AppContext;
+  mock: MockUpstream;
+  project: Project;
+  apiKey: string;
+  client: OpenAI;
+  /** Connects the user and deposits `amount` (when given). */
+  fund(user: string, amount?: string): Promise<void>;
+  wallet(user: string): Promise<WalletState | undefined>;
+  /** Waits until every settle and event write after a response has finished. */
+  settled(): Promise<void>;
+  /** Checks the ledger invariant (balance = Σ amounts, held = Σ held deltas); returns the entries. */
+  ledger(user: string): Promise<Array<{ kind: string; amount: string; source: string; held_delta: string }>>;
+  close(): Promise<void>;
+}
+
+export async function startChatFixture(
+  options: {
+    models: ModelSpec[];
+    env?: Record<string, string>;
+    upstream?: 'mock' | 'echo';
+    settings?: Record<string, unknown>;
+    mockDefaults?: MockBehavior;
+  },
+): Promise<ChatFixture> {
+  const mock = await startMockUpstream(options.mockDefaults ? { defaults: options.mockDefaults } : {});
+  const server = await startTestServer(options.env ?? {});
+  const ctx = server.ctx;
+  const seeded = await seedProject(ctx, {
+    upstreamUrl: options.upstream === 'echo' ? 'echo://local' : mock.baseUrl,
+    upstreamKey: 'sk-mock-provider-key',
+    models: options.models,
+    ...(options.settings ? { settings: options.settings } : {}),
+  });
+  const project = await getProject(ctx.db, seeded.projectId);
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: seeded.apiKey, maxRetries: 0, timeout: 20_000 });
+  const fixture: ChatFixture = {
+    server,
+    ctx,
+    mock,
+    project,
+    apiKey: seeded.apiKey,
+    client,
+    async fund(user, amount) {
+      await connectUser(ctx.db, ctx.events, project, user, trigger);
+      if (amount) await deposit(ctx.db, ctx.events, { project, externalId: user, amount, source: 'test', trigger });
+    },
+    wallet: (user) => findWallet(ctx.db, project.id, user),
+    async settled() {
+      await chatServiceOf(ctx)?.idle();
+    },
+    async ledger(user) {
+      const wallet = (await findWallet(ctx.db, project.id, user))!;
+      const entries = await ctx.db
+        .selectFrom('ledger_entries')
+        .select(['kind', 'amount', 'source', 'held_delta'])
+        .where('user_id', '=', wallet.userId)
+        .orderBy('id')
+        .execute();
+      const balance = entries.reduce((sum, e) => sum.plus(e.amount), new Money(0));
+      const held = entries.reduce((sum, e) => sum.plus(e.held_delta), new Money(0));
+      if (!balance.eq(wallet.balance) || !held.eq(wallet.held)) {
+        throw new Error(`ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${wallet.held}`);
+      }
+      return entries;
+    },
+    async close() {
+      await server.close();
+      await mock.close();
+    },
+  };
+  return fixture;
+}
+
+/** Sum of the chat charges of a user's ledger (a positive decimal string). */
+export function chargedTotal(entries: Array<{ kind: string; amount: string; source: string }>, source = 'chat'): string {
+  return entries
+    .filter((e) => e.kind === 'charge' && e.source === source)
+    .reduce((sum, e) => sum.minus(e.amount), new Money(0))
+    .toFixed();
+}
