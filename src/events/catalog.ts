@@ -101,6 +101,12 @@ export const eventCatalog = {
     description: 'A user was disconnected from the paywall.',
     data: { walletUserId: 'Tollgate user id', externalUserId: 'the developer’s user id' },
   },
+  'webhook.test': {
+    version: '1.0',
+    description:
+      'A test ping (`POST /v1/webhooks/subscriptions/{id}/test`), sent only to that subscription whatever its patterns.',
+    data: { subscriptionId: 'the subscription pinged', message: 'string' },
+  },
 } as const satisfies Record<string, EventTypeInfo>;
 
 export type EventType = keyof typeof eventCatalog;

@@ -13,6 +13,7 @@ import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
 import { pageRoutes } from '../users/pages.ts';
 import { userRoutes } from '../users/routes.ts';
+import { webhookRoutes } from '../webhooks/routes.ts';
 import { healthRoutes } from './health.ts';
 
 declare module 'fastify' {
@@ -83,6 +84,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       await v1.register(modelRoutes);
       await v1.register(chatRoutes);
       await v1.register(userRoutes);
+      await v1.register(webhookRoutes);
     },
     { prefix: '/v1' },
   );

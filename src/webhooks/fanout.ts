@@ -1,0 +1,69 @@
+import { sql } from 'kysely';
+import type { AppContext } from '../app/context.ts';
+import { newId } from '../core/ids.ts';
+import { matchesAny } from './patterns.ts';
+
+export interface FanoutResult {
+  events: number;
+  deliveries: number;
+}
+
+/**
+ * Turns a batch of undispatched outbox events into one pending delivery per matching active
+ * subscription, and marks the events dispatched, in one transaction: a process dying in between rolls
+ * both back, so no event is lost or fanned out twice (the unique (subscription, event) pair guards
+ * the deliveries as well). Events are locked with SKIP LOCKED, so many workers fan out side by side.
+ */
+export async function fanOut(ctx: AppContext, batchSize = 200): Promise<FanoutResult> {
+  const attemptLimit = ctx.config.WEBHOOK_MAX_ATTEMPTS;
+  const result = await ctx.db.transaction().execute(async (tx) => {
+    const events = (
+      await sql<{ id: string; project_id: string; type: string }>`
+        SELECT id, project_id, type FROM events
+        WHERE dispatched_at IS NULL
+        ORDER BY seq
+        LIMIT ${batchSize}
+        FOR UPDATE SKIP LOCKED`.execute(tx)
+    ).rows;
+    if (events.length === 0) return { events: 0, deliveries: 0 };
+    const projectIds = [...new Set(events.map((e) => e.project_id))];
+    const subscriptions = await tx
+      .selectFrom('webhook_subscriptions')
+      .select(['id', 'project_id', 'events'])
+      .where('is_active', '=', true)
+      .where('project_id', 'in', projectIds)
+      .orderBy('id')
+      .execute();
+    const byProject = new Map<string, typeof subscriptions>();
+    for (const s of subscriptions) {
+      const list = byProject.get(s.project_id) ?? [];
+      list.push(s);
+      byProject.set(s.project_id, list);
+    }
+    const rows: { id: string; p: string; s: string; e: string; t: string }[] = [];
+    for (const event of events) {
+      for (const s of byProject.get(event.project_id) ?? []) {
+        if (matchesAny(s.events, event.type))
+          rows.push({ id: newId('dlv'), p: event.project_id, s: s.id, e: event.id, t: event.type });
+      }
+    }
+    let inserted = 0;
+    for (let i = 0; i < rows.length; i += 2000) {
+      const chunk = JSON.stringify(rows.slice(i, i + 2000));
+      const res = await sql`
+        INSERT INTO webhook_deliveries (id, project_id, subscription_id, event_id, event_type, attempt_limit)
+        SELECT x.id, x.p, x.s, x.e, x.t, ${attemptLimit}::int
+        FROM jsonb_to_recordset(${chunk}::jsonb) AS x(id text, p text, s text, e text, t text)
+        ON CONFLICT (subscription_id, event_id) DO NOTHING`.execute(tx);
+      inserted += Number(res.numAffectedRows ?? 0);
+    }
+    await sql`
+      UPDATE events SET dispatched_at = now()
+      WHERE id IN (SELECT jsonb_array_elements_text(${JSON.stringify(events.map((e) => e.id))}::jsonb))`.execute(
+      tx,
+    );
+    return { events: events.length, deliveries: inserted };
+  });
+  if (result.events) ctx.metrics.eventsFannedOut.inc(result.events);
+  return result;
+}
