@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { recordEverything } from '../src/events/outbox.ts';
-import { deleteExpiredIdempotencyKeys } from '../src/idempotency/index.ts';
+import { deleteExpiredIdempotencyKeys, requestHash, withIdempotency } from '../src/idempotency/index.ts';
 import { connectUser } from '../src/users/service.ts';
 import { realPostgres } from './helpers/context.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
@@ -109,6 +109,11 @@ describe('Idempotency-Key', () => {
 
   it('makes exactly one ledger entry from 50 concurrent identical deposits', async () => {
     const body = { user: 'dan', amount: '2.50', metadata: { ref: 'pay_50' } };
+    const deposited = async () =>
+      (await server.ctx.metrics.deposited.get()).values.find((v) => v.labels.project === project.projectId)
+        ?.value ?? 0;
+    const before = await deposited();
+    const eventsBefore = await eventsOf(project, 'balance.deposit.created');
     const results = await Promise.all(
       Array.from({ length: 50 }, () => post(project, '/v1/user/balance/deposit', body, 'burst-deposit')),
     );
@@ -120,6 +125,9 @@ describe('Idempotency-Key', () => {
     const entries = await entriesOf(project, 'dan');
     expect(entries).toHaveLength(1);
     expect(entries[0]!.balance).toMatch(/^2\.50*$/);
+    // Replays count nothing: the metric moved by one deposit.
+    expect((await deposited()) - before).toBeCloseTo(2.5, 6);
+    expect(await eventsOf(project, 'balance.deposit.created')).toBe(eventsBefore + 1);
   });
 
   it('makes exactly one charge from 50 concurrent identical charges', async () => {
@@ -159,6 +167,47 @@ describe('Idempotency-Key', () => {
     expect(replay.body).toEqual(refused.body);
     const fresh = await post(project, '/v1/user/charge', { user: 'fay', amount: '1.00' }, 'refused-then-new');
     expect(fresh.body.success).toBe(true);
+  });
+
+  it('gives concurrent requests with one key and different bodies one success and 409s', async () => {
+    const results = await Promise.all(
+      ['1.00', '2.00', '3.00', '4.00'].map((amount) =>
+        post(project, '/v1/user/balance/deposit', { user: 'kim', amount }, 'race-different'),
+      ),
+    );
+    expect(results.map((r) => r.status).sort()).toEqual([201, 409, 409, 409]);
+    const winner = results.find((r) => r.status === 201)!;
+    expect(await entriesOf(project, 'kim')).toHaveLength(1);
+    const balance = await api(server, project.apiKey, 'GET', '/v1/user/balance?user=kim');
+    expect(balance.body.balance).toBe(winner.body.amount);
+  });
+
+  it('stores nothing when the work fails, so a retry with the key runs again', async () => {
+    const scope = {
+      projectId: project.projectId,
+      endpoint: 'TEST',
+      key: 'fails-once',
+      requestHash: requestHash({ a: 1 }),
+    };
+    await expect(
+      withIdempotency(server.ctx, scope, async (tx) => {
+        await tx
+          .insertInto('end_users')
+          .values({ id: 'usr_rolled_back', project_id: project.projectId, external_id: 'rb' })
+          .execute();
+        throw new Error('upstream exploded');
+      }),
+    ).rejects.toThrow('upstream exploded');
+    const rolledBack = await server.ctx.db
+      .selectFrom('end_users')
+      .select('id')
+      .where('id', '=', 'usr_rolled_back')
+      .executeTakeFirst();
+    expect(rolledBack).toBeUndefined();
+    const retry = await withIdempotency(server.ctx, scope, async () => ({ status: 201, body: { ok: true } }));
+    expect(retry).toEqual({ status: 201, body: { ok: true }, replayed: false });
+    const replay = await withIdempotency(server.ctx, scope, async () => ({ status: 500, body: 'not run' }));
+    expect(replay).toEqual({ status: 201, body: { ok: true }, replayed: true });
   });
 
   it('does not consume a key on a request rejected as invalid', async () => {
