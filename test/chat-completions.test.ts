@@ -47,7 +47,9 @@ describe('forwarded completions', () => {
       user: 'alice',
       messages,
       temperature: 0.2,
-      tools: [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: {} } } }],
+      tools: [
+        { type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: {} } } },
+      ],
     });
     expect(reply.object).toBe('chat.completion');
     expect(reply.choices[0]!.message).toMatchObject({ role: 'assistant', content: ' hello'.repeat(5) });
@@ -55,14 +57,24 @@ describe('forwarded completions', () => {
     expect(reply.usage).toMatchObject({ prompt_tokens: 12, completion_tokens: 5 });
     const sent = f.mock.requests[0]!;
     expect(sent.headers.authorization).toBe('Bearer sk-mock-provider-key');
-    expect(sent.body).toMatchObject({ model: 'mock-model', temperature: 0.2, max_tokens: 4096, user: 'alice' });
+    expect(sent.body).toMatchObject({
+      model: 'mock-model',
+      temperature: 0.2,
+      max_tokens: 4096,
+      user: 'alice',
+    });
     expect(sent.body.tools[0].function.name).toBe('lookup');
     expect(sent.body.stream_options).toBeUndefined();
   });
 
   it('streams chunks, asks the provider for usage and strips the usage chunk the client did not ask for', async () => {
     f.mock.requests.length = 0;
-    const stream = await f.client.chat.completions.create({ model: 'metered', user: 'alice', messages, stream: true });
+    const stream = await f.client.chat.completions.create({
+      model: 'metered',
+      user: 'alice',
+      messages,
+      stream: true,
+    });
     const chunks: OpenAI.ChatCompletionChunk[] = [];
     for await (const chunk of stream) chunks.push(chunk);
     expect(chunks.every((c) => c.object === 'chat.completion.chunk')).toBe(true);
@@ -148,7 +160,13 @@ describe('validation', () => {
       'messages.0.name',
       'invalid_request',
     ],
-    ['stream not boolean', { model: 'metered', user: 'a', messages, stream: 'yes' }, 400, 'stream', 'invalid_request'],
+    [
+      'stream not boolean',
+      { model: 'metered', user: 'a', messages, stream: 'yes' },
+      400,
+      'stream',
+      'invalid_request',
+    ],
     ['missing model', { user: 'a', messages }, 400, 'model', 'invalid_request'],
     ['unknown model', { model: 'nope', user: 'a', messages }, 404, 'model', 'model_not_found'],
     ['no end user', { model: 'metered', messages }, 400, 'user', 'missing_user'],
@@ -184,7 +202,10 @@ describe('validation', () => {
   });
 
   it('needs an API key', async () => {
-    const res = await api(f.server, undefined, 'POST', '/v1/chat/completions', { model: 'metered', messages });
+    const res = await api(f.server, undefined, 'POST', '/v1/chat/completions', {
+      model: 'metered',
+      messages,
+    });
     expect(res.status).toBe(401);
   });
 });
@@ -235,7 +256,12 @@ describe('link replies', () => {
       ['stranger', '/connect/'],
       ['broke', '/topup/'],
     ] as const) {
-      const stream = await f.client.chat.completions.create({ model: 'metered', user, messages, stream: true });
+      const stream = await f.client.chat.completions.create({
+        model: 'metered',
+        user,
+        messages,
+        stream: true,
+      });
       const chunks: OpenAI.ChatCompletionChunk[] = [];
       for await (const chunk of stream) chunks.push(chunk);
       expect(chunks[0]!.choices[0]!.delta.role).toBe('assistant');
@@ -243,13 +269,23 @@ describe('link replies', () => {
       expect(chunks.at(-1)!.choices[0]!.finish_reason).toBe('stop');
       expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
 
-      const raw = await sse({ model: 'metered', user, messages, stream: true, stream_options: { include_usage: true } });
+      const raw = await sse({
+        model: 'metered',
+        user,
+        messages,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       expect(raw.res.headers.get('content-type')).toContain('text/event-stream');
-      expect(raw.res.headers.get('x-tollgate-paywall')).toBe(path === '/connect/' ? 'connect_required' : 'topup_required');
+      expect(raw.res.headers.get('x-tollgate-paywall')).toBe(
+        path === '/connect/' ? 'connect_required' : 'topup_required',
+      );
       expect(raw.events.at(-1)).toBe('[DONE]');
       expect(JSON.parse(raw.events.at(-2)!)).toMatchObject({ choices: [], usage: { total_tokens: 0 } });
     }
-    expect(f.mock.requests.filter((r) => r.body.user === 'stranger' || r.body.user === 'broke')).toHaveLength(0);
+    expect(f.mock.requests.filter((r) => r.body.user === 'stranger' || r.body.user === 'broke')).toHaveLength(
+      0,
+    );
   });
 });
 
@@ -258,14 +294,22 @@ describe('providers', () => {
     const seeded = await seedProject(f.ctx, {
       name: 'Echo',
       upstreamUrl: 'echo://local',
-      models: [{ id: 'demo-echo', pricing: { mode: 'per_token', inputPerMillion: '1', outputPerMillion: '2' } }],
+      models: [
+        { id: 'demo-echo', pricing: { mode: 'per_token', inputPerMillion: '1', outputPerMillion: '2' } },
+      ],
     });
     const { connectUser } = await import('../src/users/service.ts');
     const { deposit } = await import('../src/billing/ledger.ts');
     const project = { id: seeded.projectId, owner_user_id: 'x', currency: 'usd' };
     const trigger = { source: 't', actorType: 't', actorId: 't' };
     await connectUser(f.ctx.db, f.ctx.events, project, 'demo-user', trigger);
-    await deposit(f.ctx.db, f.ctx.events, { project, externalId: 'demo-user', amount: '1.00', source: 't', trigger });
+    await deposit(f.ctx.db, f.ctx.events, {
+      project,
+      externalId: 'demo-user',
+      amount: '1.00',
+      source: 't',
+      trigger,
+    });
     const client = new OpenAI({ baseURL: `${f.server.url}/v1`, apiKey: seeded.apiKey, maxRetries: 0 });
     const reply = await client.chat.completions.create({
       model: 'demo-echo',

@@ -51,7 +51,10 @@ export function tokenCost(
   outputTokens: number,
 ): string {
   return formatAmount(
-    pricing.inputPerMillion.times(inputTokens).plus(pricing.outputPerMillion.times(outputTokens)).div(MILLION),
+    pricing.inputPerMillion
+      .times(inputTokens)
+      .plus(pricing.outputPerMillion.times(outputTokens))
+      .div(MILLION),
   );
 }
 

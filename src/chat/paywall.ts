@@ -23,7 +23,12 @@ export interface LinkReply {
   available?: string;
 }
 
-export function linkReply(ctx: AppContext, project: ProjectContext, externalId: string, refusal: PaywallRefusal): LinkReply {
+export function linkReply(
+  ctx: AppContext,
+  project: ProjectContext,
+  externalId: string,
+  refusal: PaywallRefusal,
+): LinkReply {
   const input = {
     sealer: ctx.sealer,
     publicBaseUrl: ctx.publicBaseUrl,
@@ -34,7 +39,12 @@ export function linkReply(ctx: AppContext, project: ProjectContext, externalId: 
   if (refusal.reason === 'not_connected') return { decision: 'connect_required', ...connectReply(input) };
   const required = formatForCurrency(refusal.required, project.currency);
   const available = formatForCurrency(refusal.wallet.available, project.currency);
-  return { decision: 'topup_required', ...topupReply({ ...input, required, available }), required, available };
+  return {
+    decision: 'topup_required',
+    ...topupReply({ ...input, required, available }),
+    required,
+    available,
+  };
 }
 
 /** A non-streaming completion whose assistant message carries the link (plus `paywall` for programs). */

@@ -28,7 +28,10 @@ export const chatRequestSchema = z.looseObject({
     .array(messageSchema, { message: 'must be an array of messages' })
     .min(1, { message: 'must contain at least 1 message' }),
   stream: z.boolean({ message: 'must be a boolean' }).nullable().optional(),
-  user: z.string({ message: 'must be a string' }).max(256, { message: 'must be at most 256 characters' }).optional(),
+  user: z
+    .string({ message: 'must be a string' })
+    .max(256, { message: 'must be at most 256 characters' })
+    .optional(),
   max_tokens: positiveInt.nullable().optional(),
   max_completion_tokens: positiveInt.nullable().optional(),
   n: positiveInt.max(128, { message: 'must be at most 128' }).nullable().optional(),
@@ -59,7 +62,8 @@ export function resolveEndUser(body: ChatRequest, header: string | string[] | un
   if (fromBody) return fromBody;
   const fromHeader = (Array.isArray(header) ? header[0] : header)?.trim();
   if (fromHeader) {
-    if (fromHeader.length > 256) throw badRequest("Invalid 'X-Service-User': must be at most 256 characters", 'user');
+    if (fromHeader.length > 256)
+      throw badRequest("Invalid 'X-Service-User': must be at most 256 characters", 'user');
     return fromHeader;
   }
   throw badRequest(

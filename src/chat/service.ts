@@ -13,7 +13,7 @@ import { type ChatPricing, chatPricing, requestCost, tokenCost } from './cost.ts
 import { linkCompletion, linkReply, subscriptionAccess } from './paywall.ts';
 import { EchoProvider } from './providers/echo.ts';
 import { createUpstreamAgent, OpenAICompatibleProvider } from './providers/openai-compatible.ts';
-import { type ChatProvider, isAbort, type Usage, UpstreamError } from './providers/types.ts';
+import { type ChatProvider, isAbort, UpstreamError, type Usage } from './providers/types.ts';
 import { type ChatRequest, END_USER_HEADER, parseChatRequest, resolveEndUser } from './schema.ts';
 import {
   type ChunkMeta,
@@ -177,7 +177,13 @@ export class ChatService {
     } catch (err) {
       if (abort.signal.aborted) {
         // The client left before the answer: nothing reached it, nothing is charged.
-        this.#finish(x, { outcome: 'client_closed', usage: undefined, produced: 0, finishReason: null, charge: false });
+        this.#finish(x, {
+          outcome: 'client_closed',
+          usage: undefined,
+          produced: 0,
+          finishReason: null,
+          charge: false,
+        });
         return reply.hijack();
       }
       throw this.#failed(x, err);
@@ -221,7 +227,13 @@ export class ChatService {
     } catch (err) {
       res.off('close', onClose);
       if (clientGone) {
-        this.#finish(x, { outcome: 'client_closed', usage: undefined, produced: 0, finishReason: null, charge: false });
+        this.#finish(x, {
+          outcome: 'client_closed',
+          usage: undefined,
+          produced: 0,
+          finishReason: null,
+          charge: false,
+        });
         return reply.hijack();
       }
       throw this.#failed(x, err);
@@ -267,7 +279,11 @@ export class ChatService {
             body: data,
           });
         }
-        meta ??= { id: String(chunk.id ?? ''), created: Number(chunk.created ?? 0), model: String(chunk.model ?? '') };
+        meta ??= {
+          id: String(chunk.id ?? ''),
+          created: Number(chunk.created ?? 0),
+          model: String(chunk.model ?? ''),
+        };
         if (chunk.usage) usage = chunk.usage;
         const choices = chunk.choices;
         let tokens = 0;
@@ -297,7 +313,10 @@ export class ChatService {
         const error = this.#failed(x, err);
         res.off('close', onClose);
         if (!headSent) {
-          res.writeHead(error.status, { 'content-type': 'application/json; charset=utf-8', ...error.headers });
+          res.writeHead(error.status, {
+            'content-type': 'application/json; charset=utf-8',
+            ...error.headers,
+          });
           res.end(JSON.stringify(error.toBody()));
         } else {
           res.end(sseEvent(JSON.stringify(error.toBody())));
@@ -311,7 +330,10 @@ export class ChatService {
       return reply;
     }
     if (!done && !finishReason && !cut) {
-      const error = this.#failed(x, new UpstreamError('malformed', 'The provider ended the stream before it finished.'));
+      const error = this.#failed(
+        x,
+        new UpstreamError('malformed', 'The provider ended the stream before it finished.'),
+      );
       if (!headSent) {
         res.writeHead(error.status, { 'content-type': 'application/json; charset=utf-8' });
         res.end(JSON.stringify(error.toBody()));
@@ -384,7 +406,8 @@ export class ChatService {
     const ctx = this.#ctx;
     const error = toClientError(err);
     const reason = err instanceof UpstreamError ? err.kind : 'internal';
-    if (!(err instanceof UpstreamError)) ctx.log.error({ err, requestId: x.requestId }, 'chat request failed');
+    if (!(err instanceof UpstreamError))
+      ctx.log.error({ err, requestId: x.requestId }, 'chat request failed');
     ctx.metrics.upstreamErrors.inc({ project: x.project.id, model: x.model.id, reason });
     ctx.metrics.requests.inc({
       project: x.project.id,
@@ -421,7 +444,12 @@ export class ChatService {
   #finish(x: Exchange, end: Ending): void {
     const ctx = this.#ctx;
     const labels = { project: x.project.id, model: x.model.id };
-    ctx.metrics.requests.inc({ ...labels, decision: 'allowed', outcome: end.outcome, stream: String(x.stream) });
+    ctx.metrics.requests.inc({
+      ...labels,
+      decision: 'allowed',
+      outcome: end.outcome,
+      stream: String(x.stream),
+    });
     if (!end.charge) {
       this.#release(x);
       return;
@@ -467,7 +495,10 @@ export class ChatService {
       if (wantsCompleted) {
         charged = await ctx.db.transaction().execute(async (tx) => {
           const settled = await settle(tx);
-          await ctx.events.record(tx, this.#eventInput(x, 'proxy.request.completed', completed(settled.charged)));
+          await ctx.events.record(
+            tx,
+            this.#eventInput(x, 'proxy.request.completed', completed(settled.charged)),
+          );
           return settled.charged;
         });
         ctx.events.wake();
@@ -575,7 +606,8 @@ function usageOf(x: Exchange, usage: Usage | undefined, produced: number): { inp
   const input = usage?.prompt_tokens ?? x.promptTokens ?? countPromptTokens(x.body);
   let output = usage?.completion_tokens ?? produced;
   // Never charge past the bound the hold pays for (the settle caps the amount as well).
-  if (x.bound !== undefined && usage?.completion_tokens === undefined) output = Math.min(output, x.bound * x.choices);
+  if (x.bound !== undefined && usage?.completion_tokens === undefined)
+    output = Math.min(output, x.bound * x.choices);
   return { input, output };
 }
 
@@ -604,9 +636,14 @@ export function toClientError(err: unknown): ApiError {
     case 'connection':
       return new ApiError(502, 'upstream_error', err.message, { code: 'upstream_unreachable' });
     case 'malformed':
-      return new ApiError(502, 'upstream_error', `The model provider sent a malformed response: ${err.message}`, {
-        code: 'upstream_malformed',
-      });
+      return new ApiError(
+        502,
+        'upstream_error',
+        `The model provider sent a malformed response: ${err.message}`,
+        {
+          code: 'upstream_malformed',
+        },
+      );
     case 'status':
       break;
   }
@@ -614,9 +651,14 @@ export function toClientError(err: unknown): ApiError {
   const detail = providerMessage(err.body);
   const suffix = detail ? `: ${detail}` : '.';
   if (status === 401 || status === 403) {
-    return new ApiError(502, 'upstream_error', `The model provider refused the project's provider key${suffix}`, {
-      code: 'upstream_auth_failed',
-    });
+    return new ApiError(
+      502,
+      'upstream_error',
+      `The model provider refused the project's provider key${suffix}`,
+      {
+        code: 'upstream_auth_failed',
+      },
+    );
   }
   if (status === 429) {
     return new ApiError(429, 'rate_limit_error', `The model provider is rate limiting${suffix}`, {

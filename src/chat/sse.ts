@@ -75,6 +75,7 @@ export function messageStream(meta: ChunkMeta, content: string, includeUsage: bo
     sseEvent(chunkJson(meta, { role: 'assistant', content: '' })) +
     sseEvent(chunkJson(meta, { content })) +
     sseEvent(chunkJson(meta, {}, 'stop'));
-  if (includeUsage) out += sseEvent(usageChunkJson(meta, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }));
+  if (includeUsage)
+    out += sseEvent(usageChunkJson(meta, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }));
   return out + DONE;
 }

@@ -33,15 +33,13 @@ export interface ChatFixture {
   close(): Promise<void>;
 }
 
-export async function startChatFixture(
-  options: {
-    models: ModelSpec[];
-    env?: Record<string, string>;
-    upstream?: 'mock' | 'echo';
-    settings?: Record<string, unknown>;
-    mockDefaults?: MockBehavior;
-  },
-): Promise<ChatFixture> {
+export async function startChatFixture(options: {
+  models: ModelSpec[];
+  env?: Record<string, string>;
+  upstream?: 'mock' | 'echo';
+  settings?: Record<string, unknown>;
+  mockDefaults?: MockBehavior;
+}): Promise<ChatFixture> {
   const mock = await startMockUpstream(options.mockDefaults ? { defaults: options.mockDefaults } : {});
   const server = await startTestServer(options.env ?? {});
   const ctx = server.ctx;
@@ -52,7 +50,12 @@ export async function startChatFixture(
     ...(options.settings ? { settings: options.settings } : {}),
   });
   const project = await getProject(ctx.db, seeded.projectId);
-  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: seeded.apiKey, maxRetries: 0, timeout: 20_000 });
+  const client = new OpenAI({
+    baseURL: `${server.url}/v1`,
+    apiKey: seeded.apiKey,
+    maxRetries: 0,
+    timeout: 20_000,
+  });
   const fixture: ChatFixture = {
     server,
     ctx,
@@ -62,7 +65,8 @@ export async function startChatFixture(
     client,
     async fund(user, amount) {
       await connectUser(ctx.db, ctx.events, project, user, trigger);
-      if (amount) await deposit(ctx.db, ctx.events, { project, externalId: user, amount, source: 'test', trigger });
+      if (amount)
+        await deposit(ctx.db, ctx.events, { project, externalId: user, amount, source: 'test', trigger });
     },
     wallet: (user) => findWallet(ctx.db, project.id, user),
     async settled() {
@@ -79,7 +83,9 @@ export async function startChatFixture(
       const balance = entries.reduce((sum, e) => sum.plus(e.amount), new Money(0));
       const held = entries.reduce((sum, e) => sum.plus(e.held_delta), new Money(0));
       if (!balance.eq(wallet.balance) || !held.eq(wallet.held)) {
-        throw new Error(`ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${wallet.held}`);
+        throw new Error(
+          `ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${wallet.held}`,
+        );
       }
       return entries;
     },
@@ -92,7 +98,10 @@ export async function startChatFixture(
 }
 
 /** Sum of the chat charges of a user's ledger (a positive decimal string). */
-export function chargedTotal(entries: Array<{ kind: string; amount: string; source: string }>, source = 'chat'): string {
+export function chargedTotal(
+  entries: Array<{ kind: string; amount: string; source: string }>,
+  source = 'chat',
+): string {
   return entries
     .filter((e) => e.kind === 'charge' && e.source === source)
     .reduce((sum, e) => sum.minus(e.amount), new Money(0))

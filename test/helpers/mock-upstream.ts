@@ -119,11 +119,14 @@ export async function startMockUpstream(
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Promise<void> {
-  if (b.stall) return; // never answers; the socket is closed by the client or by close()
+  // never answers; the socket is closed by the client or by close()
+  if (b.stall) return new Promise((resolve) => res.on('close', resolve));
   if (b.failStatus) {
     res.writeHead(b.failStatus, { 'content-type': 'application/json' });
     res.end(
-      JSON.stringify({ error: { message: `mock failure ${b.failStatus}`, type: 'server_error', code: 'mock' } }),
+      JSON.stringify({
+        error: { message: `mock failure ${b.failStatus}`, type: 'server_error', code: 'mock' },
+      }),
     );
     return;
   }
@@ -182,7 +185,9 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
     if (res.destroyed) return;
     if (b.chunkDelayMs) await sleep(b.chunkDelayMs);
     if (res.destroyed) return;
-    if (b.stallAfterChunks !== undefined && i === b.stallAfterChunks) return;
+    if (b.stallAfterChunks !== undefined && i === b.stallAfterChunks) {
+      return new Promise((resolve) => res.on('close', resolve));
+    }
     if (b.truncateAfterChunks !== undefined && i === b.truncateAfterChunks) {
       res.end();
       return;

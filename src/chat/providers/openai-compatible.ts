@@ -1,6 +1,13 @@
 import { createParser } from 'eventsource-parser';
 import { Agent, type Dispatcher } from 'undici';
-import { type ChatProvider, type Completion, type CompletionJson, isAbort, type UpstreamCall, UpstreamError } from './types.ts';
+import {
+  type ChatProvider,
+  type Completion,
+  type CompletionJson,
+  isAbort,
+  type UpstreamCall,
+  UpstreamError,
+} from './types.ts';
 
 export interface UpstreamTimeouts {
   connectMs: number;
@@ -71,7 +78,10 @@ export class OpenAICompatibleProvider implements ChatProvider {
     const type = String(res.headers['content-type'] ?? '');
     if (!type.includes('text/event-stream')) {
       res.body.destroy();
-      throw new UpstreamError('malformed', `The provider answered a streaming request with ${type || 'no content type'}.`);
+      throw new UpstreamError(
+        'malformed',
+        `The provider answered a streaming request with ${type || 'no content type'}.`,
+      );
     }
     return sseData(res.body);
   }
@@ -144,7 +154,11 @@ export function failure(err: unknown): unknown {
     case 'UND_ERR_BODY_TIMEOUT':
       return new UpstreamError('timeout', 'The provider stopped sending its response.', { cause: err });
   }
-  return new UpstreamError('connection', `Could not reach the provider (${code || (err as Error).message}).`, {
-    cause: err,
-  });
+  return new UpstreamError(
+    'connection',
+    `Could not reach the provider (${code || (err as Error).message}).`,
+    {
+      cause: err,
+    },
+  );
 }
