@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { maintenanceJobs } from '../src/app/jobs.ts';
 import { recordEverything } from '../src/events/outbox.ts';
 import { deleteExpiredIdempotencyKeys, requestHash, withIdempotency } from '../src/idempotency/index.ts';
 import { connectUser } from '../src/users/service.ts';
@@ -268,11 +269,22 @@ describe('Idempotency-Key', () => {
       .where('key', 'in', ['old-key', 'dep-1'])
       .execute();
     expect(await deleteExpiredIdempotencyKeys(server.ctx.db)).toBe(2);
-    const left = await server.ctx.db
-      .selectFrom('idempotency_keys')
-      .select('key')
-      .where('key', 'in', ['old-key', 'dep-1', 'dep-2'])
+    const left = () =>
+      server.ctx.db
+        .selectFrom('idempotency_keys')
+        .select('key')
+        .where('key', 'in', ['old-key', 'dep-1', 'dep-2'])
+        .execute();
+    expect((await left()).map((r) => r.key)).toEqual(['dep-2']);
+    // The periodic job does the same.
+    const job = maintenanceJobs.find((j) => j.name === 'idempotency-key-cleanup')!;
+    expect(await job.run(server.ctx)).toBe(0);
+    await server.ctx.db
+      .updateTable('idempotency_keys')
+      .set({ expires_at: sql`now() - interval '1 second'` })
+      .where('key', '=', 'dep-2')
       .execute();
-    expect(left.map((r) => r.key)).toEqual(['dep-2']);
+    expect(await job.run(server.ctx)).toBe(1);
+    expect(await left()).toEqual([]);
   });
 });

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { maintenanceJobs } from '../src/app/jobs.ts';
 import { recordEverything } from '../src/events/outbox.ts';
 import { updateProject } from '../src/projects/service.ts';
 import { createLinkToken } from '../src/users/links.ts';
@@ -152,6 +153,20 @@ describe('connect page', () => {
     expect(await isConnected(plain, 'mallory')).toBe(false);
     // The untouched link still works.
     expect((await press(url)).status).toBe(200);
+  });
+
+  it('forgets used nonces once their links have expired (periodic job)', async () => {
+    const url = await connectLink(plain, 'ned');
+    expect((await press(url)).status).toBe(200);
+    const job = maintenanceJobs.find((j) => j.name === 'link-nonce-cleanup')!;
+    expect(await job.run(server.ctx)).toBe(0);
+    await server.ctx.db
+      .updateTable('used_link_tokens')
+      .set({ expires_at: new Date(Date.now() - 1000) })
+      .where('external_id', '=', 'ned')
+      .execute();
+    expect(await job.run(server.ctx)).toBe(1);
+    // The link itself is expired by then, so forgetting its nonce reopens nothing.
   });
 
   it('does not need an API key and leaves /v1 JSON errors alone', async () => {
