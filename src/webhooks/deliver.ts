@@ -144,8 +144,9 @@ export class Sender {
         ...(this.#allowPrivate ? {} : { lookup: guardedLookup as never }),
       },
       allowH2: false,
-      headersTimeout: config.WEBHOOK_TIMEOUT_MS,
-      bodyTimeout: config.WEBHOOK_TIMEOUT_MS,
+      // The request's own AbortSignal enforces the time-out precisely; these are only a backstop.
+      headersTimeout: config.WEBHOOK_TIMEOUT_MS + 1000,
+      bodyTimeout: config.WEBHOOK_TIMEOUT_MS + 1000,
       keepAliveTimeout: 4_000,
       connections: 64,
     });
