@@ -13,7 +13,13 @@ import {
 import { setCondition, statusPatch } from '../src/operator/status.ts';
 import { WorkQueue } from '../src/operator/workqueue.ts';
 
-const spec = {
+const spec: {
+  paywallId: string;
+  url: string;
+  events: string[];
+  description: string;
+  customHeaders: Record<string, string>;
+} = {
   paywallId: 'pw_1',
   url: ' https://hooks.example.com/x ',
   events: ['balance.*'],

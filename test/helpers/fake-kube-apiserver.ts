@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { ApiextensionsV1Api, CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { parse as parseYaml } from 'yaml';
 
 /**
@@ -271,6 +272,12 @@ export class FakeKubeApiServer {
       this.#listeners.add(attempt);
       attempt();
     });
+  }
+
+  /** Calls `listener` after every write and every new watch; returns the unsubscribe function. */
+  onChange(listener: () => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
   }
 
   get(group: string, plural: string, namespace: string, name: string): KubeObject | undefined {
@@ -904,5 +911,142 @@ function validate(schema: Schema, value: unknown, path: string, errors: string[]
         (typeof schema.additionalProperties === 'object' ? schema.additionalProperties : undefined);
       if (sub) validate(sub, v, `${path}.${field}`, errors);
     }
+  }
+}
+
+// ---- test targets ----------------------------------------------------------------------------------
+
+export const CRD_FILE = new URL('../../crds/webhooksubscriptions.tollgate.dev.yaml', import.meta.url)
+  .pathname;
+
+/**
+ * Where the operator tests run: the fake API server above, or a real cluster when KUBECONFIG is set
+ * (the CRD is installed when missing; each target gets its own namespace, deleted afterwards).
+ */
+export interface KubeTarget {
+  kubeConfig: KubeConfig;
+  /** Present when running against the fake server (for fault injection and request inspection). */
+  fake: FakeKubeApiServer | undefined;
+  namespace: string;
+  /** Resolves with check()'s first truthy value: re-checked on every change (fake) or every 250 ms (cluster). */
+  until<T>(
+    check: () => Promise<T | undefined | false> | T | undefined | false,
+    what: string,
+    timeoutMs?: number,
+  ): Promise<T>;
+  close(): Promise<void>;
+}
+
+export const realCluster = Boolean(process.env.KUBECONFIG);
+
+export async function kubeTarget(name: string): Promise<KubeTarget> {
+  const namespace = `${name}-${randomUUID().slice(0, 6)}`;
+  if (!realCluster) {
+    const fake = new FakeKubeApiServer({ crdFiles: [CRD_FILE] });
+    const url = await fake.start();
+    const kubeConfig = new KubeConfig();
+    kubeConfig.loadFromOptions({
+      clusters: [{ name: 'fake', server: url, skipTLSVerify: true }],
+      users: [{ name: 'test' }],
+      contexts: [{ name: 'fake', cluster: 'fake', user: 'test' }],
+      currentContext: 'fake',
+    });
+    return {
+      kubeConfig,
+      fake,
+      namespace,
+      until: (check, what, timeoutMs = 15_000) => untilSignalled(fake, check, what, timeoutMs),
+      close: () => fake.stop(),
+    };
+  }
+  const kubeConfig = new KubeConfig();
+  kubeConfig.loadFromDefault();
+  const core = kubeConfig.makeApiClient(CoreV1Api);
+  await installCrd(kubeConfig);
+  await core.createNamespace({ body: { metadata: { name: namespace } } });
+  return {
+    kubeConfig,
+    fake: undefined,
+    namespace,
+    until: (check, what, timeoutMs = 30_000) => untilPolled(check, what, timeoutMs),
+    close: async () => {
+      await core.deleteNamespace({ name: namespace }).catch(() => {});
+    },
+  };
+}
+
+async function installCrd(kubeConfig: KubeConfig): Promise<void> {
+  const api = kubeConfig.makeApiClient(ApiextensionsV1Api);
+  const crd = parseYaml(readFileSync(CRD_FILE, 'utf8'));
+  try {
+    await api.readCustomResourceDefinition({ name: crd.metadata.name });
+    return;
+  } catch {}
+  await api.createCustomResourceDefinition({ body: crd });
+  await untilPolled(
+    async () => {
+      const got = await api.readCustomResourceDefinition({ name: crd.metadata.name });
+      return got.status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True');
+    },
+    'the CRD to be established',
+    30_000,
+  );
+}
+
+function untilSignalled<T>(
+  fake: FakeKubeApiServer,
+  check: () => Promise<T | undefined | false> | T | undefined | false,
+  what: string,
+  timeoutMs: number,
+): Promise<T> {
+  return new Promise((resolve, reject) => {
+    let running = false;
+    let again = false;
+    let done = false;
+    const finish = (fn: () => void) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      unsubscribe();
+      fn();
+    };
+    const attempt = async () => {
+      if (running) {
+        again = true;
+        return;
+      }
+      running = true;
+      try {
+        do {
+          again = false;
+          const value = await check();
+          if (value !== undefined && value !== false) return finish(() => resolve(value));
+        } while (again && !done);
+      } catch (err) {
+        finish(() => reject(err));
+      } finally {
+        running = false;
+      }
+    };
+    const timer = setTimeout(
+      () => finish(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`))),
+      timeoutMs,
+    );
+    const unsubscribe = fake.onChange(() => void attempt());
+    void attempt();
+  });
+}
+
+async function untilPolled<T>(
+  check: () => Promise<T | undefined | false> | T | undefined | false,
+  what: string,
+  timeoutMs: number,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined && value !== false) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 250));
   }
 }
