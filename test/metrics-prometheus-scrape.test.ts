@@ -4,6 +4,8 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ECHO_UPSTREAM } from '../src/projects/service.ts';
+import { connectUser } from '../src/users/service.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
@@ -73,7 +75,14 @@ describe.skipIf(!available)('a real Prometheus scraping /metrics', () => {
   beforeAll(async () => {
     server = await startTestServer();
     project = await seedProject(server.ctx, {
+      upstreamUrl: ECHO_UPSTREAM,
       models: [{ id: 'm-req', pricing: { mode: 'per_request', perRequest: '0.01' } }],
+    });
+    const ref = (await server.ctx.projects.get(project.projectId))!;
+    await connectUser(server.ctx.db, server.ctx.events, ref, 'prom-user', {
+      source: 'test',
+      actorType: 'admin',
+      actorId: 'test',
     });
     dir = mkdtempSync(join(tmpdir(), 'tollgate-prometheus-'));
     const target = new URL(server.url).host;
@@ -120,25 +129,48 @@ describe.skipIf(!available)('a real Prometheus scraping /metrics', () => {
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
-  it('scrapes the proxy and answers a PromQL query over a tollgate_* counter that moved with traffic', async () => {
-    for (let i = 0; i < 3; i++) {
-      expect((await api(server, project.apiKey, 'GET', '/v1/models')).status).toBe(200);
-    }
+  it('scrapes the proxy and answers PromQL over metering counters that moved with chat traffic', async () => {
+    const deposit = { user: 'prom-user', amount: '1.00' };
+    expect((await api(server, project.apiKey, 'POST', '/v1/user/balance/deposit', deposit)).status).toBe(201);
+    const chat = () =>
+      api(server, project.apiKey, 'POST', '/v1/chat/completions', {
+        model: 'm-req',
+        user: 'prom-user',
+        messages: [{ role: 'user', content: 'Hello' }],
+      });
+    for (let i = 0; i < 3; i++) expect((await chat()).status).toBe(200);
+
     const up = await until('up{job="tollgate"}', (r) => r.length === 1 && r[0]!.value[1] === '1');
     expect(up[0]!.metric.instance).toBe(new URL(server.url).host);
 
-    const promql = `tollgate_http_requests_total{project="${project.projectId}",route="/v1/models",status="200"}`;
-    const result = await until(promql, (r) => r.length === 1 && r[0]!.value[1] === '3');
-    expect(result[0]!.metric).toMatchObject({ job: 'tollgate', method: 'GET', project: project.projectId });
+    const served = `tollgate_requests_total{project="${project.projectId}",decision="allowed",outcome="success"}`;
+    const result = await until(served, (r) => r.length === 1 && r[0]!.value[1] === '3');
+    expect(result[0]!.metric).toMatchObject({ job: 'tollgate', model: 'm-req', stream: 'false' });
 
     // More traffic shows up in a later scrape.
-    expect((await api(server, project.apiKey, 'GET', '/v1/models')).status).toBe(200);
-    await until(promql, (r) => r[0]?.value[1] === '4');
+    expect((await chat()).status).toBe(200);
+    await until(served, (r) => r[0]?.value[1] === '4');
+
+    // The README's queries: revenue per model, tokens per project.
+    const revenue = await until(
+      'sum by (project, model, currency) (tollgate_charged_amount_total{source="chat"})',
+      (r) => r.length === 1 && Number(r[0]!.value[1]) > 0.0399,
+    );
+    expect(revenue[0]!.metric).toEqual({ project: project.projectId, model: 'm-req', currency: 'usd' });
+    expect(Number(revenue[0]!.value[1])).toBeCloseTo(0.04, 9);
+    const deposited = await query(`tollgate_deposited_amount_total{project="${project.projectId}"}`);
+    expect(Number(deposited[0]?.value[1])).toBe(1);
+    const tokens = await query(
+      'sum by (project) (tollgate_input_tokens_total + tollgate_output_tokens_total)',
+    );
+    expect(Number(tokens[0]?.value[1])).toBeGreaterThan(0);
 
     // Default process metrics come through with the prefix, and no series is labelled by end user.
     const cpu = await query('tollgate_process_cpu_seconds_total{job="tollgate"}');
     expect(cpu.length).toBe(1);
     const userLabelled = await query('{job="tollgate", user!=""}');
     expect(userLabelled).toEqual([]);
+    const userValued = await query('{job="tollgate", project="prom-user"}');
+    expect(userValued).toEqual([]);
   });
 });
