@@ -94,7 +94,7 @@ export class Metrics {
   });
   readonly upstreamErrors = new Counter({
     name: 'tollgate_upstream_errors_total',
-    help: 'Failed upstream requests by reason (status, timeout, connection, malformed).',
+    help: 'Failed upstream requests by reason (status, timeout, connection, malformed, internal).',
     labelNames: ['project', 'model', 'reason'] as const,
     registers: [this.registry],
   });
