@@ -198,6 +198,10 @@ export class Sender {
       }
       return result;
     } catch (err) {
+      if (signal?.aborted) {
+        const reason = signal.reason instanceof Error ? signal.reason.message : String(signal.reason);
+        return { error: `aborted: ${reason}`, durationMs: elapsed() };
+      }
       return { error: describeError(err), durationMs: elapsed() };
     }
   }
