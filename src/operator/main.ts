@@ -3,7 +3,7 @@ import { hostname } from 'node:os';
 import type { AppContext } from '../app/context.ts';
 import { createContext } from '../app/context.ts';
 import type { Config } from '../config/index.ts';
-import { ping } from '../db/index.ts';
+import { pendingMigrations, ping } from '../db/index.ts';
 import {
   createSubscription,
   findSubscriptionByManager,
@@ -153,9 +153,20 @@ export async function runOperator(config: Config, options: { namespaces: string[
     port: config.OPERATOR_PORT,
     host: config.HOST,
     registry: ctx.metrics.registry,
+    // Ready: the database answers with every migration applied (a follower is ready too: it takes
+    // over without a restart).
     ready: async () => {
       await ping(ctx.db);
-      return { ok: true, detail: { leader: operator.isLeader(), identity: operator.identity } };
+      const pending = await pendingMigrations(ctx.database);
+      return {
+        ok: pending.length === 0,
+        detail: {
+          leader: operator.isLeader(),
+          identity: operator.identity,
+          database: 'ok',
+          migrations: pending.length ? `pending: ${pending.join(', ')}` : 'ok',
+        },
+      };
     },
   });
   ctx.log.info(

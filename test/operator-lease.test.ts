@@ -1,0 +1,283 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type KubeClients, makeClients } from '../src/operator/kube.ts';
+import { LeaderElector } from '../src/operator/leader-election.ts';
+import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from './helpers/context.ts';
+import { type KubeTarget, kubeTarget, realCluster } from './helpers/fake-kube-apiserver.ts';
+
+/**
+ * Leader election on a coordination.k8s.io/v1 Lease, in process with short (millisecond) timings, and
+ * the `tollgate operator` entry point as a process: flags, KUBECONFIG, /healthz, /readyz, /metrics,
+ * SIGTERM releasing the lease.
+ */
+
+let target: KubeTarget;
+let kube: KubeClients;
+const log = pino({ level: 'silent' });
+const electors: LeaderElector[] = [];
+
+beforeAll(async () => {
+  target = await kubeTarget('tg-lease');
+  kube = makeClients(target.kubeConfig);
+});
+
+afterAll(async () => {
+  await Promise.all(electors.map((e) => e.stop({ release: false })));
+  await target?.close();
+});
+
+function candidate(
+  lease: string,
+  identity: string,
+  timings: Partial<Record<'lease' | 'deadline' | 'retry', number>> = {},
+) {
+  const transitions: string[] = [];
+  let onStarted = () => {};
+  let onStopped = () => {};
+  const started = new Promise<void>((resolve) => {
+    onStarted = resolve;
+  });
+  const stopped = new Promise<void>((resolve) => {
+    onStopped = resolve;
+  });
+  const elector = new LeaderElector({
+    api: kube.coordination,
+    name: lease,
+    namespace: target.namespace,
+    identity,
+    leaseDurationMs: timings.lease ?? 1000,
+    renewDeadlineMs: timings.deadline ?? 600,
+    retryPeriodMs: timings.retry ?? 100,
+    log,
+    onStartedLeading: () => {
+      transitions.push('started');
+      onStarted();
+    },
+    onStoppedLeading: () => {
+      transitions.push('stopped');
+      onStopped();
+    },
+  });
+  electors.push(elector);
+  return { elector, transitions, started, stopped };
+}
+
+async function readLease(name: string) {
+  return kube.coordination.readNamespacedLease({ name, namespace: target.namespace });
+}
+
+describe('leader election', () => {
+  it('elects exactly one of two candidates and records it in the Lease', async () => {
+    const a = candidate('pair', 'a');
+    const b = candidate('pair', 'b');
+    a.elector.start();
+    b.elector.start();
+    const leader = await Promise.race([a.started.then(() => 'a'), b.started.then(() => 'b')]);
+    // Several renewals later there is still exactly one.
+    const lease = await readLease('pair');
+    await target.until(
+      async () => (await readLease('pair')).metadata?.resourceVersion !== lease.metadata?.resourceVersion,
+      'a renewal',
+    );
+    expect([a.elector.isLeader, b.elector.isLeader].filter(Boolean)).toHaveLength(1);
+    const after = await readLease('pair');
+    expect(after.spec).toMatchObject({
+      holderIdentity: leader,
+      leaseDurationSeconds: 1,
+      leaseTransitions: 0,
+    });
+    await a.elector.stop();
+    await b.elector.stop();
+  });
+
+  it('refuses a replace carrying a stale resourceVersion (409), so a slow candidate cannot win', async () => {
+    const a = candidate('stale', 'a');
+    a.elector.start();
+    await a.started;
+    const stale = await readLease('stale');
+    await target.until(
+      async () => (await readLease('stale')).metadata?.resourceVersion !== stale.metadata?.resourceVersion,
+      'a renewal',
+    );
+    await expect(
+      kube.coordination.replaceNamespacedLease({
+        name: 'stale',
+        namespace: target.namespace,
+        body: { ...stale, spec: { ...stale.spec, holderIdentity: 'thief' } },
+      }),
+    ).rejects.toMatchObject({ code: 409 });
+    expect((await readLease('stale')).spec?.holderIdentity).toBe('a');
+    await a.elector.stop();
+  });
+
+  it('stops leading at once when another holder takes the lease', async () => {
+    const a = candidate('stolen', 'a', { lease: 5000, deadline: 3000 });
+    a.elector.start();
+    await a.started;
+    const current = await readLease('stolen');
+    await kube.coordination.replaceNamespacedLease({
+      name: 'stolen',
+      namespace: target.namespace,
+      body: {
+        ...current,
+        spec: { ...current.spec, holderIdentity: 'intruder', renewTime: new Date() as never },
+      },
+    });
+    const stolenAt = Date.now();
+    await a.stopped;
+    expect(a.elector.isLeader).toBe(false);
+    // Noticed at the next retry, long before the renew deadline.
+    expect(Date.now() - stolenAt).toBeLessThan(1000);
+    expect(a.transitions).toEqual(['started', 'stopped']);
+    await a.elector.stop();
+  });
+
+  it('releases the lease on stop so the other candidate takes over without waiting for expiry', async () => {
+    const a = candidate('handover', 'a', { lease: 10_000, deadline: 5000 });
+    a.elector.start();
+    await a.started;
+    const b = candidate('handover', 'b', { lease: 10_000, deadline: 5000 });
+    b.elector.start();
+    await target.until(
+      async () => (await readLease('handover')).metadata?.resourceVersion,
+      'b to read the lease',
+    );
+    const stoppedAt = Date.now();
+    await a.elector.stop();
+    expect((await readLease('handover')).spec?.holderIdentity).not.toBe('a');
+    await b.started;
+    expect(Date.now() - stoppedAt).toBeLessThan(2000);
+    expect((await readLease('handover')).spec).toMatchObject({ holderIdentity: 'b', leaseTransitions: 1 });
+    await b.elector.stop();
+  });
+
+  it.skipIf(realCluster)('steps down when it cannot renew within the renew deadline', async () => {
+    const a = candidate('deadline', 'a', { lease: 2000, deadline: 600, retry: 100 });
+    a.elector.start();
+    await a.started;
+    const failingSince = Date.now();
+    target.fake!.failNext('PUT', /\/leases\/deadline$/, 500, 1000);
+    target.fake!.failNext('GET', /\/leases\/deadline$/, 500, 1000);
+    await a.stopped;
+    const elapsed = Date.now() - failingSince;
+    expect(elapsed).toBeGreaterThanOrEqual(500);
+    expect(elapsed).toBeLessThan(600 + 500);
+    expect(a.transitions).toEqual(['started', 'stopped']);
+    await a.elector.stop({ release: false });
+  });
+});
+
+describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
+  it('serves /healthz, /readyz and /metrics, leads, and releases the lease on SIGTERM', async () => {
+    const id = newTestId();
+    const ctx = await createTestContext({}, { id }); // the schema, migrated
+    const dir = mkdtempSync(join(tmpdir(), 'tollgate-operator-'));
+    try {
+      let kubeconfig = process.env.KUBECONFIG ?? '';
+      if (target.fake) {
+        kubeconfig = join(dir, 'kubeconfig');
+        writeFileSync(
+          kubeconfig,
+          [
+            'apiVersion: v1',
+            'kind: Config',
+            `clusters: [{name: fake, cluster: {server: "${target.fake.url}", insecure-skip-tls-verify: true}}]`,
+            'users: [{name: test, user: {}}]',
+            'contexts: [{name: fake, context: {cluster: fake, user: test}}]',
+            'current-context: fake',
+          ].join('\n'),
+        );
+      }
+      const database = new URL(process.env.TOLLGATE_TEST_PG!);
+      database.searchParams.set('options', `-c search_path=tgt_${id}`);
+      const child = spawn(
+        process.execPath,
+        [
+          new URL('../cmd/tollgate.ts', import.meta.url).pathname,
+          'operator',
+          '--namespace',
+          target.namespace,
+        ],
+        {
+          env: {
+            PATH: process.env.PATH ?? '',
+            KUBECONFIG: kubeconfig,
+            DATABASE_URL: database.toString(),
+            REDIS_URL: process.env.TOLLGATE_TEST_REDIS ?? '',
+            TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
+            TOLLGATE_DATA_DIR: dir,
+            HOST: '127.0.0.1',
+            OPERATOR_PORT: '0',
+            POD_NAME: 'entrypoint-pod',
+            OPERATOR_LEASE_NAMESPACE: target.namespace,
+            OPERATOR_LEASE_DURATION_SECONDS: '3',
+            OPERATOR_RENEW_DEADLINE_SECONDS: '2',
+            OPERATOR_RETRY_PERIOD_SECONDS: '1',
+            OPERATOR_SHUTDOWN_GRACE_SECONDS: '1',
+            LOG_LEVEL: 'info',
+          },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        },
+      );
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      const stderr: string[] = [];
+      createInterface({ input: child.stderr! }).on('line', (l) => stderr.push(l));
+      const port = await new Promise<number>((resolve, reject) => {
+        const timer = setTimeout(
+          () => reject(new Error(`no port announced; stderr: ${stderr.join('\n')}`)),
+          15_000,
+        );
+        createInterface({ input: child.stdout! }).on('line', (line) => {
+          const match = /health and metrics on port (\d+)/.exec(line);
+          if (match) {
+            clearTimeout(timer);
+            resolve(Number(match[1]));
+          }
+        });
+      });
+      const base = `http://127.0.0.1:${port}`;
+      expect((await fetch(`${base}/healthz`)).status).toBe(200);
+      const readyz = await fetch(`${base}/readyz`);
+      expect(readyz.status).toBe(200);
+      expect(await readyz.json()).toMatchObject({
+        status: 'ready',
+        identity: 'entrypoint-pod',
+        migrations: 'ok',
+      });
+
+      const lease = await target.until(async () => {
+        try {
+          const l = await kube.coordination.readNamespacedLease({
+            name: 'tollgate-operator',
+            namespace: target.namespace,
+          });
+          return l.spec?.holderIdentity === 'entrypoint-pod' ? l : undefined;
+        } catch {
+          return undefined;
+        }
+      }, 'the entry point to lead');
+      expect(lease.spec?.leaseDurationSeconds).toBe(3);
+      const metrics = await target.until(async () => {
+        const text = await (await fetch(`${base}/metrics`)).text();
+        return /^tollgate_operator_leader 1$/m.test(text) ? text : undefined;
+      }, 'the leader gauge');
+      expect(metrics).toContain('tollgate_operator_reconcile_total');
+
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+      const released = await kube.coordination.readNamespacedLease({
+        name: 'tollgate-operator',
+        namespace: target.namespace,
+      });
+      expect(released.spec?.holderIdentity ?? '').toBe('');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      await ctx.close();
+    }
+  });
+});
