@@ -32,7 +32,8 @@ export const eventCatalog = {
       amount: 'decimal string charged',
       currency: 'currency code',
       finishReason: 'string or null',
-      outcome: '`success`, `client_closed` (charged for what was produced) or `bound_reached`',
+      outcome:
+        '`success`, `client_closed` (the client left mid-stream: charged for what was produced) or `bound_reached` (the stream was stopped at the completion bound)',
       durationMs: 'integer',
     },
   },
