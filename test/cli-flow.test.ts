@@ -20,7 +20,7 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
     const run = spawnSync(process.execPath, ['cmd/tollgate.ts', ...args], {
       env,
       encoding: 'utf8',
-      timeout: 30_000,
+      timeout: 60_000,
     });
     return { status: run.status, stdout: run.stdout, stderr: run.stderr, json: () => JSON.parse(run.stdout) };
   }
@@ -117,7 +117,7 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
     proxy.kill('SIGTERM');
     expect(await exited).toBe(0);
     proxy = undefined;
-  });
+  }, 180_000);
 
   it('prints usage errors clearly', () => {
     const missing = tollgate('project', 'create');
@@ -126,5 +126,5 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
     const unknown = tollgate('frobnicate');
     expect(unknown.status).toBe(2);
     expect(unknown.stderr).toMatch(/unknown command: frobnicate/);
-  });
+  }, 60_000);
 });

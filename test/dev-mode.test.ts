@@ -56,10 +56,17 @@ describe('tollgate dev', () => {
     const client = new OpenAI({ baseURL: `${first.base}/v1`, apiKey: first.key, maxRetries: 0 });
     const models = await client.models.list();
     expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-per-request']);
+    const reply = await client.chat.completions.create({
+      model: 'demo-echo',
+      user: 'demo-user',
+      messages: [{ role: 'user', content: 'Hello from the quick start' }],
+    });
+    expect(reply.choices[0]!.message.content).toBe('[echo provider] Hello from the quick start');
+    expect(reply.usage?.completion_tokens).toBeGreaterThan(0);
     expect(await stop()).toBe(0);
 
     const second = await start();
     expect(second.key).toBe(first.key);
     expect(await stop()).toBe(0);
-  }, 60_000);
+  }, 180_000);
 });
