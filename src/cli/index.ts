@@ -10,6 +10,7 @@ import { parseInput } from '../core/validation.ts';
 import { applyPricing, parsePricingFile } from '../models/service.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { connectUser } from '../users/service.ts';
+import { runWorker, webhooksCommand } from '../webhooks/cli.ts';
 import { createOutput, type Output } from './output.ts';
 import { runDev, runProxy } from './serve.ts';
 
@@ -22,6 +23,7 @@ Servers
   operator [--namespace NS]...       Kubernetes operator: reconcile WebhookSubscriptions, deliver webhooks
   dev                                everything in one process on the embedded database, with a demo project
   migrate                            apply database migrations
+  worker                             deliver webhooks (fan-out and delivery) without the operator
 
 Projects and keys
   project create --name N [--currency usd] [--upstream-url U --upstream-key K] [--checkout-url U] [--return-url U]
@@ -36,6 +38,10 @@ Models and users
   models apply --project ID --file pricing.yaml
   users connect --project ID --user U
   users deposit --project ID --user U --amount 10.00
+
+Webhooks
+  webhooks enable ID                 re-enable a deactivated subscription
+  webhooks disable ID                deactivate a subscription (as REST DELETE does)
 
 Configuration comes from environment variables; see the README.`;
 
@@ -282,6 +288,11 @@ export async function main(argv: string[]): Promise<number> {
         const { runOperator } = await import('../operator/main.ts');
         return await runOperator(config, { namespaces: values.namespace ?? [] });
       }
+      case 'worker':
+        return await runWorker(config);
+      case 'webhooks':
+        await webhooksCommand(config, sub, positionals[2], out, (m) => new UsageError(m));
+        return 0;
       case 'migrate':
         return await withContext(config, async (ctx) => {
           const applied = await ctx.migrate();

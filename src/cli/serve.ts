@@ -10,6 +10,7 @@ import { buildServer } from '../http/server.ts';
 import { applyPricing } from '../models/service.ts';
 import { createProject, ECHO_UPSTREAM } from '../projects/service.ts';
 import { connectUser } from '../users/service.ts';
+import { startDeliveryWorker } from '../webhooks/worker.ts';
 
 export interface Running {
   ctx: AppContext;
@@ -130,6 +131,8 @@ export async function runDev(config: Config): Promise<number> {
   if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
   const state = await seedDev(ctx);
   const running = await startServing(ctx);
+  // Webhooks are fanned out and delivered in this process.
+  const worker = startDeliveryWorker(ctx);
   const base = publicBaseUrl(
     config,
     running.app.server.address() ? (running.app.server.address() as { port: number }).port : undefined,
@@ -160,6 +163,7 @@ export async function runDev(config: Config): Promise<number> {
   );
   const signal = await stopRequested;
   ctx.log.info(`${signal} received: stopping`);
+  await worker.stop();
   await running.stop();
   return 0;
 }
