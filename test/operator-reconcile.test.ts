@@ -237,6 +237,9 @@ describe('WebhookSubscription reconcile', () => {
 
   it('puts back a row changed or deactivated out of band, and mirrors delivery stats into status', async () => {
     const managedBy = `WebhookSubscription ${ns}/billing`;
+    // So far one update, the spec edit: reconciles that found nothing to do wrote nothing.
+    const updates = (await eventsFor('billing')).filter((e) => e.reason === 'Updated');
+    expect(updates.map((e) => e.message)).toEqual([expect.stringContaining('(url, events, customHeaders)')]);
     const original = (await row(managedBy))!;
     await ctx.db
       .updateTable('webhook_subscriptions')

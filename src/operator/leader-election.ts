@@ -81,7 +81,7 @@ export class LeaderElector {
             : `could not renew within ${this.#o.renewDeadlineMs} ms`,
         );
       }
-      await this.#sleep(this.#leading ? this.#o.retryPeriodMs : this.#o.retryPeriodMs);
+      await this.#sleep(this.#o.retryPeriodMs);
     }
   }
 

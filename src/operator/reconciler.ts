@@ -238,8 +238,35 @@ export interface ReconcilerDeps {
 export class Reconciler {
   readonly #d: ReconcilerDeps;
 
+  /**
+   * What this reconciler last wrote per key, until the informer's cache has caught up with it: a cached
+   * object whose resourceVersion we have already superseded is older than what we know.
+   */
+  readonly #written = new Map<string, { superseded: Set<string>; latest: WebhookSubscription }>();
+
   constructor(deps: ReconcilerDeps) {
     this.#d = deps;
+  }
+
+  #current(key: string): WebhookSubscription | undefined {
+    const cached = this.#d.getResource(key);
+    const written = this.#written.get(key);
+    if (!cached || !written) {
+      if (!cached) this.#written.delete(key);
+      return cached;
+    }
+    if (written.superseded.has(cached.metadata.resourceVersion ?? '')) return written.latest;
+    this.#written.delete(key);
+    return cached;
+  }
+
+  #wrote(before: WebhookSubscription, after: WebhookSubscription): WebhookSubscription {
+    const key = `${before.metadata.namespace ?? ''}/${before.metadata.name}`;
+    const entry = this.#written.get(key) ?? { superseded: new Set<string>(), latest: after };
+    entry.superseded.add(before.metadata.resourceVersion ?? '');
+    entry.latest = after;
+    this.#written.set(key, entry);
+    return after;
   }
 
   #now(): Date {
@@ -250,7 +277,7 @@ export class Reconciler {
   async reconcile(key: string): Promise<ReconcileResult> {
     const { namespace, name } = splitKey(key);
     const managedBy = managedByOf(namespace, name);
-    let resource = this.#d.getResource(key);
+    let resource = this.#current(key);
     if (!resource) return this.#orphan(managedBy);
     if (resource.metadata.deletionTimestamp) return this.#finalize(resource, managedBy);
     if (!resource.metadata.finalizers?.includes(FINALIZER)) resource = await this.#addFinalizer(resource);
@@ -370,7 +397,7 @@ export class Reconciler {
     metadata: Record<string, unknown>,
   ): Promise<WebhookSubscription> {
     const { namespace = '', name } = resource.metadata;
-    return (await this.#d.kube.custom.patchNamespacedCustomObject(
+    const patched = (await this.#d.kube.custom.patchNamespacedCustomObject(
       {
         group: GROUP,
         version: VERSION,
@@ -382,6 +409,7 @@ export class Reconciler {
       },
       mergePatch,
     )) as WebhookSubscription;
+    return this.#wrote(resource, patched);
   }
 
   async #resolveSecret(
@@ -483,7 +511,7 @@ export class Reconciler {
     const patch = statusPatch(resource.status, next);
     if (!patch) return;
     const { namespace = '', name } = resource.metadata;
-    await this.#d.kube.custom.patchNamespacedCustomObjectStatus(
+    const patched = (await this.#d.kube.custom.patchNamespacedCustomObjectStatus(
       {
         group: GROUP,
         version: VERSION,
@@ -494,7 +522,8 @@ export class Reconciler {
         body: { status: patch },
       },
       mergePatch,
-    );
+    )) as WebhookSubscription;
+    this.#wrote(resource, patched);
   }
 
   /** Records a Kubernetes Event on the resource; a failure to record one is logged, never fatal. */
