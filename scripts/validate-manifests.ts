@@ -3,14 +3,17 @@
  * - every built-in kind against its OpenAPI schema (kubernetes-models: types, required fields, formats),
  * - no unknown field anywhere (the model attribute maps of @kubernetes/client-node), which the schemas
  *   alone let through,
- * - the ServiceMonitor (monitoring.coreos.com, not a built-in kind) against a minimal schema,
+ * - the ServiceMonitor and PrometheusRule (monitoring.coreos.com, not built-in kinds) against minimal
+ *   schemas, and the rules with Prometheus' own `promtool check rules` where it is installed,
  * - the chart's own rules: hardened pods, probes, resources, recommended labels.
  * With `--config-coverage`, also that every Tollgate setting (src/config/index.ts) is reachable from the
  * chart's values and reaches a Tollgate container in the rendered manifests.
  *
  *   node scripts/validate-manifests.ts [--config-coverage] rendered.yaml...
  */
-import { readFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { parse, parseAllDocuments } from 'yaml';
@@ -132,6 +135,47 @@ function validateServiceMonitor(doc: Obj, where: string): void {
       fail(where, `spec.endpoints[${i}].path must start with /`);
     }
   });
+}
+
+// ---- PrometheusRule: a minimal schema, then promtool ----
+
+function validatePrometheusRule(doc: Obj, where: string): void {
+  notes.add(
+    'PrometheusRule (monitoring.coreos.com/v1) is not a built-in kind: checked against a minimal schema',
+  );
+  const groups = doc.spec?.groups;
+  if (!Array.isArray(groups) || groups.length === 0) {
+    fail(where, 'spec.groups must list at least one group');
+    return;
+  }
+  for (const [i, group] of (groups as Obj[]).entries()) {
+    if (typeof group.name !== 'string' || !Array.isArray(group.rules)) {
+      fail(where, `spec.groups[${i}] needs a name and rules`);
+      continue;
+    }
+    for (const [j, rule] of (group.rules as Obj[]).entries()) {
+      const at = `spec.groups[${i}].rules[${j}]`;
+      if (typeof rule.expr !== 'string' || !rule.expr.trim()) fail(where, `${at}.expr is required`);
+      if ((typeof rule.alert === 'string') === (typeof rule.record === 'string')) {
+        fail(where, `${at} needs exactly one of alert and record`);
+      }
+    }
+  }
+  const promtool = spawnSync('promtool', ['--version'], { encoding: 'utf8' });
+  if (promtool.error) {
+    notes.add('promtool is not installed: PrometheusRule expressions were not parsed');
+    return;
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-rules-'));
+  try {
+    const file = join(dir, 'rules.json');
+    writeFileSync(file, JSON.stringify({ groups }));
+    const res = spawnSync('promtool', ['check', 'rules', file], { encoding: 'utf8' });
+    if (res.status !== 0) fail(where, `promtool check rules: ${(res.stdout + res.stderr).trim()}`);
+    else notes.add('PrometheusRule expressions parsed by promtool check rules');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 // ---- the chart's own rules ----
@@ -270,8 +314,10 @@ for (const file of files) {
       continue;
     }
     kinds.set(doc.kind, (kinds.get(doc.kind) ?? 0) + 1);
-    if (doc.apiVersion.startsWith('monitoring.coreos.com/')) {
+    if (doc.apiVersion.startsWith('monitoring.coreos.com/') && doc.kind === 'ServiceMonitor') {
       validateServiceMonitor(doc, where);
+    } else if (doc.apiVersion.startsWith('monitoring.coreos.com/') && doc.kind === 'PrometheusRule') {
+      validatePrometheusRule(doc, where);
     } else if (await validateSchema(doc, where)) {
       const name = modelName(doc.apiVersion, doc.kind);
       if (!models[name]?.getAttributeTypeMap) fail(where, `no model ${name} for the unknown-field check`);

@@ -231,6 +231,30 @@ describe.skipIf(!available)('the Helm chart', () => {
     expect(paths).toEqual(['/v1', '/connect', '/topup']);
   });
 
+  it('renders alerting rules scoped to the release namespace', () => {
+    const names = (docs: Obj[]) =>
+      find(docs, 'PrometheusRule', 'tg-tollgate').spec.groups[0].rules.map((r: Obj) => r.alert);
+    const docs = render([...DB, '--set', 'metrics.prometheusRule.enabled=true']);
+    const rules = find(docs, 'PrometheusRule', 'tg-tollgate').spec.groups[0].rules as Obj[];
+    expect(names(docs)).toEqual([
+      'TollgateWebhookDeliveryFailureRateHigh',
+      'TollgateWebhookBacklogStale',
+      'TollgateOperatorLeaderMissing',
+      'TollgateReconcileErrors',
+      'TollgateUpstreamErrorsHigh',
+      'TollgateOverheadLatencyHigh',
+    ]);
+    for (const rule of rules) expect(rule.expr).toContain('namespace="apps"');
+    const withoutOperator = render([
+      ...DB,
+      '--set',
+      'metrics.prometheusRule.enabled=true',
+      '--set',
+      'operator.enabled=false',
+    ]);
+    expect(names(withoutOperator)).not.toContain('TollgateOperatorLeaderMissing');
+  });
+
   it('refuses values the schema does not know', () => {
     const res = spawnSync(helm, ['template', 'tg', chart, '--set', 'config.LOG_LEVELS=debug'], {
       encoding: 'utf8',
