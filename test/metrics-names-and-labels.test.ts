@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { Metrics } from '../src/metrics/registry.ts';
 import { parseMetrics } from './helpers/metrics-text.ts';
@@ -100,6 +102,25 @@ describe('metric names and labels', () => {
     expect(info?.value).toBe(1);
     expect(info?.labels.version).toMatch(/^\d+\.\d+\.\d+/);
     expect(info?.labels.node_version).toBe(process.versions.node);
+  });
+});
+
+describe("the README's metrics table", () => {
+  it('lists every metric with its type and labels', () => {
+    const readme = readFileSync(join(import.meta.dirname, '..', 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('\n## Metrics'));
+    const rows = new Map<string, [string, string[]]>();
+    for (const line of section.split('\n')) {
+      const m = /^\| `(tollgate_[a-z_]+)` \| (\w+) \| ([^|]*) \|/.exec(line);
+      if (!m) continue;
+      const labels = m[3]!.trim() === '—' ? [] : m[3]!.split(',').map((l) => l.trim());
+      rows.set(m[1]!, [m[2]!, labels]);
+    }
+    expect([...rows.keys()].sort()).toEqual(Object.keys(EXPECTED).sort());
+    for (const [name, [type, labels]] of rows) {
+      expect(type, name).toBe(EXPECTED[name]![0]);
+      expect(labels.sort(), name).toEqual([...EXPECTED[name]![1]].sort());
+    }
   });
 });
 
