@@ -16,7 +16,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
-import { parse, parseAllDocuments } from 'yaml';
+import { isMap, isScalar, parse, parseAllDocuments, parseDocument } from 'yaml';
 import { configSchema } from '../src/config/index.ts';
 
 // biome-ignore lint/suspicious/noExplicitAny: parsed YAML documents of any shape
@@ -255,6 +255,7 @@ function checkConfigCoverage(docs: Obj[], file: string): void {
   for (const key of schemaKeys) {
     if (!configKeys.includes(key)) fail('values.schema.json', `config.${key} is not in values.yaml`);
   }
+  checkDocumentedDefaults();
 
   // In the rendered manifests: what reaches the proxy and the operator containers.
   const data = new Map<string, Set<string>>();
@@ -287,6 +288,28 @@ function checkConfigCoverage(docs: Obj[], file: string): void {
   notes.add(
     `configuration: all ${settings.length} settings of src/config/index.ts are reachable from values`,
   );
+}
+
+/** The `(default X)` in the comment above each `config` entry of values.yaml is Tollgate's real default. */
+function checkDocumentedDefaults(): void {
+  const doc = parseDocument(readFileSync(join(root, 'charts/tollgate/values.yaml'), 'utf8'));
+  const config = doc.get('config');
+  if (!isMap(config)) return;
+  const shape = configSchema.shape as Record<
+    string,
+    { safeParse(v: unknown): { success: boolean; data?: unknown } }
+  >;
+  for (const pair of config.items) {
+    const key = isScalar(pair.key) ? String(pair.key.value) : '';
+    const comment = (isScalar(pair.key) ? pair.key.commentBefore : undefined) ?? '';
+    const documented = /\(default ([^;:)]+)[;)]/.exec(comment)?.[1]?.trim();
+    if (!documented || !shape[key]) continue;
+    const parsed = shape[key].safeParse(undefined);
+    const actual = parsed.success && parsed.data !== undefined ? String(parsed.data) : undefined;
+    if (documented !== actual) {
+      fail('values.yaml', `the comment of config.${key} says default ${documented}, Tollgate's is ${actual}`);
+    }
+  }
 }
 
 // ---- main ----
