@@ -1,5 +1,7 @@
+import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
+import { buildServer } from '../src/http/server.ts';
 import {
   FINALIZER,
   GROUP,
@@ -28,7 +30,14 @@ let ctx: AppContext;
 let kube: KubeClients;
 let operator: RunningOperator;
 let paywallId: string;
+let apiKey: string;
 let ns: string;
+let workerStarts = 0;
+const workerStops: number[] = [];
+let onWorkerStop = () => {};
+const workerStopped = new Promise<void>((resolve) => {
+  onWorkerStop = resolve;
+});
 
 const HOOK = 'http://127.0.0.1:9/hooks';
 
@@ -42,13 +51,21 @@ beforeAll(async () => {
     OPERATOR_RENEW_DEADLINE_SECONDS: '2',
     OPERATOR_RETRY_PERIOD_SECONDS: '1',
   });
-  ({ projectId: paywallId } = await seedProject(ctx));
+  ({ projectId: paywallId, apiKey } = await seedProject(ctx));
   kube = makeClients(target.kubeConfig);
   operator = startOperator(ctx, {
     kube,
     namespaces: [ns],
     identity: 'operator-under-test',
-    startWorker: () => ({ stop: async () => {} }),
+    startWorker: () => {
+      workerStarts++;
+      return {
+        stop: async (graceMs?: number) => {
+          workerStops.push(graceMs ?? -1);
+          onWorkerStop();
+        },
+      };
+    },
   });
   await target.until(() => operator.isLeader(), 'the operator to lead');
 });
@@ -286,6 +303,22 @@ describe('WebhookSubscription reconcile', () => {
     ).rejects.toMatchObject({
       status: 409,
     });
+    const app = await buildServer(ctx);
+    await app.listen({ port: 0, host: '127.0.0.1' });
+    try {
+      const { port } = app.server.address() as AddressInfo;
+      const res = await fetch(`http://127.0.0.1:${port}/v1/webhooks/subscriptions/${dbRow.id}`, {
+        method: 'DELETE',
+        headers: { authorization: `Bearer ${apiKey}` },
+      });
+      expect(res.status).toBe(409);
+      const body = (await res.json()) as { error: { message: string; code: string } };
+      expect(body.error.code).toBe('managed_by_resource');
+      expect(body.error.message).toContain(`WebhookSubscription ${ns}/billing`);
+    } finally {
+      await app.close();
+    }
+    expect(await row(`WebhookSubscription ${ns}/billing`)).toMatchObject({ is_active: true });
   });
 
   it('deactivates the row through the finalizer when the resource is deleted', async () => {
@@ -357,10 +390,51 @@ describe.skipIf(realCluster)('against the fake API server only', () => {
     expect(listsAfter).toBeGreaterThan(listsBefore);
   });
 
+  it('requeues a failed reconcile with backoff until it succeeds', async () => {
+    const fake = target.fake!;
+    fake.failNext('PATCH', /\/flaky\/status$/, 500, 2);
+    const errorsBefore =
+      (await ctx.metrics.reconciles.get()).values.find((v) => v.labels.result === 'error')?.value ?? 0;
+    await apply('flaky', { paywallId, url: HOOK, events: ['*'] });
+    await untilReady('flaky');
+    const statusWrites = fake.requests.filter(
+      (r) => r.method === 'PATCH' && r.path.endsWith('/flaky/status'),
+    );
+    expect(statusWrites.map((w) => w.status).slice(0, 3)).toEqual([500, 500, 200]);
+    const errorsAfter =
+      (await ctx.metrics.reconciles.get()).values.find((v) => v.labels.result === 'error')?.value ?? 0;
+    expect(errorsAfter - errorsBefore).toBeGreaterThanOrEqual(2);
+    // One row however many passes it took.
+    const rows = await ctx.db
+      .selectFrom('webhook_subscriptions')
+      .select('id')
+      .where('managed_by', '=', `WebhookSubscription ${ns}/flaky`)
+      .execute();
+    expect(rows).toHaveLength(1);
+  });
+
   it('garbage-collects the generated Secret with its resource', async () => {
     await kube.custom.deleteNamespacedCustomObject(ref('billing'));
     await target.until(async () => !(await read('billing')), 'billing to be gone');
     expect(target.fake!.get('', 'secrets', ns, 'billing-webhook-secret')).toBeUndefined();
     expect(await row(`WebhookSubscription ${ns}/billing`)).toMatchObject({ is_active: false });
+  });
+});
+
+describe('losing the lease', () => {
+  it('stops the controller and the delivery worker at once, without grace', async () => {
+    expect(workerStarts).toBe(1);
+    const lease = await kube.coordination.readNamespacedLease({ name: 'tollgate-operator', namespace: ns });
+    await kube.coordination.replaceNamespacedLease({
+      name: 'tollgate-operator',
+      namespace: ns,
+      body: { ...lease, spec: { ...lease.spec, holderIdentity: 'another-replica' } },
+    });
+    await workerStopped;
+    expect(workerStops).toEqual([0]);
+    expect(operator.isLeader()).toBe(false);
+    expect((await ctx.metrics.leader.get()).values[0]?.value).toBe(0);
+    // The controller's informers are gone: no watch is open any more.
+    if (target.fake) await target.until(() => target.fake!.openWatches === 0, 'the watches to close');
   });
 });

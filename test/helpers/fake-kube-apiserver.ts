@@ -727,7 +727,7 @@ export class FakeKubeApiServer {
     this.#watchers.add(watcher);
     res.on('close', () => {
       clearTimeout(watcher.timer);
-      this.#watchers.delete(watcher);
+      if (this.#watchers.delete(watcher)) this.#notify();
     });
     this.#notify();
   }
