@@ -126,11 +126,11 @@ describe.skipIf(!available)('the Helm chart', () => {
       clusterRole.rules.map((r: Obj) => [`${r.apiGroups[0]}/${r.resources.join(',')}`, r.verbs]),
     );
     expect(rules).toEqual({
-      'tollgate.dev/webhooksubscriptions': ['get', 'list', 'watch', 'update', 'patch'],
-      'tollgate.dev/webhooksubscriptions/status': ['get', 'update', 'patch'],
+      'tollgate.dev/webhooksubscriptions': ['list', 'watch', 'patch'],
+      'tollgate.dev/webhooksubscriptions/status': ['patch'],
       'tollgate.dev/webhooksubscriptions/finalizers': ['update'],
-      '/secrets': ['get', 'list', 'watch', 'create', 'update', 'patch'],
-      '/events': ['create', 'patch'],
+      '/secrets': ['get', 'list', 'watch', 'create'],
+      '/events': ['create'],
     });
     const lease = find(all, 'Role', 'tg-tollgate-operator-leader-election');
     expect(lease.metadata.namespace).toBe('apps');

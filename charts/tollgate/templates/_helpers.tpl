@@ -217,22 +217,24 @@ checksum/secret: {{ include "tollgate.secretData" . | sha256sum }}
 
 {{/* The operator's rules where it watches WebhookSubscriptions (a Role per namespace, or a ClusterRole). */}}
 {{- define "tollgate.operatorWatchRules" -}}
+# The informer, and the finalizer (a merge patch).
 - apiGroups: ["tollgate.dev"]
   resources: ["webhooksubscriptions"]
-  verbs: ["get", "list", "watch", "update", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["tollgate.dev"]
   resources: ["webhooksubscriptions/status"]
-  verbs: ["get", "update", "patch"]
+  verbs: ["patch"]
+# Owner references with blockOwnerDeletion on the generated Secrets.
 - apiGroups: ["tollgate.dev"]
   resources: ["webhooksubscriptions/finalizers"]
   verbs: ["update"]
-# The signing secrets a subscription reads (secretRef) or owns (generated ones).
+# Signing secrets it reads (secretRef, rotations) or generates.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "update", "patch"]
+  verbs: ["get", "list", "watch", "create"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/*
