@@ -286,7 +286,7 @@ describe.skipIf(!available)('scripts/validate-manifests.ts', () => {
     expect(res.stderr).toContain('unknown field Deployment.spec.revisionHistoryLimt');
     expect(res.stderr).toContain('readOnlyRootFilesystem must be true');
     expect(res.stderr).toContain('backoffLimit must be integer');
-  });
+  }, 60_000);
 
   it('fails the configuration check when a setting does not reach a container', () => {
     const file = join(tmp, 'defaults.yaml');
@@ -297,5 +297,5 @@ describe.skipIf(!available)('scripts/validate-manifests.ts', () => {
     expect(res.stderr).toContain('WEBHOOK_MAX_ATTEMPTS reaches no Tollgate container');
     expect(res.stderr).not.toContain('DATABASE_URL reaches no');
     expect(res.stderr).not.toContain('POD_NAME reaches no');
-  });
+  }, 60_000);
 });
