@@ -5,10 +5,12 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type KubeClients, makeClients } from '../src/operator/kube.ts';
+import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/kube.ts';
 import { LeaderElector } from '../src/operator/leader-election.ts';
+import type { WebhookSubscription } from '../src/operator/status.ts';
 import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from './helpers/context.ts';
 import { type KubeTarget, kubeTarget, realCluster } from './helpers/fake-kube-apiserver.ts';
+import { seedProject } from './helpers/server.ts';
 
 /**
  * Leader election on a coordination.k8s.io/v1 Lease, in process with short (millisecond) timings, and
@@ -173,9 +175,10 @@ describe('leader election', () => {
 });
 
 describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
-  it('serves /healthz, /readyz and /metrics, leads, and releases the lease on SIGTERM', async () => {
+  it('serves /healthz, /readyz and /metrics, leads, reconciles, and releases the lease on SIGTERM', async () => {
     const id = newTestId();
     const ctx = await createTestContext({}, { id }); // the schema, migrated
+    const { projectId } = await seedProject(ctx);
     const dir = mkdtempSync(join(tmpdir(), 'tollgate-operator-'));
     try {
       let kubeconfig = process.env.KUBECONFIG ?? '';
@@ -200,8 +203,8 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
         [
           new URL('../cmd/tollgate.ts', import.meta.url).pathname,
           'operator',
-          '--namespace',
-          target.namespace,
+          // Against the fake server it watches every namespace; a real cluster is limited to the test's.
+          ...(target.fake ? [] : ['--namespace', target.namespace]),
         ],
         {
           env: {
@@ -213,6 +216,7 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
             TOLLGATE_DATA_DIR: dir,
             HOST: '127.0.0.1',
             OPERATOR_PORT: '0',
+            WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
             POD_NAME: 'entrypoint-pod',
             OPERATOR_LEASE_NAMESPACE: target.namespace,
             OPERATOR_LEASE_DURATION_SECONDS: '3',
@@ -267,6 +271,38 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
         return /^tollgate_operator_leader 1$/m.test(text) ? text : undefined;
       }, 'the leader gauge');
       expect(metrics).toContain('tollgate_operator_reconcile_total');
+
+      await kube.custom.createNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: target.namespace,
+        plural: PLURAL,
+        body: {
+          apiVersion: `${GROUP}/${VERSION}`,
+          kind: 'WebhookSubscription',
+          metadata: { name: 'from-the-cli' },
+          spec: { paywallId: projectId, url: 'https://127.0.0.1:9/hooks', events: ['*'] },
+        },
+      });
+      const ready = await target.until(async () => {
+        const r = (await kube.custom.getNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace: target.namespace,
+          plural: PLURAL,
+          name: 'from-the-cli',
+        })) as WebhookSubscription;
+        return r.status?.conditions?.some((c) => c.reason === 'Synced') ? r : undefined;
+      }, 'the resource to be reconciled');
+      const row = await ctx.db
+        .selectFrom('webhook_subscriptions')
+        .selectAll()
+        .where('id', '=', ready.status!.subscriptionId!)
+        .executeTakeFirst();
+      expect(row).toMatchObject({
+        project_id: projectId,
+        created_by: `k8s:${target.namespace}/from-the-cli`,
+      });
 
       child.kill('SIGTERM');
       expect(await exited).toBe(0);
