@@ -98,56 +98,106 @@ export interface AttemptResult {
   retryInMs?: number;
 }
 
+export interface RecordItem {
+  delivery: Pick<ClaimedDelivery, 'id' | 'claim_id' | 'attempts'> & { subscription_id?: string };
+  result: AttemptResult;
+}
+
 /**
- * Records the result of one attempt under its claim: the delivery's state, the attempt's row and the
- * subscription's health, in one statement. Returns false when the claim was lost (the result is
- * dropped; the attempt belongs to the next claimant).
+ * Records the results of attempts under their claims, many in one statement: each delivery's state
+ * and its attempt's row together, only where the row still carries the claim id and attempt number
+ * (a fence). Returns the ids recorded; a missing id lost its claim (the next claimant owns the attempt).
+ * Then the subscriptions' health (consecutive failures, last delivery) follows in one more statement.
  */
+export async function recordResults(db: Kysely<DB>, items: RecordItem[]): Promise<Set<string>> {
+  if (items.length === 0) return new Set();
+  const payload = JSON.stringify(
+    items.map(({ delivery, result }) => ({
+      id: delivery.id,
+      c: delivery.claim_id,
+      a: delivery.attempts,
+      st: result.outcome === 'retry' ? 'pending' : result.outcome,
+      o: result.outcome,
+      hs: result.status ?? null,
+      ex: result.excerpt ?? null,
+      er: result.error ?? null,
+      ms: result.durationMs,
+      r: result.retryInMs ?? 0,
+      sa: result.startedAt.toISOString(),
+    })),
+  );
+  const { rows } = await sql<{ id: string; subscription_id: string }>`
+    WITH x AS MATERIALIZED (
+      SELECT * FROM jsonb_to_recordset(${payload}::jsonb)
+        AS x(id text, c text, a int, st text, o text, hs int, ex text, er text, ms int, r float8, sa timestamptz)
+    ),
+    d AS (
+      UPDATE webhook_deliveries w
+      SET status = x.st,
+          claim_id = NULL,
+          next_attempt_at = CASE WHEN x.st = 'pending'
+            THEN now() + x.r * interval '1 millisecond' ELSE w.next_attempt_at END,
+          last_status = x.hs,
+          last_response = x.ex,
+          last_error = x.er,
+          last_duration_ms = x.ms,
+          updated_at = now(),
+          finished_at = CASE WHEN x.st = 'pending' THEN NULL ELSE now() END
+      FROM x
+      WHERE w.id = x.id AND w.claim_id = x.c AND w.attempts = x.a
+      RETURNING w.id, w.subscription_id
+    ),
+    a AS (
+      INSERT INTO webhook_attempts
+        (delivery_id, attempt, claim_id, outcome, response_status, response_excerpt, error, duration_ms, started_at)
+      SELECT x.id, x.a, x.c, x.o, x.hs, x.ex, x.er, x.ms, x.sa FROM x JOIN d ON d.id = x.id
+      ON CONFLICT (delivery_id, attempt) DO NOTHING
+    )
+    SELECT id, subscription_id FROM d`.execute(db);
+  const recorded = new Set(rows.map((r) => r.id));
+  const subscriptionOf = new Map(rows.map((r) => [r.id, r.subscription_id]));
+  // Per subscription, in the order the results came: did one succeed, and how many failed after it.
+  const health = new Map<string, { reset: boolean; fails: number }>();
+  for (const { delivery, result } of items) {
+    const sub = subscriptionOf.get(delivery.id);
+    if (!sub) continue;
+    const h = health.get(sub) ?? { reset: false, fails: 0 };
+    if (result.outcome === 'success') {
+      h.reset = true;
+      h.fails = 0;
+    } else h.fails++;
+    health.set(sub, h);
+  }
+  if (health.size) {
+    const stats = JSON.stringify([...health].map(([id, h]) => ({ id, reset: h.reset, fails: h.fails })));
+    // Rows are locked in id order so that concurrent workers cannot deadlock on them.
+    await sql`
+      WITH y AS MATERIALIZED (
+        SELECT * FROM jsonb_to_recordset(${stats}::jsonb) AS y(id text, reset boolean, fails int)
+      ),
+      locked AS MATERIALIZED (
+        SELECT s.id FROM webhook_subscriptions s JOIN y ON y.id = s.id
+        WHERE NOT y.reset OR y.fails > 0 OR s.consecutive_failures <> 0 OR s.last_delivered_at IS NULL
+          OR s.last_delivered_at < now() - interval '1 second'
+        ORDER BY s.id
+        FOR UPDATE OF s
+      )
+      UPDATE webhook_subscriptions s
+      SET consecutive_failures = CASE WHEN y.reset THEN y.fails ELSE s.consecutive_failures + y.fails END,
+          last_delivered_at = CASE WHEN y.reset THEN now() ELSE s.last_delivered_at END
+      FROM y
+      WHERE s.id = y.id AND s.id IN (SELECT id FROM locked)`.execute(db);
+  }
+  return recorded;
+}
+
+/** Records one attempt's result (see recordResults); false when the claim was lost. */
 export async function recordResult(
   db: Kysely<DB>,
   delivery: Pick<ClaimedDelivery, 'id' | 'claim_id' | 'attempts'>,
   result: AttemptResult,
 ): Promise<boolean> {
-  const status = result.outcome === 'retry' ? 'pending' : result.outcome;
-  const excerpt = result.excerpt ?? null;
-  const error = result.error ?? null;
-  const httpStatus = result.status ?? null;
-  const retryMs = result.retryInMs ?? 0;
-  const success = result.outcome === 'success';
-  const { rows } = await sql<{ n: number }>`
-    WITH d AS (
-      UPDATE webhook_deliveries
-      SET status = ${status},
-          claim_id = NULL,
-          next_attempt_at = CASE WHEN ${status} = 'pending'
-            THEN now() + ${retryMs}::float8 * interval '1 millisecond' ELSE next_attempt_at END,
-          last_status = ${httpStatus}::int,
-          last_response = ${excerpt}::text,
-          last_error = ${error}::text,
-          last_duration_ms = ${result.durationMs}::int,
-          updated_at = now(),
-          finished_at = CASE WHEN ${status} = 'pending' THEN NULL ELSE now() END
-      WHERE id = ${delivery.id} AND claim_id = ${delivery.claim_id} AND attempts = ${delivery.attempts}
-      RETURNING id, subscription_id
-    ),
-    a AS (
-      INSERT INTO webhook_attempts
-        (delivery_id, attempt, claim_id, outcome, response_status, response_excerpt, error, duration_ms, started_at)
-      SELECT id, ${delivery.attempts}::int, ${delivery.claim_id}, ${result.outcome}, ${httpStatus}::int,
-        ${excerpt}::text, ${error}::text, ${result.durationMs}::int, ${result.startedAt.toISOString()}::timestamptz
-      FROM d
-      ON CONFLICT (delivery_id, attempt) DO NOTHING
-    ),
-    s AS (
-      UPDATE webhook_subscriptions
-      SET consecutive_failures = CASE WHEN ${success} THEN 0 ELSE consecutive_failures + 1 END,
-          last_delivered_at = CASE WHEN ${success} THEN now() ELSE last_delivered_at END
-      WHERE id IN (SELECT subscription_id FROM d)
-        AND (NOT ${success} OR consecutive_failures <> 0 OR last_delivered_at IS NULL
-             OR last_delivered_at < now() - interval '1 second')
-    )
-    SELECT count(*)::int AS n FROM d`.execute(db);
-  return Number(rows[0]?.n ?? 0) > 0;
+  return (await recordResults(db, [{ delivery, result }])).has(delivery.id);
 }
 
 /** Gives back a claimed delivery that was never sent (a worker stopping): due now, attempt uncounted. */

@@ -8,7 +8,8 @@ import {
   claimDue,
   expireAbandoned,
   queueStats,
-  recordResult,
+  type RecordItem,
+  recordResults,
   releaseClaim,
 } from './queue.ts';
 
@@ -53,6 +54,10 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
   const pollMs = opts.pollIntervalMs ?? config.WEBHOOK_POLL_INTERVAL_MS;
   const fanoutBatch = opts.fanoutBatch ?? 200;
   const statsMs = opts.statsIntervalMs ?? Math.max(5000, pollMs);
+  // Deliveries of one subscription claimed at once: those in flight plus a short local queue, so that a
+  // busy subscription is served from one claim instead of one claim per delivery. The queue is short
+  // enough to be sent well within the lease.
+  const perSubscriptionClaimed = perSubscription * 4;
 
   const sender = new Sender(config);
   const abort = new AbortController();
@@ -93,7 +98,8 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     return { ...base, outcome: 'retry', retryInMs };
   }
 
-  async function deliverOne(d: ClaimedDelivery): Promise<void> {
+  /** Sends one attempt and classifies the answer. */
+  async function attempt(d: ClaimedDelivery): Promise<AttemptResult> {
     const startedAt = new Date();
     let result: AttemptResult;
     if (!d.is_active) {
@@ -114,9 +120,14 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
       );
       result = classify(d, await sender.send(d.url, signed, abort.signal), startedAt);
     }
+    return result;
+  }
+
+  /** Records an attempt's result under its claim (in a group with others), then counts it. */
+  async function finish(d: ClaimedDelivery, result: AttemptResult): Promise<void> {
     let recorded = false;
     try {
-      recorded = await recordResult(ctx.db, d, result);
+      recorded = await writeResult(d, result);
     } catch (err) {
       log.warn(
         { err, delivery: d.id },
@@ -150,23 +161,81 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     );
   }
 
+  // ---- results, written in groups: whatever finished while the previous write ran goes in the next ----
+  const results: Array<{ item: RecordItem; resolve: (ok: boolean) => void; reject: (err: unknown) => void }> =
+    [];
+  let writing: Promise<void> | undefined;
+
+  function writeResult(d: ClaimedDelivery, result: AttemptResult): Promise<boolean> {
+    return new Promise((resolve, reject) => {
+      results.push({ item: { delivery: d, result }, resolve, reject });
+      kickWriter();
+    });
+  }
+
+  function kickWriter(): void {
+    if (writing || results.length === 0) return;
+    writing = (async () => {
+      while (results.length) {
+        const batch = results.splice(0, 500);
+        try {
+          const recorded = await recordResults(
+            ctx.db,
+            batch.map((b) => b.item),
+          );
+          for (const b of batch) b.resolve(recorded.has(b.item.delivery.id));
+        } catch (err) {
+          for (const b of batch) b.reject(err);
+        }
+      }
+    })().finally(() => {
+      writing = undefined;
+      kickWriter();
+    });
+  }
+
+  let queued = 0;
+
   function start(d: ClaimedDelivery): void {
     sending.set(d.subscription_id, (sending.get(d.subscription_id) ?? 0) + 1);
-    const task: Promise<void> = deliverOne(d)
+    // The request's slot is given back as soon as the answer is in; the result is written after.
+    const task: Promise<void> = attempt(d)
+      .finally(() => release(d))
+      .then((result) => finish(d, result))
       .catch((err) => log.error({ err, delivery: d.id }, 'delivery failed unexpectedly'))
-      .finally(() => {
-        tasks.delete(task);
-        claimed--;
-        const left = (sending.get(d.subscription_id) ?? 1) - 1;
-        if (left > 0) sending.set(d.subscription_id, left);
-        else sending.delete(d.subscription_id);
-        const queue = waiting.get(d.subscription_id);
-        const next = queue?.shift();
-        if (queue && queue.length === 0) waiting.delete(d.subscription_id);
-        if (next && !stopping) start(next);
-        requestPump();
-      });
+      .finally(() => tasks.delete(task));
     tasks.add(task);
+  }
+
+  function release(d: ClaimedDelivery): void {
+    const wasFull = localLoad(d.subscription_id) >= perSubscriptionClaimed;
+    claimed--;
+    const left = (sending.get(d.subscription_id) ?? 1) - 1;
+    if (left > 0) sending.set(d.subscription_id, left);
+    else sending.delete(d.subscription_id);
+    const queue = waiting.get(d.subscription_id);
+    const next = queue?.shift();
+    if (queue && queue.length === 0) waiting.delete(d.subscription_id);
+    if (next) {
+      queued--;
+      if (!stopping) start(next);
+      else {
+        claimed--;
+        const give: Promise<void> = releaseClaim(ctx.db, next)
+          .catch(() => {})
+          .finally(() => tasks.delete(give));
+        tasks.add(give);
+      }
+    }
+    // Claim again in batches: when enough slots are free and there may be more due work (the last
+    // claim was full, or a subscription left out of it for being busy has room again).
+    if (wasFull) lastClaimShort = false;
+    if (!lastClaimShort && concurrency - claimed >= minClaim) requestPump(false);
+  }
+
+  /** Deliveries of a subscription this worker holds (sending or queued). */
+  function localLoad(subscriptionId: string): number {
+    return (sending.get(subscriptionId) ?? 0) + (waiting.get(subscriptionId)?.length ?? 0);
   }
 
   function dispatch(d: ClaimedDelivery): void {
@@ -175,6 +244,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     else {
       const queue = waiting.get(d.subscription_id) ?? [];
       queue.push(d);
+      queued++;
       waiting.set(d.subscription_id, queue);
     }
   }
@@ -182,8 +252,13 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
   // ---- the claim loop ----
   let pumping: Promise<void> | undefined;
   let pumpAgain = false;
+  /** The last claim found less due work than it could take; set back by wake-ups. */
+  let lastClaimShort = false;
+  const minClaim = Math.max(1, Math.min(8, Math.floor(concurrency / 4)));
 
-  function requestPump(): void {
+  /** Runs the claim loop (once more if it is running); a wake-up says new work may be due. */
+  function requestPump(wakeUp = true): void {
+    if (wakeUp) lastClaimShort = false;
     if (stopping) return;
     if (pumping) {
       pumpAgain = true;
@@ -202,13 +277,13 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
           const want = Math.min(concurrency - claimed, 100);
           if (want <= 0) break;
           const full = new Set<string>();
-          for (const [sub, n] of sending) {
-            if (n + (waiting.get(sub)?.length ?? 0) >= perSubscription) full.add(sub);
+          for (const sub of sending.keys()) {
+            if (localLoad(sub) >= perSubscriptionClaimed) full.add(sub);
           }
           const batch = await claimDue(ctx.db, {
             limit: want,
             leaseMs,
-            perSubscription,
+            perSubscription: perSubscriptionClaimed,
             excludeSubscriptions: [...full],
           });
           if (stopping) {
@@ -216,6 +291,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
             break;
           }
           for (const d of batch) dispatch(d);
+          lastClaimShort = batch.length < want;
           if (batch.length < want) break;
         }
       } while (pumpAgain && !stopping);
@@ -328,6 +404,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
       await Promise.allSettled([pumping, fanning]);
       const unsent = [...waiting.values()].flat();
       waiting.clear();
+      queued = 0;
       await Promise.allSettled(unsent.map((d) => releaseClaim(ctx.db, d)));
       claimed -= unsent.length;
       const inFlight = Promise.allSettled([...tasks]);
@@ -343,6 +420,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
         abort.abort(new Error('the worker is stopping'));
         await inFlight;
       }
+      await writing;
       await sender.close();
     },
   };
