@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { V1MicroTime } from '@kubernetes/client-node';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/kube.ts';
@@ -127,7 +128,7 @@ describe('leader election', () => {
       namespace: target.namespace,
       body: {
         ...current,
-        spec: { ...current.spec, holderIdentity: 'intruder', renewTime: new Date() as never },
+        spec: { ...current.spec, holderIdentity: 'intruder', renewTime: new V1MicroTime() },
       },
     });
     const stolenAt = Date.now();

@@ -523,6 +523,7 @@ export class FakeKubeApiServer {
       this.#admit(type, object);
     }
     if (type.plural === 'secrets') foldStringData(object);
+    if (type.plural === 'leases') checkLease(object);
     if (query.dryRun) return object;
     meta.resourceVersion = String(++this.#rv);
     store.set(`${namespace}/${meta.name}`, object);
@@ -592,6 +593,7 @@ export class FakeKubeApiServer {
           );
       }
       if (type.plural === 'secrets') foldStringData(updated);
+      if (type.plural === 'leases') checkLease(updated);
     }
     if (type.custom) {
       this.#admit(type, updated);
@@ -736,6 +738,22 @@ export class FakeKubeApiServer {
     clearTimeout(watcher.timer);
     this.#watchers.delete(watcher);
     watcher.res.end();
+  }
+}
+
+const MICRO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$/;
+
+/** Lease times are MicroTime: RFC 3339 with exactly six fractional digits, as the API server parses them. */
+function checkLease(object: KubeObject): void {
+  const spec = (object.spec ?? {}) as Record<string, unknown>;
+  for (const field of ['acquireTime', 'renewTime']) {
+    const value = spec[field];
+    if (value !== undefined && value !== null && !(typeof value === 'string' && MICRO_TIME.test(value)))
+      throw new HttpError(
+        400,
+        'BadRequest',
+        `Lease in version "v1" cannot be handled as a Lease: parsing time ${JSON.stringify(value)} as "2006-01-02T15:04:05.000000Z07:00"`,
+      );
   }
 }
 
