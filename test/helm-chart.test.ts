@@ -299,3 +299,35 @@ describe.skipIf(!available)('scripts/validate-manifests.ts', () => {
     expect(res.stderr).not.toContain('POD_NAME reaches no');
   }, 60_000);
 });
+
+describe('the image and the chart agree', () => {
+  const dockerfile = readFileSync(join(root, 'Dockerfile'), 'utf8');
+  const values = parse(readFileSync(join(chart, 'values.yaml'), 'utf8')) as Obj;
+
+  it('runs as the user the chart expects, with the entry point the build produces', () => {
+    const user = /^USER (\d+):(\d+)$/m.exec(dockerfile);
+    expect(user?.[1]).toBe(String(values.podSecurityContext.runAsUser));
+    expect(user?.[2]).toBe(String(values.podSecurityContext.runAsGroup));
+    // tsconfig.build.json compiles cmd/ and src/ to dist/, so cmd/tollgate.ts becomes dist/cmd/tollgate.js.
+    const build = JSON.parse(readFileSync(join(root, 'tsconfig.build.json'), 'utf8')) as Obj;
+    expect(build.compilerOptions.outDir).toBe('dist');
+    expect(build.compilerOptions.rootDir).toBe('.');
+    expect(dockerfile).toContain('ENTRYPOINT ["node", "/app/dist/cmd/tollgate.js"]');
+    expect(existsSync(join(root, 'cmd/tollgate.ts'))).toBe(true);
+  });
+
+  it('copies everything the build compiles, and .dockerignore lets it through', () => {
+    const build = JSON.parse(readFileSync(join(root, 'tsconfig.build.json'), 'utf8')) as Obj;
+    const ignore = readFileSync(join(root, '.dockerignore'), 'utf8');
+    for (const dir of build.include as string[]) {
+      expect(dockerfile).toContain(`COPY ${dir} ./${dir}`);
+      expect(ignore).toContain(`!${dir}/**`);
+    }
+    for (const file of ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json']) {
+      expect(ignore).toContain(`!${file}`);
+    }
+    // The chart's writable /tmp is where the image points the data directory.
+    expect(dockerfile).toContain('TOLLGATE_DATA_DIR=/tmp/tollgate');
+    expect(values.config.TOLLGATE_DATA_DIR).toBe('/tmp/tollgate');
+  });
+});
