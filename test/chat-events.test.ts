@@ -68,19 +68,37 @@ describe('chat events', () => {
     );
     await traffic();
     const written = await events();
-    expect(written.map((e) => e.type)).toEqual([
-      'proxy.request.started',
-      'balance.charge.created',
-      'proxy.request.completed',
-      'auth.connection.required',
-      'limits.balance.insufficient',
-      'proxy.request.started',
-      'proxy.request.failed',
-      'routing.upstream.failed',
-    ]);
-    const [started, chargeEvent, completed, connect, topup, , failed, routing] = written.map(
-      (e) => e.envelope as any,
+    // Events of different requests are written in the background, each request's in order.
+    expect(written.map((e) => e.type).sort()).toEqual(
+      [
+        'proxy.request.started',
+        'balance.charge.created',
+        'proxy.request.completed',
+        'auth.connection.required',
+        'limits.balance.insufficient',
+        'proxy.request.started',
+        'proxy.request.failed',
+        'routing.upstream.failed',
+      ].sort(),
     );
+    const of = (type: string, model?: string) =>
+      written
+        .filter((e) => e.type === type && (!model || (e.envelope as any).data.model === model))
+        .map((e) => e.envelope as any);
+    const [started] = of('proxy.request.started', 'm');
+    const [chargeEvent] = of('balance.charge.created');
+    const [completed] = of('proxy.request.completed');
+    const [connect] = of('auth.connection.required');
+    const [topup] = of('limits.balance.insufficient');
+    const [failedStarted] = of('proxy.request.started', 'broken');
+    const [failed] = of('proxy.request.failed');
+    const [routing] = of('routing.upstream.failed');
+    const position = (envelope: any) => written.findIndex((e) => (e.envelope as any).id === envelope.id);
+    expect(position(started)).toBeLessThan(position(chargeEvent));
+    expect(position(chargeEvent)).toBeLessThan(position(completed));
+    expect(position(failedStarted)).toBeLessThan(position(failed));
+    expect(position(failed)).toBeLessThan(position(routing));
+    expect(failed.data.requestId).toBe(failedStarted.data.requestId);
     for (const envelope of written.map((e) => e.envelope as any)) {
       expect(envelope).toMatchObject({
         paywallId: f.project.id,

@@ -260,3 +260,29 @@ describe('the completion bound', () => {
     expect(chargedTotal(await f.ledger('capped'))).toBe(new Money(hold.amount).toFixed());
   });
 });
+
+describe('the database', () => {
+  it('a paywall decision that cannot reach the ledger answers 503 and forwards nothing', async () => {
+    const down = await startChatFixture({
+      models: [
+        { id: 'm', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.01' } },
+      ],
+    });
+    try {
+      await down.fund('u', '1.00');
+      // warm the key and project caches, then lose the database
+      await down.client.chat.completions.create({ model: 'm', user: 'u', messages });
+      await down.settled();
+      await down.ctx.db.destroy();
+      const forwarded = down.mock.requests.length;
+      const err = await down.client.chat.completions
+        .create({ model: 'm', user: 'u', messages })
+        .catch((e) => e);
+      expect(err.status).toBe(503);
+      expect(err.code).toBe('database_unavailable');
+      expect(down.mock.requests).toHaveLength(forwarded);
+    } finally {
+      await down.close();
+    }
+  });
+});

@@ -109,7 +109,9 @@ export class ChatService {
 
     // ---- the paywall decision ----
     if (pricing.mode === 'subscription') {
-      const access = await subscriptionAccess(ctx, project, model, externalId, pricing, trigger);
+      const access = await this.#decide(
+        subscriptionAccess(ctx, project, model, externalId, pricing, trigger),
+      );
       if (!access.ok) return this.#refuse(x, access, reply);
       x.userId = access.userId;
       if (access.renewal?.entryId) {
@@ -132,13 +134,15 @@ export class ChatService {
       } else {
         amount = formatAmount(pricing.perRequest);
       }
-      const held = await placeHold(ctx.db, {
-        projectId: project.id,
-        externalId,
-        amount,
-        purpose: 'chat',
-        ttlSeconds: ctx.config.HOLD_TTL_SECONDS,
-      });
+      const held = await this.#decide(
+        placeHold(ctx.db, {
+          projectId: project.id,
+          externalId,
+          amount,
+          purpose: 'chat',
+          ttlSeconds: ctx.config.HOLD_TTL_SECONDS,
+        }),
+      );
       if (!held.ok) return this.#refuse(x, held, reply);
       x.hold = held.hold;
       x.userId = held.hold.userId;
@@ -417,18 +421,21 @@ export class ChatService {
       stream: String(x.stream),
     });
     this.#release(x);
-    this.#event(x, 'proxy.request.failed', {
-      requestId: x.requestId,
-      model: x.model.id,
-      status: error.status,
-      code: error.code,
-    });
-    this.#event(x, 'routing.upstream.failed', {
-      requestId: x.requestId,
-      model: x.model.id,
-      upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
-      reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
-    });
+    this.#events(x, [
+      [
+        'proxy.request.failed',
+        { requestId: x.requestId, model: x.model.id, status: error.status, code: error.code },
+      ],
+      [
+        'routing.upstream.failed',
+        {
+          requestId: x.requestId,
+          model: x.model.id,
+          upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
+          reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
+        },
+      ],
+    ]);
     return error;
   }
 
@@ -493,23 +500,43 @@ export class ChatService {
         });
       let charged: string;
       if (wantsCompleted) {
-        charged = await ctx.db.transaction().execute(async (tx) => {
-          const settled = await settle(tx);
-          await ctx.events.record(
-            tx,
-            this.#eventInput(x, 'proxy.request.completed', completed(settled.charged)),
-          );
-          return settled.charged;
-        });
+        charged = await retrying(() =>
+          ctx.db.transaction().execute(async (tx) => {
+            const settled = await settle(tx);
+            await ctx.events.record(
+              tx,
+              this.#eventInput(x, 'proxy.request.completed', completed(settled.charged)),
+            );
+            return settled.charged;
+          }),
+        );
         ctx.events.wake();
       } else {
-        charged = (await settle(ctx.db)).charged;
+        charged = (await retrying(() => settle(ctx.db))).charged;
       }
       if (charged !== '0') {
         ctx.metrics.charged.inc({ ...labels, currency: x.project.currency, source: 'chat' }, Number(charged));
       }
     };
     this.#track(work(), x, 'settle');
+  }
+
+  /** The paywall decision's database work: a failure there is a 503, and nothing was forwarded. */
+  async #decide<T>(work: Promise<T>): Promise<T> {
+    try {
+      return await work;
+    } catch (err) {
+      if (err instanceof ApiError) throw err;
+      this.#ctx.log.error({ err }, 'chat: the paywall decision failed');
+      throw new ApiError(
+        503,
+        'service_unavailable',
+        'The billing database is unavailable; the request was not forwarded.',
+        {
+          code: 'database_unavailable',
+        },
+      );
+    }
   }
 
   #observe(x: Exchange, upstreamMs: number, stream = false): void {
@@ -521,9 +548,20 @@ export class ChatService {
 
   /** Writes an event outside a transaction when some subscription wants it (off the response path). */
   #event(x: Exchange, type: EventType, data: Record<string, unknown>): Promise<unknown> | undefined {
-    if (!this.#ctx.events.wants(x.project.id, type)) return undefined;
-    const write = this.#record(x, type, data).then(() => this.#ctx.events.wake());
-    return this.#track(write, x, type);
+    return this.#events(x, [[type, data]]);
+  }
+
+  /** Writes the wanted ones of several events, in order, after the request's `started` event. */
+  #events(x: Exchange, list: Array<[EventType, Record<string, unknown>]>): Promise<unknown> | undefined {
+    const wanted = list.filter(([type]) => this.#ctx.events.wants(x.project.id, type));
+    if (!wanted.length) return undefined;
+    const after = x.startedEvent;
+    const write = async () => {
+      await after;
+      for (const [type, data] of wanted) await this.#record(x, type, data);
+      this.#ctx.events.wake();
+    };
+    return this.#track(write(), x, wanted.map(([type]) => type).join(', '));
   }
 
   #record(x: Exchange, type: EventType, data: Record<string, unknown>) {
@@ -599,6 +637,22 @@ interface StreamChunk {
   error?: unknown;
   usage?: Usage | null;
   choices?: Array<{ delta?: Record<string, unknown>; finish_reason?: string | null } | null>;
+}
+
+/**
+ * Retries a settle after a transient database failure. Settling is idempotent (a hold that is no longer
+ * open is left alone), so a retry after an ambiguous failure cannot charge twice. A settle that still
+ * fails leaves the hold to the sweeper: the request is then not charged.
+ */
+async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await work();
+    } catch (err) {
+      if (attempt >= attempts) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 200 * attempt * attempt));
+    }
+  }
 }
 
 /** Tokens to charge: the provider's usage, or Tollgate's own count when it reported none. */

@@ -1,0 +1,406 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { Pool } from 'undici';
+
+/**
+ * `npm run bench:proxy`: the same load sent straight to the mock provider ("direct"), through a bare
+ * fastify + undici passthrough, and through Tollgate (per-token pricing, real Postgres, real Redis), at
+ * concurrency 1, 16 and 64, non-streaming (whole response) and streaming (time to first byte). Then a
+ * soak through Tollgate up to BENCH_SOAK total requests with its resident memory sampled along the way.
+ * Writes the table to docs/benchmarks.md (between the proxy markers) and prints it.
+ *
+ * Every process (load generator, provider, passthrough, Tollgate, Postgres, Redis) shares this machine.
+ * Knobs: BENCH_REQUESTS (per cell, default 6000), BENCH_SOAK (default 100000), BENCH_USERS (1000),
+ * DATABASE_URL, REDIS_URL, BENCH_WRITE=0 to print only.
+ */
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '..');
+const PER_CELL = Number(process.env.BENCH_REQUESTS ?? 6000);
+const SOAK = Number(process.env.BENCH_SOAK ?? 100_000);
+const USERS = Number(process.env.BENCH_USERS ?? 1000);
+const CONCURRENCY = [1, 16, 64];
+const children: ChildProcess[] = [];
+
+interface Started {
+  child: ChildProcess;
+  info: Record<string, string>;
+  /** stdout lines after the first. */
+  lines: string[];
+}
+
+/** Starts a bench server script and waits for its first stdout line (JSON). */
+async function start(script: string, env: Record<string, string>): Promise<Started> {
+  const child = spawn(process.execPath, [join(here, script)], {
+    cwd: root,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  children.push(child);
+  const reader = createInterface({ input: child.stdout! });
+  const lines: string[] = [];
+  const first = await new Promise<string>((resolve, reject) => {
+    let ready = false;
+    reader.on('line', (line) => {
+      if (ready) lines.push(line);
+      else {
+        ready = true;
+        resolve(line);
+      }
+    });
+    child.once('exit', (code) => reject(new Error(`${script} exited with ${code} before it was ready`)));
+  });
+  return { child, info: JSON.parse(first), lines };
+}
+
+function stop(started: Started): Promise<string[]> {
+  return new Promise((resolve) => {
+    started.child.once('exit', () => setImmediate(() => resolve(started.lines)));
+    started.child.kill('SIGTERM');
+  });
+}
+
+/** CPU seconds (user + system) used so far by a process, or by every process with that command name. */
+function cpuSeconds(which: number | string): number {
+  const ticks = 100; // USER_HZ on Linux
+  const read = (pid: string) => {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const close = stat.lastIndexOf(')');
+      const name = stat.slice(stat.indexOf('(') + 1, close);
+      const fields = stat.slice(close + 2).split(' ');
+      return { name, cpu: (Number(fields[11]) + Number(fields[12])) / ticks };
+    } catch {
+      return undefined;
+    }
+  };
+  if (typeof which === 'number') return read(String(which))?.cpu ?? 0;
+  let total = 0;
+  for (const pid of readdirSync('/proc')) {
+    if (!/^\d+$/.test(pid)) continue;
+    const stat = read(pid);
+    if (stat?.name === which) total += stat.cpu;
+  }
+  return total;
+}
+
+function rssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kb = Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0);
+  return Math.round(kb / 1024);
+}
+
+interface Target {
+  name: 'direct' | 'passthrough' | 'tollgate';
+  origin: string;
+  path: string;
+  headers: Record<string, string>;
+  model: string;
+  /** The process whose CPU is counted: the provider (direct), the passthrough or Tollgate. */
+  pid: number;
+}
+
+interface Cell {
+  target: Target['name'];
+  concurrency: number;
+  stream: boolean;
+  requests: number;
+  rps: number;
+  p50: number;
+  p99: number;
+  errors: number;
+  /** CPU milliseconds per request: the proxy process (or the provider, for direct) and Postgres. */
+  cpuProxy: number;
+  cpuPostgres: number;
+}
+
+function bodies(model: string, stream: boolean): string[] {
+  return Array.from({ length: USERS }, (_, i) =>
+    JSON.stringify({
+      model,
+      user: `user-${i}`,
+      stream,
+      max_tokens: 16,
+      messages: [
+        { role: 'system', content: 'You are a helpful assistant.' },
+        { role: 'user', content: `Hello! This is request ${i}; how are you today?` },
+      ],
+    }),
+  );
+}
+
+function percentile(sorted: Float64Array, q: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * q))]!;
+}
+
+/** A closed loop: `concurrency` workers, each sending its next request when the last one finished. */
+async function load(
+  target: Target,
+  concurrency: number,
+  stream: boolean,
+  total: number,
+  warmup: number,
+  pid = 0,
+): Promise<Cell> {
+  const pool = new Pool(target.origin, { connections: concurrency, pipelining: 1, keepAliveTimeout: 30_000 });
+  const payloads = bodies(target.model, stream);
+  const headers = { 'content-type': 'application/json', ...target.headers };
+  const latencies = new Float64Array(total);
+  let errors = 0;
+  const one = async (i: number, record: boolean) => {
+    const started = performance.now();
+    const res = await pool.request({
+      path: target.path,
+      method: 'POST',
+      headers,
+      body: payloads[i % payloads.length],
+    });
+    let first = 0;
+    for await (const _chunk of res.body) if (!first) first = performance.now();
+    const ended = performance.now();
+    if (res.statusCode !== 200) errors++;
+    if (record) latencies[i] = (stream ? first || ended : ended) - started;
+  };
+  const run = async (count: number, record: boolean) => {
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: concurrency }, async () => {
+        for (let i = next++; i < count; i = next++) await one(i, record);
+      }),
+    );
+  };
+  await run(warmup, false);
+  const cpuBefore = [cpuSeconds(pid), cpuSeconds('postgres')];
+  const began = performance.now();
+  await run(total, true);
+  const seconds = (performance.now() - began) / 1000;
+  const cpuProxy = ((cpuSeconds(pid) - cpuBefore[0]!) * 1000) / total;
+  const cpuPostgres = ((cpuSeconds('postgres') - cpuBefore[1]!) * 1000) / total;
+  await pool.close();
+  const sorted = latencies.slice().sort();
+  return {
+    target: target.name,
+    concurrency,
+    stream,
+    requests: total,
+    rps: Math.round(total / seconds),
+    p50: percentile(sorted, 0.5),
+    p99: percentile(sorted, 0.99),
+    errors,
+    cpuProxy,
+    cpuPostgres,
+  };
+}
+
+function machine(): string[] {
+  const cpu = os.cpus();
+  const out = [
+    `- CPU: ${cpu.length} × ${cpu[0]?.model ?? 'unknown'}; memory ${Math.round(os.totalmem() / 2 ** 30)} GiB; ${os.type()} ${os.release()}`,
+    `- Node ${process.version}`,
+  ];
+  const probe = (cmd: string, args: string[]) => {
+    try {
+      return execFileSync(cmd, args, { encoding: 'utf8', timeout: 5000 }).trim().split('\n')[0]!;
+    } catch {
+      return undefined;
+    }
+  };
+  const pg = probe('psql', [
+    process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+    '-Atc',
+    'show server_version',
+  ]);
+  const redis = probe('redis-server', ['--version']);
+  if (pg) out.push(`- Postgres ${pg} (local, default settings: synchronous_commit on, fsync on)`);
+  if (redis) out.push(`- ${redis.replace(/ sha=.*$/, '')} (local)`);
+  out.push(
+    `- Load average when the run started: ${os
+      .loadavg()
+      .map((l) => l.toFixed(2))
+      .join(', ')}`,
+  );
+  return out;
+}
+
+const ms = (v: number) => v.toFixed(2);
+
+async function main() {
+  const startedAt = new Date();
+  const machineLines = machine();
+  console.log(machineLines.join('\n'));
+  const upstream = await start('upstream.ts', {});
+  const passthrough = await start('passthrough.ts', { UPSTREAM: upstream.info.baseUrl! });
+  const tollgate = await start('tollgate.ts', {
+    UPSTREAM: upstream.info.baseUrl!,
+    BENCH_USERS: String(USERS),
+  });
+  const upstreamUrl = new URL(upstream.info.baseUrl!);
+  const targets: Target[] = [
+    {
+      name: 'direct',
+      origin: upstreamUrl.origin,
+      path: `${upstreamUrl.pathname}/chat/completions`,
+      headers: {},
+      model: 'mock-model',
+      pid: upstream.child.pid!,
+    },
+    {
+      name: 'passthrough',
+      origin: passthrough.info.url!,
+      path: '/v1/chat/completions',
+      headers: {},
+      model: 'mock-model',
+      pid: passthrough.child.pid!,
+    },
+    {
+      name: 'tollgate',
+      origin: tollgate.info.url!,
+      path: '/v1/chat/completions',
+      headers: { authorization: `Bearer ${tollgate.info.apiKey}` },
+      model: 'bench-model',
+      pid: tollgate.child.pid!,
+    },
+  ];
+  const tollgatePid = tollgate.child.pid!;
+  let tollgateRequests = 0;
+  const memory: Array<[number, number]> = [];
+
+  // Warm everything up once (JIT, connection pools, caches), then the matrix.
+  for (const target of targets) await load(target, 16, false, 2000, 500);
+  tollgateRequests += 2500;
+  memory.push([tollgateRequests, rssMb(tollgatePid)]);
+
+  const cells: Cell[] = [];
+  for (const stream of [false, true]) {
+    for (const concurrency of CONCURRENCY) {
+      const total = concurrency === 1 ? Math.max(1000, Math.round(PER_CELL / 3)) : PER_CELL;
+      const warmup = Math.min(500, Math.round(total / 5));
+      for (const target of targets) {
+        const cell = await load(target, concurrency, stream, total, warmup, target.pid);
+        if (target.name === 'tollgate') tollgateRequests += total + warmup;
+        cells.push(cell);
+        console.log(
+          `${stream ? 'stream ' : 'plain  '} c=${String(concurrency).padStart(2)} ${target.name.padEnd(11)} ` +
+            `${String(cell.rps).padStart(6)} req/s  p50 ${ms(cell.p50)} ms  p99 ${ms(cell.p99)} ms  errors ${cell.errors}  ` +
+            `cpu/req ${ms(cell.cpuProxy)} ms (+ postgres ${ms(cell.cpuPostgres)} ms)`,
+        );
+      }
+    }
+  }
+  memory.push([tollgateRequests, rssMb(tollgatePid)]);
+
+  // Soak: keep going through Tollgate until SOAK requests in total, sampling memory.
+  const soakTarget = targets[2]!;
+  const step = 20_000;
+  while (tollgateRequests < SOAK) {
+    const count = Math.min(step, SOAK - tollgateRequests);
+    await load(soakTarget, 16, false, count, 0);
+    tollgateRequests += count;
+    memory.push([tollgateRequests, rssMb(tollgatePid)]);
+    console.log(`soak: ${tollgateRequests} requests through Tollgate, RSS ${memory.at(-1)![1]} MB`);
+  }
+
+  const ledgerLines = await stop(tollgate);
+  await stop(passthrough);
+  await stop(upstream);
+  const ledger = ledgerLines.map((l) => JSON.parse(l)).find((l) => l.ledger)?.ledger;
+
+  const report = render(cells, memory, machineLines, startedAt, ledger);
+  console.log(`\n${report}`);
+  if (process.env.BENCH_WRITE !== '0') writeReport(report);
+}
+
+function render(
+  cells: Cell[],
+  memory: Array<[number, number]>,
+  machineLines: string[],
+  startedAt: Date,
+  ledger: Record<string, string> | undefined,
+): string {
+  const find = (target: string, c: number, stream: boolean) =>
+    cells.find((x) => x.target === target && x.concurrency === c && x.stream === stream)!;
+  const rows: string[] = [];
+  const verdicts: string[] = [];
+  for (const stream of [false, true]) {
+    for (const c of CONCURRENCY) {
+      const direct = find('direct', c, stream);
+      const pass = find('passthrough', c, stream);
+      const toll = find('tollgate', c, stream);
+      const share = Math.round((toll.rps / pass.rps) * 100);
+      for (const cell of [direct, pass, toll]) {
+        const added =
+          cell.target === 'direct' ? '—' : `+${ms(cell.p50 - direct.p50)} / +${ms(cell.p99 - direct.p99)}`;
+        rows.push(
+          `| ${stream ? 'stream (TTFB)' : 'non-streaming'} | ${c} | ${cell.target} | ${cell.rps} | ${ms(cell.p50)} | ${ms(cell.p99)} | ${added} | ${cell.target === 'tollgate' ? `${share} %` : ''} | ${ms(cell.cpuProxy)} | ${cell.target === 'tollgate' ? ms(cell.cpuPostgres) : ''} | ${cell.errors} |`,
+        );
+      }
+      if (c === 1) {
+        const addedP50 = toll.p50 - direct.p50;
+        const addedP99 = toll.p99 - direct.p99;
+        verdicts.push(
+          `- ${stream ? 'Streaming' : 'Non-streaming'}, concurrency 1: Tollgate adds ${ms(addedP50)} ms at p50 (target ≤ 1 ms: ${addedP50 <= 1 ? 'met' : 'missed'}) and ${ms(addedP99)} ms at p99 (target ≤ 3 ms: ${addedP99 <= 3 ? 'met' : 'missed'}).`,
+        );
+      } else {
+        verdicts.push(
+          `- ${stream ? 'Streaming' : 'Non-streaming'}, concurrency ${c}: Tollgate serves ${share} % of the passthrough's throughput (target ≥ 60 %: ${share >= 60 ? 'met' : 'missed'}).`,
+        );
+      }
+    }
+  }
+  const first = memory[0]!;
+  const last = memory.at(-1)!;
+  const growth = last[1] - first[1];
+  return [
+    `Run on ${startedAt.toISOString().slice(0, 16).replace('T', ' ')} UTC with \`npm run bench:proxy\` (${PER_CELL} requests per cell at concurrency 16 and 64, ${Math.max(1000, Math.round(PER_CELL / 3))} at concurrency 1, after a warm-up; requests spread over ${USERS} users).`,
+    '',
+    ...machineLines,
+    '',
+    'Latency is milliseconds for the whole response (non-streaming) or to the first byte of the body (streaming). "Added" is the p50 / p99 over going direct; "share" is Tollgate\'s throughput as a part of the passthrough\'s in the same run. "CPU ms/req" is the CPU time (user + system) the measured process spent per request: the provider for direct, the proxy process otherwise; "Postgres CPU" is that of every Postgres process during Tollgate\'s cells.',
+    '',
+    '| mode | concurrency | target | req/s | p50 ms | p99 ms | added p50 / p99 ms | share | CPU ms/req | Postgres CPU ms/req | errors |',
+    '|---|---|---|---|---|---|---|---|---|---|---|',
+    ...rows,
+    '',
+    ...verdicts,
+    '',
+    `Memory (resident set of the Tollgate process): ${memory.map(([n, mb]) => `${mb} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — ${growth <= 0 ? 'no growth' : `+${growth} MB`} from the first sample to the last.`,
+    ...(ledger
+      ? [
+          '',
+          `Ledger after the run: ${ledger.users} wallets, ${ledger.charges} charges totalling ${ledger.charged} usd, ${ledger.bad} wallets whose balance differs from the sum of their entries, ${Number(ledger.held)} held.`,
+        ]
+      : []),
+  ].join('\n');
+}
+
+const START = '<!-- proxy-benchmark:start -->';
+const END = '<!-- proxy-benchmark:end -->';
+
+/** Replaces the proxy section of docs/benchmarks.md, keeping whatever else the file holds. */
+function writeReport(report: string): void {
+  const file = join(root, 'docs', 'benchmarks.md');
+  const block = `${START}\n${report}\n${END}`;
+  let text = existsSync(file) ? readFileSync(file, 'utf8') : '# Benchmarks\n';
+  if (text.includes(START) && text.includes(END)) {
+    text = text.slice(0, text.indexOf(START)) + block + text.slice(text.indexOf(END) + END.length);
+  } else if (text.includes('## Proxy')) {
+    const at = text.indexOf('\n', text.indexOf('## Proxy')) + 1;
+    text = `${text.slice(0, at)}\n${block}\n${text.slice(at)}`;
+  } else {
+    text = `${text.trimEnd()}\n\n## Proxy\n\n${block}\n`;
+  }
+  writeFileSync(file, text);
+  console.log(`\nwrote ${file}`);
+}
+
+main()
+  .catch((err) => {
+    console.error(err);
+    process.exitCode = 1;
+  })
+  .finally(() => {
+    for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
+  });
