@@ -194,8 +194,6 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     });
   }
 
-  let queued = 0;
-
   function start(d: ClaimedDelivery): void {
     sending.set(d.subscription_id, (sending.get(d.subscription_id) ?? 0) + 1);
     // The request's slot is given back as soon as the answer is in; the result is written after.
@@ -217,7 +215,6 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     const next = queue?.shift();
     if (queue && queue.length === 0) waiting.delete(d.subscription_id);
     if (next) {
-      queued--;
       if (!stopping) start(next);
       else {
         claimed--;
@@ -244,7 +241,6 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     else {
       const queue = waiting.get(d.subscription_id) ?? [];
       queue.push(d);
-      queued++;
       waiting.set(d.subscription_id, queue);
     }
   }
@@ -404,7 +400,6 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
       await Promise.allSettled([pumping, fanning]);
       const unsent = [...waiting.values()].flat();
       waiting.clear();
-      queued = 0;
       await Promise.allSettled(unsent.map((d) => releaseClaim(ctx.db, d)));
       claimed -= unsent.length;
       const inFlight = Promise.allSettled([...tasks]);
