@@ -307,6 +307,42 @@ describe('delivery over HTTPS', () => {
   });
 });
 
+describe('subscription state and metrics', () => {
+  it('ends pending deliveries of a deactivated subscription without sending them', async () => {
+    const p = await seedProject(server.ctx);
+    const path = '/deactivated';
+    // The first attempt is told to come back in 2 s; the subscription is deactivated meanwhile.
+    scripts.set(path, [{ status: 503, headers: { 'retry-after': '2' } }, { status: 200 }]);
+    const hook = await subscribe(p, path);
+    await depositTo(p);
+    const [first] = at(path)(await receiver.waitFor((all) => at(path)(all).length >= 1));
+    await api(server, p.apiKey, 'DELETE', `/v1/webhooks/subscriptions/${hook.id}`);
+    const log = await finished(p, first!.body.delivery.id);
+    expect(log).toMatchObject({ status: 'error', lastError: 'the subscription is inactive' });
+    expect(at(path)(receiver.received)).toHaveLength(1);
+  });
+
+  it('counts deliveries, attempts and fanned-out events in the metrics', async () => {
+    const p = await seedProject(server.ctx);
+    scripts.set('/metrics-flaky', [{ status: 500 }, { status: 200 }]);
+    scripts.set('/metrics-gone', [{ status: 410 }]);
+    await subscribe(p, '/metrics-flaky');
+    await subscribe(p, '/metrics-gone');
+    await depositTo(p);
+    const reqs = await receiver.waitFor(
+      (all) => at('/metrics-flaky')(all).length >= 2 && at('/metrics-gone')(all).length >= 1,
+    );
+    await finished(p, at('/metrics-flaky')(reqs)[0]!.body.delivery.id);
+    await finished(p, at('/metrics-gone')(reqs)[0]!.body.delivery.id);
+    const text = await server.ctx.metrics.registry.metrics();
+    expect(text).toMatch(/tollgate_webhook_deliveries_total\{project="pw_[^"]+",outcome="success"\} [1-9]/);
+    expect(text).toMatch(/tollgate_webhook_deliveries_total\{project="pw_[^"]+",outcome="retry"\} [1-9]/);
+    expect(text).toMatch(/tollgate_webhook_delivery_attempts_count\{outcome="error"\} [1-9]/);
+    expect(text).toMatch(/tollgate_events_fanned_out_total [1-9]/);
+    expect(text).toMatch(/tollgate_webhook_delivery_duration_seconds_count\{outcome="success"\} [1-9]/);
+  });
+});
+
 describe('fan-out', () => {
   it('makes one delivery per matching active subscription', async () => {
     const p = await seedProject(server.ctx);

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type AppContext, createContext } from '../src/app/context.ts';
 import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { SubscriptionFilter } from '../src/webhooks/filter.ts';
@@ -292,5 +293,42 @@ describe('the event filter', () => {
     await dep();
     expect(await count()).toBe(1);
     expect(user.isActive).toBe(true);
+  });
+});
+
+describe('the event filter across processes', () => {
+  it('refreshes on every context when a subscription changes elsewhere', async () => {
+    const schema = server.ctx.database.schema;
+    const options = { ...(schema ? { schema } : {}), busPrefix: `filter-${Date.now()}:` };
+    const one = await createContext(server.ctx.config, options);
+    const two = await createContext(server.ctx.config, options);
+    try {
+      const c = await seedProject(one);
+      const filterOf = (ctx: AppContext) => ctx.events.filter as SubscriptionFilter;
+      await filterOf(two).reloadAll();
+      expect(filterOf(two).wants(c.projectId, 'balance.deposit.created')).toBe(false);
+      const { subscription } = await createSubscription(
+        one,
+        c.projectId,
+        { ...good, events: ['balance.deposit.created'] },
+        { createdBy: 'test' },
+      );
+      // `one` refreshed itself before returning; `two` hears it on the bus.
+      expect(filterOf(one).wants(c.projectId, 'balance.deposit.created')).toBe(true);
+      const until = async (want: boolean) => {
+        const deadline = Date.now() + 5000;
+        while (filterOf(two).wants(c.projectId, 'balance.deposit.created') !== want) {
+          if (Date.now() > deadline) throw new Error('the other context never refreshed');
+          await new Promise((r) => setTimeout(r, 10));
+        }
+      };
+      await until(true);
+      expect(filterOf(two).wants(c.projectId, 'user.connected')).toBe(false);
+      await setSubscriptionActive(one, c.projectId, subscription.id, false);
+      await until(false);
+    } finally {
+      await one.close();
+      await two.close();
+    }
   });
 });
