@@ -28,6 +28,7 @@ const report = setInterval(() => {
 
 process.once('SIGTERM', () => {
   clearInterval(report);
+  process.stdout.write(`${JSON.stringify({ identity: operator.identity, stopping: true })}\n`);
   operator
     .shutdown(config.OPERATOR_SHUTDOWN_GRACE_SECONDS * 1000)
     .then(() => ctx.close())
