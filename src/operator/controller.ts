@@ -93,6 +93,13 @@ export class Controller {
       log,
       identity: options.identity,
       getResource: (key) => this.#getResource(key),
+      getSecret: (namespace, name) => {
+        for (const informer of this.#secrets) {
+          const found = informer.get(`${namespace}/${name}`);
+          if (found) return found;
+        }
+        return undefined;
+      },
     });
   }
 

@@ -230,6 +230,8 @@ export interface ReconcilerDeps {
   log: Logger;
   /** The reconciler's view of the resource (the informer's cache). */
   getResource(key: string): WebhookSubscription | undefined;
+  /** A Secret from the informer's cache, when there is one (else the reconciler reads it). */
+  getSecret?(namespace: string, name: string): V1Secret | undefined;
   /** Reporting instance in Events (the pod name). */
   identity: string;
   now?: () => Date;
@@ -417,11 +419,13 @@ export class Reconciler {
   ): Promise<{ value: string; observed: string } | { missing: string }> {
     const namespace = resource.metadata.namespace ?? '';
     const source = secretSourceOf(resource);
-    let secret: V1Secret | undefined;
-    try {
-      secret = await this.#d.kube.core.readNamespacedSecret({ name: source.name, namespace });
-    } catch (err) {
-      if (!isNotFound(err)) throw err;
+    let secret = this.#d.getSecret?.(namespace, source.name);
+    if (!secret) {
+      try {
+        secret = await this.#d.kube.core.readNamespacedSecret({ name: source.name, namespace });
+      } catch (err) {
+        if (!isNotFound(err)) throw err;
+      }
     }
     if (!secret && source.generated) secret = await this.#createGeneratedSecret(resource, source.name);
     if (!secret) return { missing: `Secret ${namespace}/${source.name} not found` };
