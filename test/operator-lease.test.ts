@@ -135,7 +135,7 @@ describe('leader election', () => {
     await a.stopped;
     expect(a.elector.isLeader).toBe(false);
     // Noticed at the next retry, long before the renew deadline.
-    expect(Date.now() - stolenAt).toBeLessThan(1000);
+    expect(Date.now() - stolenAt).toBeLessThan(2000);
     expect(a.transitions).toEqual(['started', 'stopped']);
     await a.elector.stop();
   });
@@ -169,7 +169,7 @@ describe('leader election', () => {
     await a.stopped;
     const elapsed = Date.now() - failingSince;
     expect(elapsed).toBeGreaterThanOrEqual(500);
-    expect(elapsed).toBeLessThan(600 + 500);
+    expect(elapsed).toBeLessThan(2000);
     expect(a.transitions).toEqual(['started', 'stopped']);
     await a.elector.stop({ release: false });
   });
