@@ -123,6 +123,7 @@ function percentile(sorted: number[], p: number): number {
 }
 
 interface Row {
+  shape: WorkerShape;
   subscriptions: number;
   events: number;
   deliveries: number;
@@ -134,6 +135,15 @@ interface Row {
   p50: number;
   p99: number;
   latencySamples: number;
+  /** Mean time of one HTTP request to the receiver, as the worker measured it. */
+  requestMs: number;
+}
+
+async function meanRequestMs(ctx: AppContext): Promise<number> {
+  const { values } = await ctx.metrics.deliveryLatency.get();
+  const sum = values.filter((v) => v.metricName?.endsWith('_sum')).reduce((a, v) => a + v.value, 0);
+  const count = values.filter((v) => v.metricName?.endsWith('_count')).reduce((a, v) => a + v.value, 0);
+  return count ? (sum / count) * 1000 : Number.NaN;
 }
 
 async function waitCount(port: number, target: number, timeoutMs: number): Promise<number> {
@@ -145,7 +155,12 @@ async function waitCount(port: number, target: number, timeoutMs: number): Promi
   }
 }
 
-async function scenario(ctx: AppContext, port: number, n: number): Promise<Row> {
+interface WorkerShape {
+  concurrency: number;
+  perSubscription: number;
+}
+
+async function projectWith(ctx: AppContext, port: number, n: number) {
   const { project } = await createProject(ctx.db, ctx.sealer, { name: `bench ${n}`, currency: 'usd' });
   for (let i = 0; i < n; i++) {
     await createSubscription(
@@ -155,8 +170,19 @@ async function scenario(ctx: AppContext, port: number, n: number): Promise<Row> 
       { createdBy: 'bench' },
     );
   }
+  return project;
+}
+
+async function scenario(
+  ctx: AppContext,
+  port: number,
+  n: number,
+  project: { id: string; owner_user_id: string },
+  shape: WorkerShape,
+): Promise<Row> {
   await receiverGet(port, '/dump');
 
+  ctx.metrics.deliveryLatency.reset();
   // 1. throughput on a backlog
   const events = Math.max(1, Math.round(DELIVERIES / n));
   const deliveries = events * n;
@@ -164,7 +190,7 @@ async function scenario(ctx: AppContext, port: number, n: number): Promise<Row> 
     await writeEvents(ctx, project.id, project.owner_user_id, Math.min(500, events - i));
   const started = performance.now();
   let fanoutDone = 0;
-  const worker: DeliveryWorker = startDeliveryWorker(ctx);
+  const worker: DeliveryWorker = startDeliveryWorker(ctx, shape);
   const fanoutWatch = (async () => {
     for (;;) {
       const { rows } = await sql<{ n: number }>`
@@ -186,7 +212,7 @@ async function scenario(ctx: AppContext, port: number, n: number): Promise<Row> 
   await receiverGet(port, '/dump');
 
   // 2. latency at a steady rate
-  const latencyWorker = startDeliveryWorker(ctx);
+  const latencyWorker = startDeliveryWorker(ctx, shape);
   await latencyWorker.ready;
   const eventsPerSec = RATE / n;
   const tickMs = eventsPerSec >= 100 ? 10 : Math.max(10, Math.round(1000 / eventsPerSec));
@@ -223,6 +249,7 @@ async function scenario(ctx: AppContext, port: number, n: number): Promise<Row> 
     .filter((v) => Number.isFinite(v))
     .sort((a, b) => a - b);
   return {
+    shape,
     subscriptions: n,
     events,
     deliveries,
@@ -234,6 +261,7 @@ async function scenario(ctx: AppContext, port: number, n: number): Promise<Row> 
     p50: percentile(latencies, 50),
     p99: percentile(latencies, 99),
     latencySamples: latencies.length,
+    requestMs: await meanRequestMs(ctx),
   };
 }
 
@@ -247,13 +275,13 @@ function report(rows: Row[], ctx: AppContext, seconds: number): string {
   const c = ctx.config;
   return [
     `Measured ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC on ${os.cpus().length} × ${os.cpus()[0]?.model.trim() ?? 'CPU'}, Node ${process.version}, ${ctx.database.kind === 'postgres' ? 'Postgres' : 'embedded Postgres'} and ${ctx.bus.kind === 'redis' ? 'Redis' : 'the in-process bus'} on the same machine, which other workloads shared during the run (numbers are lower bounds of what the code does on a quiet machine).`,
-    `One worker (concurrency ${c.WEBHOOK_WORKER_CONCURRENCY}, ${c.WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY} per subscription), receiver: a plain-HTTP keep-alive server in its own process answering 200 at once. Run in ${fmt(seconds)} s.`,
+    `One worker; "Worker" is its concurrency / per-subscription concurrency (the defaults are ${c.WEBHOOK_WORKER_CONCURRENCY} / ${c.WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY}, set by WEBHOOK_WORKER_CONCURRENCY and WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY). Receiver: a plain-HTTP keep-alive server in its own process answering 200 at once. Whole run: ${fmt(seconds)} s.`,
     '',
-    '| Subscriptions | Backlog (events → deliveries) | Events fanned out/s | Deliveries created/s | Deliveries sent/s | Steady load (deliveries/s asked → achieved) | Commit → receipt p50 | p99 |',
-    '|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| Subscriptions | Worker | Backlog (events → deliveries) | Events fanned out/s | Deliveries created/s | Deliveries sent/s | Steady load (deliveries/s asked → achieved) | Commit → receipt p50 | p99 | Mean request |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     ...rows.map(
       (r) =>
-        `| ${fmt(r.subscriptions)} | ${fmt(r.events)} → ${fmt(r.deliveries)} | ${fmt(r.fanoutPerSec)} | ${fmt(r.deliveriesCreatedPerSec)} | ${fmt(r.deliveriesPerSec)} | ${fmt(r.latencyRate)} → ${fmt(r.achievedRate)} | ${fmt(r.p50, 1)} ms | ${fmt(r.p99, 1)} ms |`,
+        `| ${fmt(r.subscriptions)} | ${r.shape.concurrency} / ${r.shape.perSubscription} | ${fmt(r.events)} → ${fmt(r.deliveries)} | ${fmt(r.fanoutPerSec)} | ${fmt(r.deliveriesCreatedPerSec)} | ${fmt(r.deliveriesPerSec)} | ${fmt(r.latencyRate)} → ${fmt(r.achievedRate)} | ${fmt(r.p50, 1)} ms | ${fmt(r.p99, 1)} ms | ${fmt(r.requestMs, 1)} ms |`,
     ),
     '',
     'Throughput: events written while no worker ran, then one worker started; "fanned out" is the backlog divided by the time until no event was left undispatched, "sent" the deliveries divided by the time until the receiver had them all. Latency: events committed every 10 ms (fewer per second with more subscriptions so that deliveries per second stay at the asked rate), measured from the commit returning to the receiver reading the request, both clocks on this machine.',
@@ -293,13 +321,23 @@ async function main(): Promise<void> {
     await ctx.migrate();
     const port = await startReceiver();
     const rows: Row[] = [];
+    const shapes: WorkerShape[] = [
+      {
+        concurrency: config.WEBHOOK_WORKER_CONCURRENCY,
+        perSubscription: config.WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY,
+      },
+      ...(process.env.BENCH_WIDE === '0' ? [] : [{ concurrency: 128, perSubscription: 32 }]),
+    ];
     for (const n of SUBSCRIPTIONS) {
-      console.log(`${n} subscription(s)…`);
-      const row = await scenario(ctx, port, n);
-      console.log(
-        `  backlog: ${fmt(row.fanoutPerSec)} events/s fanned out, ${fmt(row.deliveriesPerSec)} deliveries/s; steady ${fmt(row.achievedRate)}/s: p50 ${fmt(row.p50, 1)} ms, p99 ${fmt(row.p99, 1)} ms`,
-      );
-      rows.push(row);
+      const project = await projectWith(ctx, port, n);
+      for (const shape of shapes) {
+        console.log(`${n} subscription(s), worker ${shape.concurrency} / ${shape.perSubscription}…`);
+        const row = await scenario(ctx, port, n, project, shape);
+        console.log(
+          `  backlog: ${fmt(row.fanoutPerSec)} events/s fanned out, ${fmt(row.deliveriesPerSec)} deliveries/s; steady ${fmt(row.achievedRate)}/s: p50 ${fmt(row.p50, 1)} ms, p99 ${fmt(row.p99, 1)} ms; mean request ${fmt(row.requestMs, 1)} ms`,
+        );
+        rows.push(row);
+      }
     }
     const text = report(rows, ctx, (performance.now() - began) / 1000);
     console.log(`\n${text}`);

@@ -126,7 +126,14 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
 
 export async function runDev(config: Config): Promise<number> {
   const stopRequested = untilSignal();
-  const ctx = await createContext(config);
+  // In dev, webhooks may go to plain-HTTP and local receivers unless the environment says otherwise.
+  const ctx = await createContext({
+    ...config,
+    WEBHOOK_ALLOW_HTTP: process.env.WEBHOOK_ALLOW_HTTP?.trim() ? config.WEBHOOK_ALLOW_HTTP : true,
+    WEBHOOK_ALLOW_PRIVATE_NETWORKS: process.env.WEBHOOK_ALLOW_PRIVATE_NETWORKS?.trim()
+      ? config.WEBHOOK_ALLOW_PRIVATE_NETWORKS
+      : true,
+  });
   const applied = await ctx.migrate();
   if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
   const state = await seedDev(ctx);

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { rootCertificates } from 'node:tls';
 import { Agent, request } from 'undici';
-import type { Config } from '../config/index.ts';
+import { type Config, ConfigError } from '../config/index.ts';
 import type { EventEnvelope } from '../events/outbox.ts';
 import { guardedLookup, hostOf, isPrivateAddress } from './destination.ts';
 
@@ -134,9 +134,17 @@ export class Sender {
   constructor(config: Config) {
     this.#timeoutMs = config.WEBHOOK_TIMEOUT_MS;
     this.#allowPrivate = config.WEBHOOK_ALLOW_PRIVATE_NETWORKS;
-    const ca = config.WEBHOOK_CA_FILE
-      ? [...rootCertificates, readFileSync(config.WEBHOOK_CA_FILE, 'utf8')]
-      : undefined;
+    let ca: string[] | undefined;
+    if (config.WEBHOOK_CA_FILE) {
+      try {
+        ca = [...rootCertificates, readFileSync(config.WEBHOOK_CA_FILE, 'utf8')];
+      } catch (err) {
+        throw new ConfigError(
+          'WEBHOOK_CA_FILE',
+          `cannot be read (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`,
+        );
+      }
+    }
     this.#agent = new Agent({
       connect: {
         timeout: Math.min(config.WEBHOOK_TIMEOUT_MS, 10_000),
