@@ -289,6 +289,28 @@ describe('link replies', () => {
   });
 });
 
+describe('metrics', () => {
+  it('counts requests by paywall decision and outcome, tokens and charges; no hold stays open', async () => {
+    await f.settled();
+    const requests = (await f.ctx.metrics.requests.get()).values;
+    const count = (labels: Record<string, string>) =>
+      requests
+        .filter((v) => Object.entries(labels).every(([k, want]) => String((v.labels as any)[k]) === want))
+        .reduce((sum, v) => sum + v.value, 0);
+    expect(
+      count({ project: f.project.id, model: 'metered', decision: 'allowed', outcome: 'success' }),
+    ).toBeGreaterThan(0);
+    expect(count({ decision: 'connect_required', outcome: 'link' })).toBeGreaterThan(0);
+    expect(count({ decision: 'topup_required', outcome: 'link', stream: 'true' })).toBeGreaterThan(0);
+    const tokens = (await f.ctx.metrics.outputTokens.get()).values.find((v) => v.labels.model === 'metered');
+    expect(tokens!.value).toBeGreaterThan(0);
+    const charged = (await f.ctx.metrics.charged.get()).values.find((v) => v.labels.source === 'chat');
+    expect(charged!.value).toBeGreaterThan(0);
+    const open = (await f.ctx.metrics.holdsOpen.get()).values.find((v) => v.labels.project === f.project.id);
+    expect(open!.value).toBe(0);
+  });
+});
+
 describe('providers', () => {
   it('answers echo://local projects with the built-in echo provider, streaming or not, within max_tokens', async () => {
     const seeded = await seedProject(f.ctx, {
