@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -315,6 +315,34 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
       await ctx.close();
+    }
+  });
+});
+
+// Inside a pod the service account would be found: nothing to test there.
+const inPod = existsSync('/var/run/secrets/kubernetes.io/serviceaccount/token');
+
+describe.skipIf(inPod)('tollgate operator without a cluster', () => {
+  it('exits with a message naming what to configure', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tollgate-operator-'));
+    try {
+      const child = spawn(
+        process.execPath,
+        [new URL('../cmd/tollgate.ts', import.meta.url).pathname, 'operator'],
+        {
+          env: { PATH: process.env.PATH ?? '', HOME: dir, TOLLGATE_DATA_DIR: dir, LOG_LEVEL: 'silent' },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        },
+      );
+      let stderr = '';
+      child.stderr!.on('data', (c: Buffer) => {
+        stderr += c.toString();
+      });
+      const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
+      expect(code).toBe(1);
+      expect(stderr).toContain('no Kubernetes cluster configured: set KUBECONFIG');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

@@ -32,7 +32,12 @@ export interface KubeClients {
 export function loadKubeConfig(): KubeConfig {
   const kc = new KubeConfig();
   kc.loadFromDefault();
-  if (!kc.getCurrentCluster()) throw new Error('no Kubernetes cluster configured (KUBECONFIG or in-cluster)');
+  const cluster = kc.getCurrentCluster();
+  // With nothing to load, the client falls back to http://localhost:8080: say so instead.
+  if (!cluster || (cluster.name === 'cluster' && cluster.server === 'http://localhost:8080'))
+    throw new Error(
+      'no Kubernetes cluster configured: set KUBECONFIG (or provide ~/.kube/config), or run in a pod with a service account',
+    );
   return kc;
 }
 

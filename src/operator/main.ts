@@ -146,8 +146,8 @@ export async function runOperator(config: Config, options: { namespaces: string[
     process.once('SIGTERM', onSignal);
     process.once('SIGINT', onSignal);
   });
-  const ctx = await createContext(config);
   const kube = makeClients(loadKubeConfig());
+  const ctx = await createContext(config);
   const operator = startOperator(ctx, { kube, namespaces: options.namespaces });
   const health = await startHealthServer({
     port: config.OPERATOR_PORT,
