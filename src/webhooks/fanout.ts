@@ -59,7 +59,7 @@ export async function fanOut(ctx: AppContext, batchSize = 200): Promise<FanoutRe
     }
     await sql`
       UPDATE events SET dispatched_at = now()
-      WHERE id IN (SELECT jsonb_array_elements_text(${JSON.stringify(events.map((e) => e.id))}::jsonb))`.execute(
+      WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(events.map((e) => e.id))}::jsonb)))`.execute(
       tx,
     );
     return { events: events.length, deliveries: inserted };

@@ -62,7 +62,7 @@ export async function claimDue(db: Kysely<DB>, options: ClaimOptions): Promise<C
     ),
     locked AS MATERIALIZED (
       SELECT d.id FROM webhook_deliveries d
-      WHERE d.id IN (SELECT id FROM ranked)
+      WHERE d.id = ANY (ARRAY(SELECT id FROM ranked))
         AND d.status = 'pending' AND d.next_attempt_at <= now() AND d.attempts < d.attempt_limit
       ORDER BY d.next_attempt_at
       LIMIT ${options.limit}
@@ -74,7 +74,7 @@ export async function claimDue(db: Kysely<DB>, options: ClaimOptions): Promise<C
         next_attempt_at = now() + ${options.leaseMs}::float8 * interval '1 millisecond',
         updated_at = now()
     FROM webhook_subscriptions s, events e
-    WHERE d.id IN (SELECT id FROM locked) AND s.id = d.subscription_id AND e.id = d.event_id
+    WHERE d.id = ANY (ARRAY(SELECT id FROM locked)) AND s.id = d.subscription_id AND e.id = d.event_id
     RETURNING d.id, d.project_id, d.subscription_id, d.event_id, d.event_type, d.attempts, d.attempt_limit,
       d.created_at, d.updated_at, d.claim_id, s.url, s.secret_sealed, s.custom_headers, s.is_active,
       e.envelope`.execute(db);
