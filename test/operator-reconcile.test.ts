@@ -2,6 +2,7 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
 import { buildServer } from '../src/http/server.ts';
+import { Controller } from '../src/operator/controller.ts';
 import {
   FINALIZER,
   GROUP,
@@ -14,7 +15,12 @@ import {
 import { type RunningOperator, startOperator, subscriptionStore } from '../src/operator/main.ts';
 import { Reconciler } from '../src/operator/reconciler.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
-import { setSubscriptionActive, updateSubscription } from '../src/webhooks/subscriptions.ts';
+import { subscriptionsChangedChannel } from '../src/webhooks/filter.ts';
+import {
+  setSubscriptionActive,
+  subscriptionsChanged,
+  updateSubscription,
+} from '../src/webhooks/subscriptions.ts';
 import { createTestContext } from './helpers/context.ts';
 import { type KubeTarget, kubeTarget, realCluster } from './helpers/fake-kube-apiserver.ts';
 import { seedProject } from './helpers/server.ts';
@@ -436,5 +442,57 @@ describe('losing the lease', () => {
     expect((await ctx.metrics.leader.get()).values[0]?.value).toBe(0);
     // The controller's informers are gone: no watch is open any more.
     if (target.fake) await target.until(() => target.fake!.openWatches === 0, 'the watches to close');
+  });
+});
+
+describe('change notices from the database', () => {
+  it("reconcile the paywall's resources at once, without waiting for the resync", async () => {
+    const ns2 = `${ns}-notices`;
+    if (!target.fake) await kube.core.createNamespace({ body: { metadata: { name: ns2 } } });
+    const controller = new Controller({
+      kube,
+      store: subscriptionStore(ctx),
+      log: ctx.log,
+      metrics: ctx.metrics,
+      namespaces: [ns2],
+      identity: 'notices',
+      resyncMs: 3_600_000,
+      watchRows: (onPaywall) => ctx.bus.subscribe(subscriptionsChangedChannel, onPaywall),
+    });
+    try {
+      await controller.start();
+      await kube.custom.createNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: ns2,
+        plural: PLURAL,
+        body: {
+          apiVersion: `${GROUP}/${VERSION}`,
+          kind: 'WebhookSubscription',
+          metadata: { name: 'noticed' },
+          spec: { paywallId, url: HOOK, events: ['*'] },
+        },
+      });
+      const managedBy = `WebhookSubscription ${ns2}/noticed`;
+      await target.until(async () => (await row(managedBy))?.is_active, 'the row');
+      await target.until(async () => {
+        const list = await kube.core.listNamespacedEvent({ namespace: ns2 });
+        return list.items.some((e) => e.reason === 'Created');
+      }, 'the Created event');
+      await ctx.db
+        .updateTable('webhook_subscriptions')
+        .set({ is_active: false })
+        .where('managed_by', '=', managedBy)
+        .execute();
+      await subscriptionsChanged(ctx, paywallId);
+      await target.until(async () => {
+        const list = await kube.core.listNamespacedEvent({ namespace: ns2 });
+        return list.items.some((e) => e.reason === 'Updated');
+      }, 'the row to be put back');
+      expect(await row(managedBy)).toMatchObject({ is_active: true });
+    } finally {
+      await controller.stop();
+      if (!target.fake) await kube.core.deleteNamespace({ name: ns2 }).catch(() => {});
+    }
   });
 });

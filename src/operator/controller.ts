@@ -20,6 +20,11 @@ export interface ControllerOptions {
   workers?: number;
   baseBackoffMs?: number;
   maxBackoffMs?: number;
+  /**
+   * Subscribes to "the subscriptions of this paywall changed" notices (the bus); the resources of that
+   * paywall are reconciled at once instead of at the next resync. Returns the unsubscribe function.
+   */
+  watchRows?: (onPaywall: (paywallId: string) => void) => Promise<() => Promise<void>>;
 }
 
 /**
@@ -35,6 +40,7 @@ export class Controller {
   readonly #reconciler: Reconciler;
   #workers: Promise<void>[] = [];
   #resync: NodeJS.Timeout | undefined;
+  #unwatchRows: (() => Promise<void>) | undefined;
   #running = false;
 
   constructor(options: ControllerOptions) {
@@ -118,6 +124,13 @@ export class Controller {
     for (let i = 0; i < count; i++) this.#workers.push(this.#work());
     this.#resync = setInterval(() => this.#enqueueAll(), this.#o.resyncMs);
     this.#resync.unref();
+    if (this.#o.watchRows) {
+      try {
+        this.#unwatchRows = await this.#o.watchRows((paywallId) => this.#enqueuePaywall(paywallId));
+      } catch (err) {
+        this.#o.log.warn({ err }, 'controller: no change notices from the database; relying on the resync');
+      }
+    }
     this.#o.log.info(
       `controller started: watching ${this.#o.namespaces.length ? this.#o.namespaces.join(', ') : 'all namespaces'}`,
     );
@@ -128,6 +141,8 @@ export class Controller {
     if (!this.#running) return;
     this.#running = false;
     clearInterval(this.#resync);
+    await this.#unwatchRows?.().catch(() => {});
+    this.#unwatchRows = undefined;
     this.#queue.shutDown();
     await Promise.all([...this.#resources, ...this.#secrets].map((i) => i.stop()));
     await Promise.all(this.#workers);
@@ -140,6 +155,12 @@ export class Controller {
       if (found) return found;
     }
     return undefined;
+  }
+
+  #enqueuePaywall(paywallId: string): void {
+    for (const informer of this.#resources)
+      for (const resource of informer.list())
+        if (resource.spec?.paywallId === paywallId) this.#queue.add(keyOf(resource));
   }
 
   #enqueueAll(): void {

@@ -4,6 +4,7 @@ import type { AppContext } from '../app/context.ts';
 import { createContext } from '../app/context.ts';
 import type { Config } from '../config/index.ts';
 import { pendingMigrations, ping } from '../db/index.ts';
+import { subscriptionsChangedChannel } from '../webhooks/filter.ts';
 import {
   createSubscription,
   findSubscriptionByManager,
@@ -110,6 +111,7 @@ export function startOperator(ctx: AppContext, options: OperatorOptions): Runnin
           namespaces: options.namespaces,
           identity,
           resyncMs: config.OPERATOR_STATUS_SYNC_SECONDS * 1000,
+          watchRows: (onPaywall) => ctx.bus.subscribe(subscriptionsChangedChannel, onPaywall),
         });
         const starting = controller;
         starting.start().catch((err) => log.error({ err }, 'operator: controller failed to start'));
