@@ -221,6 +221,38 @@ describe('claims and fences', () => {
     }
   });
 
+  it('rolls a failed fan-out back whole: events stay undispatched, no delivery half-made', async () => {
+    const { subscriptionIds } = await subscribeAndDeposit(ctx, '/fan-fail', 3, 2);
+    // The second delivery insert of the batch fails, as a crash between the statements would.
+    await sql
+      .raw(`CREATE FUNCTION fail_fanout() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'fan-out interrupted'; END $$`)
+      .execute(ctx.db);
+    await sql
+      .raw(
+        `CREATE TRIGGER fail_fanout BEFORE INSERT ON webhook_deliveries FOR EACH ROW
+         WHEN (NEW.subscription_id = '${subscriptionIds[1]}') EXECUTE FUNCTION fail_fanout()`,
+      )
+      .execute(ctx.db);
+    try {
+      await expect(fanOut(ctx)).rejects.toThrow(/fan-out interrupted/);
+      expect(await deliveryRows(ctx, subscriptionIds)).toHaveLength(0);
+      const undispatched = await ctx.db
+        .selectFrom('events')
+        .select('id')
+        .where('dispatched_at', 'is', null)
+        .execute();
+      expect(undispatched.length).toBeGreaterThanOrEqual(3);
+    } finally {
+      await sql.raw('DROP TRIGGER fail_fanout ON webhook_deliveries').execute(ctx.db);
+      await sql.raw('DROP FUNCTION fail_fanout()').execute(ctx.db);
+    }
+    while ((await fanOut(ctx)).events > 0) {}
+    const rows = await deliveryRows(ctx, subscriptionIds);
+    expect(rows).toHaveLength(6);
+    expect(new Set(rows.map((r) => `${r.subscription_id}/${r.event_id}`)).size).toBe(6);
+  });
+
   it('stop() lets a request finish within the grace period, then aborts it for a later retry', async () => {
     const path = '/stop-grace';
     hangOnce.add(path);
