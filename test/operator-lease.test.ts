@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -181,6 +181,7 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
     const ctx = await createTestContext({}, { id }); // the schema, migrated
     const { projectId } = await seedProject(ctx);
     const dir = mkdtempSync(join(tmpdir(), 'tollgate-operator-'));
+    let child: ChildProcess | undefined;
     try {
       let kubeconfig = process.env.KUBECONFIG ?? '';
       if (target.fake) {
@@ -199,7 +200,7 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
       }
       const database = new URL(process.env.TOLLGATE_TEST_PG!);
       database.searchParams.set('options', `-c search_path=tgt_${id}`);
-      const child = spawn(
+      const proc = spawn(
         process.execPath,
         [
           new URL('../cmd/tollgate.ts', import.meta.url).pathname,
@@ -229,15 +230,16 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
           stdio: ['ignore', 'pipe', 'pipe'],
         },
       );
-      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      child = proc;
+      const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
       const stderr: string[] = [];
-      createInterface({ input: child.stderr! }).on('line', (l) => stderr.push(l));
+      createInterface({ input: proc.stderr! }).on('line', (l) => stderr.push(l));
       const port = await new Promise<number>((resolve, reject) => {
         const timer = setTimeout(
           () => reject(new Error(`no port announced; stderr: ${stderr.join('\n')}`)),
           15_000,
         );
-        createInterface({ input: child.stdout! }).on('line', (line) => {
+        createInterface({ input: proc.stdout! }).on('line', (line) => {
           const match = /health and metrics on port (\d+)/.exec(line);
           if (match) {
             clearTimeout(timer);
@@ -313,6 +315,10 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
       });
       expect(released.spec?.holderIdentity ?? '').toBe('');
     } finally {
+      if (child && child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGKILL');
+        await new Promise((resolve) => child!.once('exit', resolve));
+      }
       rmSync(dir, { recursive: true, force: true });
       await ctx.close();
     }
