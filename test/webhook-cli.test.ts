@@ -64,7 +64,7 @@ describe.runIf(realPostgres)('tollgate webhooks and tollgate worker', () => {
     expect(missing.stderr).toMatch(/No webhook subscription/);
     expect(tollgate('webhooks', 'enable').status).toBe(2);
     expect(tollgate('webhooks', 'frobnicate', 'x').status).toBe(2);
-  });
+  }, 90_000);
 
   it('runs a standalone worker that delivers and stops on SIGTERM', async () => {
     const p = await seedProject(ctx);
@@ -107,5 +107,5 @@ describe.runIf(realPostgres)('tollgate webhooks and tollgate worker', () => {
     } finally {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     }
-  });
+  }, 60_000);
 });
