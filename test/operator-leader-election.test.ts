@@ -138,7 +138,7 @@ function startReplica(identity: string): Replica {
   };
   const child = spawn(process.execPath, [new URL('./helpers/operator-child.ts', import.meta.url).pathname], {
     env,
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['pipe', 'pipe', 'pipe'],
   });
   const stderr: string[] = [];
   createInterface({ input: child.stderr! }).on('line', (line) => stderr.push(line));

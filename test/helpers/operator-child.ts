@@ -40,4 +40,7 @@ process.once('SIGTERM', () => {
       },
     );
 });
+// The test process holds our stdin open: when it goes away (even killed), so do we.
+process.stdin.resume();
+process.stdin.once('close', () => process.exit(1));
 process.stdout.write(`${JSON.stringify({ identity: operator.identity, started: true })}\n`);
