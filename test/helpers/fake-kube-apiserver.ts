@@ -1,7 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { ApiextensionsV1Api, CoreV1Api, KubeConfig } from '@kubernetes/client-node';
+import {
+  ApiextensionsV1Api,
+  CoreV1Api,
+  KubeConfig,
+  loadYaml,
+  type V1CustomResourceDefinition,
+} from '@kubernetes/client-node';
 import { parse as parseYaml } from 'yaml';
 
 /**
@@ -995,15 +1001,17 @@ export async function kubeTarget(name: string): Promise<KubeTarget> {
 
 async function installCrd(kubeConfig: KubeConfig): Promise<void> {
   const api = kubeConfig.makeApiClient(ApiextensionsV1Api);
-  const crd = parseYaml(readFileSync(CRD_FILE, 'utf8'));
+  // Typed, so that fields such as x-kubernetes-validations survive the client's serializer.
+  const crd = loadYaml<V1CustomResourceDefinition>(readFileSync(CRD_FILE, 'utf8'));
+  const name = crd.metadata!.name!;
   try {
-    await api.readCustomResourceDefinition({ name: crd.metadata.name });
+    await api.readCustomResourceDefinition({ name });
     return;
   } catch {}
   await api.createCustomResourceDefinition({ body: crd });
   await untilPolled(
     async () => {
-      const got = await api.readCustomResourceDefinition({ name: crd.metadata.name });
+      const got = await api.readCustomResourceDefinition({ name });
       return got.status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True');
     },
     'the CRD to be established',
