@@ -4,6 +4,7 @@ import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import pg from 'pg';
 import { Pool } from 'undici';
 
 /**
@@ -115,6 +116,9 @@ interface Cell {
   /** CPU milliseconds per request: the proxy process (or the provider, for direct) and Postgres. */
   cpuProxy: number;
   cpuPostgres: number;
+  /** CPU milliseconds per request of the provider process and of this load generator. */
+  cpuUpstream: number;
+  cpuLoad: number;
 }
 
 function bodies(model: string, stream: boolean): string[] {
@@ -144,6 +148,7 @@ async function load(
   total: number,
   warmup: number,
   pid = 0,
+  upstreamPid = 0,
 ): Promise<Cell> {
   const pool = new Pool(target.origin, { connections: concurrency, pipelining: 1, keepAliveTimeout: 30_000 });
   const payloads = bodies(target.model, stream);
@@ -173,12 +178,16 @@ async function load(
     );
   };
   await run(warmup, false);
-  const cpuBefore = [cpuSeconds(pid), cpuSeconds('postgres')];
+  const cpuBefore = [cpuSeconds(pid), cpuSeconds('postgres'), cpuSeconds(upstreamPid)];
+  const loadBefore = process.cpuUsage();
   const began = performance.now();
   await run(total, true);
   const seconds = (performance.now() - began) / 1000;
   const cpuProxy = ((cpuSeconds(pid) - cpuBefore[0]!) * 1000) / total;
   const cpuPostgres = ((cpuSeconds('postgres') - cpuBefore[1]!) * 1000) / total;
+  const cpuUpstream = ((cpuSeconds(upstreamPid) - cpuBefore[2]!) * 1000) / total;
+  const loadUsage = process.cpuUsage(loadBefore);
+  const cpuLoad = (loadUsage.user + loadUsage.system) / 1000 / total;
   await pool.close();
   const sorted = latencies.slice().sort();
   return {
@@ -192,6 +201,8 @@ async function load(
     errors,
     cpuProxy,
     cpuPostgres,
+    cpuUpstream,
+    cpuLoad,
   };
 }
 
@@ -227,9 +238,41 @@ function machine(): string[] {
 
 const ms = (v: number) => v.toFixed(2);
 
+/**
+ * What one database round trip and one durable commit cost on this machine right now: the floor under
+ * Tollgate's hold (one statement and commit on the request's path).
+ */
+async function probeDatabase(): Promise<string> {
+  const client = new pg.Client({
+    connectionString: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+  });
+  await client.connect();
+  const table = `bench_probe_${process.pid}`;
+  try {
+    await client.query(`CREATE TABLE ${table} (id serial PRIMARY KEY, v int)`);
+    const time = async (sqlText: string, values: unknown[]) => {
+      const samples = new Float64Array(400);
+      for (let i = 0; i < samples.length + 50; i++) {
+        const started = performance.now();
+        await client.query(sqlText, values);
+        if (i >= 50) samples[i - 50] = performance.now() - started;
+      }
+      const sorted = samples.sort();
+      return `p50 ${ms(percentile(sorted, 0.5))} ms, p99 ${ms(percentile(sorted, 0.99))} ms`;
+    };
+    const select = await time('SELECT $1::int', [1]);
+    const commit = await time(`INSERT INTO ${table} (v) VALUES ($1)`, [1]);
+    return `- Postgres from Node at that time: a \`SELECT 1\` round trip ${select}; a one-row \`INSERT\` with its durable commit ${commit}`;
+  } finally {
+    await client.query(`DROP TABLE IF EXISTS ${table}`).catch(() => {});
+    await client.end();
+  }
+}
+
 async function main() {
   const startedAt = new Date();
   const machineLines = machine();
+  machineLines.push(await probeDatabase());
   console.log(machineLines.join('\n'));
   const upstream = await start('upstream.ts', {});
   const passthrough = await start('passthrough.ts', { UPSTREAM: upstream.info.baseUrl! });
@@ -279,7 +322,7 @@ async function main() {
       const total = concurrency === 1 ? Math.max(1000, Math.round(PER_CELL / 3)) : PER_CELL;
       const warmup = Math.min(500, Math.round(total / 5));
       for (const target of targets) {
-        const cell = await load(target, concurrency, stream, total, warmup, target.pid);
+        const cell = await load(target, concurrency, stream, total, warmup, target.pid, upstream.child.pid!);
         if (target.name === 'tollgate') tollgateRequests += total + warmup;
         cells.push(cell);
         console.log(
@@ -353,6 +396,21 @@ function render(
   const first = memory[0]!;
   const last = memory.at(-1)!;
   const growth = last[1] - first[1];
+  // The CPU budget of one request, all processes together (the machine has os.cpus().length cores).
+  const budget = (target: string) => {
+    const cell = find(target, 16, false);
+    const proxy = target === 'direct' ? 0 : cell.cpuProxy;
+    const postgres = target === 'tollgate' ? Math.max(0, cell.cpuPostgres) : 0;
+    const total = proxy + postgres + cell.cpuUpstream + cell.cpuLoad;
+    return { cell, proxy, postgres, total, ceiling: Math.round((os.cpus().length * 1000) / total) };
+  };
+  const pass16 = budget('passthrough');
+  const toll16 = budget('tollgate');
+  const cpuLine =
+    `CPU per request at concurrency 16, non-streaming (all processes share ${os.cpus().length} cores): ` +
+    `passthrough ${ms(pass16.proxy)} ms + provider ${ms(pass16.cell.cpuUpstream)} + load generator ${ms(pass16.cell.cpuLoad)} = ${ms(pass16.total)} ms ` +
+    `(a ceiling of about ${pass16.ceiling} req/s); Tollgate ${ms(toll16.proxy)} ms + Postgres ${ms(toll16.postgres)} + provider ${ms(toll16.cell.cpuUpstream)} + load generator ${ms(toll16.cell.cpuLoad)} = ${ms(toll16.total)} ms ` +
+    `(about ${toll16.ceiling} req/s). Postgres CPU counts every Postgres process, other sessions' included.`;
   return [
     `Run on ${startedAt.toISOString().slice(0, 16).replace('T', ' ')} UTC with \`npm run bench:proxy\` (${PER_CELL} requests per cell at concurrency 16 and 64, ${Math.max(1000, Math.round(PER_CELL / 3))} at concurrency 1, after a warm-up; requests spread over ${USERS} users).`,
     '',
@@ -365,6 +423,8 @@ function render(
     ...rows,
     '',
     ...verdicts,
+    '',
+    cpuLine,
     '',
     `Memory (resident set of the Tollgate process): ${memory.map(([n, mb]) => `${mb} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — ${growth <= 0 ? 'no growth' : `+${growth} MB`} from the first sample to the last.`,
     ...(ledger

@@ -1,5 +1,6 @@
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sweepExpiredHolds } from '../src/billing/ledger.ts';
 import { tokenCost } from '../src/chat/cost.ts';
 import { countPromptTokens } from '../src/chat/tokens.ts';
 import { Money } from '../src/core/money.ts';
@@ -215,6 +216,30 @@ describe('client disconnects', () => {
     expect(await pending).toBeInstanceOf(OpenAI.APIUserAbortError);
     await expect.poll(() => f.mock.aborted, { timeout: 5000 }).toBe(aborted + 1);
     await untouched();
+  });
+});
+
+describe('holds that outlive their request', () => {
+  it('are released by the sweeper; the late end of the request then changes nothing', async () => {
+    const untouched = await freshUser('orphan');
+    const controller = new AbortController();
+    const pending = f.client.chat.completions
+      .create({ model: 'stall', user: 'orphan', messages }, { signal: controller.signal })
+      .catch((e) => e);
+    await expect.poll(async () => (await f.wallet('orphan'))!.held, { timeout: 5000 }).not.toBe('0');
+    // as if the pod had died: the hold's time is up and the sweeper runs
+    await f.ctx.db
+      .updateTable('holds')
+      .set({ expires_at: new Date(Date.now() - 1000) })
+      .where('status', '=', 'open')
+      .execute();
+    expect(await sweepExpiredHolds(f.ctx.db)).toBeGreaterThanOrEqual(1);
+    expect((await f.wallet('orphan'))!.held).toBe('0');
+    controller.abort();
+    await pending;
+    await untouched();
+    const entries = await f.ledger('orphan');
+    expect(entries.filter((e) => e.kind === 'release')).toHaveLength(1);
   });
 });
 
