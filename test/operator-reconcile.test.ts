@@ -288,6 +288,28 @@ describe('WebhookSubscription reconcile', () => {
     );
   });
 
+  it('keeps a subscription on its paywall: changing paywallId is refused', async () => {
+    await apply('moving', { paywallId, url: HOOK, events: ['*'] });
+    const before = await untilReady('moving');
+    const other = await seedProject(ctx);
+    try {
+      await patchSpec('moving', { paywallId: other.projectId });
+    } catch (err) {
+      // A real API server evaluates the CRD's CEL transition rule and refuses the edit itself.
+      expect((err as { code?: number }).code).toBe(422);
+      const body = (err as { body?: unknown }).body;
+      expect(typeof body === 'string' ? body : JSON.stringify(body)).toContain('paywallId cannot change');
+      return;
+    }
+    const r = await untilReady('moving', 'InvalidSpec');
+    expect(ready(r)?.message).toContain('spec.paywallId cannot change');
+    expect(await row(`WebhookSubscription ${ns}/moving`)).toMatchObject({
+      id: before.status?.subscriptionId,
+      project_id: paywallId,
+      is_active: true,
+    });
+  });
+
   it('pauses with active: false and re-enables with active: true', async () => {
     const managedBy = `WebhookSubscription ${ns}/billing`;
     await patchSpec('billing', { active: false });
