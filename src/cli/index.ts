@@ -1,18 +1,7 @@
-import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { type AppContext, createContext } from '../app/context.ts';
-import { createKey, listKeys } from '../auth/keys.ts';
-import { deposit } from '../billing/ledger.ts';
-import { type Config, ConfigError, loadConfig } from '../config/index.ts';
+import { ConfigError, loadConfig } from '../config/index.ts';
 import { ApiError } from '../core/errors.ts';
-import { amountSchema } from '../core/money.ts';
-import { parseInput } from '../core/validation.ts';
-import { applyPricing, parsePricingFile } from '../models/service.ts';
-import { createProject, getProject, updateProject } from '../projects/service.ts';
-import { connectUser } from '../users/service.ts';
-import { runWorker, webhooksCommand } from '../webhooks/cli.ts';
-import { createOutput, type Output } from './output.ts';
-import { runDev, runProxy } from './serve.ts';
+import { createOutput, UsageError } from './output.ts';
 
 const HELP = `tollgate — metered, OpenAI-compatible chat proxy with a paywall
 
@@ -45,8 +34,6 @@ Webhooks
 
 Configuration comes from environment variables; see the README.`;
 
-type Values = Record<string, string | boolean | string[] | undefined>;
-
 const OPTIONS = {
   json: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
@@ -68,199 +55,6 @@ const OPTIONS = {
   namespace: { type: 'string', multiple: true },
 } as const;
 
-export class UsageError extends Error {}
-
-function required(values: Values, name: string): string {
-  const value = values[name];
-  if (typeof value !== 'string' || value === '') throw new UsageError(`--${name} is required`);
-  return value;
-}
-
-function optional(values: Values, name: string): string | undefined {
-  const value = values[name];
-  return typeof value === 'string' ? value : undefined;
-}
-
-/** Runs a command with a context; the context is closed afterwards. */
-async function withContext<T>(config: Config, fn: (ctx: AppContext) => Promise<T>): Promise<T> {
-  const ctx = await createContext(config, { log: undefined });
-  try {
-    return await fn(ctx);
-  } finally {
-    await ctx.close();
-  }
-}
-
-const cliTrigger = { source: 'cli', actorType: 'admin', actorId: 'cli' };
-
-function settingsFrom(values: Values) {
-  const maxTokens = optional(values, 'max-completion-tokens');
-  const settings = {
-    checkoutUrl: optional(values, 'checkout-url'),
-    returnUrl: optional(values, 'return-url'),
-    connectMessage: optional(values, 'connect-message'),
-    topupMessage: optional(values, 'topup-message'),
-    maxCompletionTokens: maxTokens === undefined ? undefined : Number(maxTokens),
-  };
-  return Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
-}
-
-async function adminCommand(
-  config: Config,
-  command: string,
-  sub: string | undefined,
-  values: Values,
-  out: Output,
-) {
-  const key = `${command} ${sub ?? ''}`.trim();
-  switch (key) {
-    case 'project create':
-      return withContext(config, async (ctx) => {
-        const created = await createProject(ctx.db, ctx.sealer, {
-          name: required(values, 'name'),
-          currency: optional(values, 'currency') ?? 'usd',
-          upstreamUrl: optional(values, 'upstream-url'),
-          upstreamKey: optional(values, 'upstream-key'),
-          settings: settingsFrom(values),
-        });
-        out.result(
-          {
-            id: created.project.id,
-            apiKey: created.apiKey,
-            apiKeyId: created.apiKeyId,
-            currency: created.project.currency,
-          },
-          [
-            `Created project ${created.project.id} (${created.project.name}, ${created.project.currency})`,
-            `API key (shown once, keep it safe): ${created.apiKey}`,
-          ],
-        );
-      });
-    case 'project show':
-      return withContext(config, async (ctx) => {
-        const project = await getProject(ctx.db, required(values, 'project'));
-        const view = {
-          id: project.id,
-          name: project.name,
-          currency: project.currency,
-          ownerUserId: project.owner_user_id,
-          upstreamUrl: project.upstream_base_url,
-          upstreamKeySet: project.upstream_key_sealed !== null,
-          settings: project.settings,
-        };
-        out.result(
-          view,
-          Object.entries(view).map(([k, v]) => `${k}: ${typeof v === 'object' ? JSON.stringify(v) : v}`),
-        );
-      });
-    case 'project set':
-      return withContext(config, async (ctx) => {
-        const id = required(values, 'project');
-        const upstreamUrl = optional(values, 'upstream-url');
-        const upstreamKey = optional(values, 'upstream-key');
-        const name = optional(values, 'name');
-        const project = await updateProject(ctx.db, ctx.sealer, id, {
-          ...(name ? { name } : {}),
-          ...(upstreamUrl !== undefined ? { upstreamUrl } : {}),
-          ...(upstreamKey !== undefined ? { upstreamKey } : {}),
-          settings: settingsFrom(values),
-        });
-        await ctx.projects.changed(id);
-        out.result(
-          {
-            id: project.id,
-            name: project.name,
-            settings: project.settings,
-            upstreamUrl: project.upstream_base_url,
-          },
-          `Updated project ${id}`,
-        );
-      });
-    case 'key create':
-      return withContext(config, async (ctx) => {
-        const projectId = required(values, 'project');
-        await getProject(ctx.db, projectId);
-        const created = await createKey(ctx.db, projectId, optional(values, 'name') ?? 'default');
-        out.result({ id: created.id, apiKey: created.key, prefix: created.prefix }, [
-          `Created key ${created.id} (${created.prefix}…)`,
-          `API key (shown once, keep it safe): ${created.key}`,
-        ]);
-      });
-    case 'key list':
-      return withContext(config, async (ctx) => {
-        const keys = await listKeys(ctx.db, required(values, 'project'));
-        out.result(
-          keys.map((k) => ({
-            id: k.id,
-            name: k.name,
-            prefix: k.prefix,
-            createdAt: k.created_at,
-            revokedAt: k.revoked_at,
-          })),
-          keys.length
-            ? keys.map((k) => `${k.id}  ${k.prefix}…  ${k.name}  ${k.revoked_at ? 'revoked' : 'active'}`)
-            : ['no keys'],
-        );
-      });
-    case 'key revoke':
-      return withContext(config, async (ctx) => {
-        const keyId = required(values, 'key');
-        const { projectId } = await ctx.keys.revoke(keyId);
-        out.result({ id: keyId, projectId, revoked: true }, `Revoked key ${keyId}`);
-      });
-    case 'models apply':
-      return withContext(config, async (ctx) => {
-        const projectId = required(values, 'project');
-        const path = required(values, 'file');
-        let text: string;
-        try {
-          text = readFileSync(path, 'utf8');
-        } catch (err) {
-          throw new UsageError(
-            `cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
-          );
-        }
-        const result = await applyPricing(ctx.db, projectId, parsePricingFile(text));
-        await ctx.projects.changed(projectId);
-        out.result(result, [
-          `Applied ${path} to ${projectId}:`,
-          `  created: ${result.created.join(', ') || '-'}`,
-          `  updated: ${result.updated.join(', ') || '-'}`,
-          `  deleted: ${result.deleted.join(', ') || '-'}`,
-        ]);
-      });
-    case 'users connect':
-      return withContext(config, async (ctx) => {
-        const project = await getProject(ctx.db, required(values, 'project'));
-        const user = required(values, 'user');
-        const { wallet, changed } = await connectUser(ctx.db, ctx.events, project, user, cliTrigger);
-        out.result(
-          { user, ...wallet, changed },
-          changed ? `Connected ${user}` : `${user} was already connected`,
-        );
-      });
-    case 'users deposit':
-      return withContext(config, async (ctx) => {
-        const project = await getProject(ctx.db, required(values, 'project'));
-        const user = required(values, 'user');
-        const amount = parseInput(amountSchema(project.currency), required(values, 'amount'), 'amount');
-        const result = await deposit(ctx.db, ctx.events, {
-          project,
-          externalId: user,
-          amount,
-          source: 'cli',
-          trigger: cliTrigger,
-        });
-        out.result(
-          { id: result.entry.id, user, amount, currency: project.currency, balance: result.wallet.balance },
-          `Deposited ${amount} ${project.currency} to ${user}; balance ${result.wallet.balance} ${project.currency}`,
-        );
-      });
-    default:
-      throw new UsageError(`unknown command: ${key}`);
-  }
-}
-
 /** Entry point of the `tollgate` binary. Returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
   let parsed: ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>;
@@ -281,20 +75,27 @@ export async function main(argv: string[]): Promise<number> {
     const config = loadConfig();
     switch (command) {
       case 'proxy':
-        return await runProxy(config, { migrate: Boolean(values.migrate) });
+        // Servers load their modules on demand, so admin commands start fast.
+        return await (await import('./serve.ts')).runProxy(config, { migrate: Boolean(values.migrate) });
       case 'dev':
-        return await runDev(config);
+        return await (await import('./serve.ts')).runDev(config);
       case 'operator': {
         const { runOperator } = await import('../operator/main.ts');
         return await runOperator(config, { namespaces: values.namespace ?? [] });
       }
       case 'worker':
-        return await runWorker(config);
+        return await (await import('../webhooks/cli.ts')).runWorker(config);
       case 'webhooks':
-        await webhooksCommand(config, sub, positionals[2], out, (m) => new UsageError(m));
+        await (await import('../webhooks/cli.ts')).webhooksCommand(
+          config,
+          sub,
+          positionals[2],
+          out,
+          (m) => new UsageError(m),
+        );
         return 0;
       case 'migrate':
-        return await withContext(config, async (ctx) => {
+        return await (await import('./admin.ts')).withContext(config, async (ctx) => {
           const applied = await ctx.migrate();
           out.result(
             { applied },
@@ -303,7 +104,7 @@ export async function main(argv: string[]): Promise<number> {
           return 0;
         });
       default:
-        await adminCommand(config, command, sub, values, out);
+        await (await import('./admin.ts')).adminCommand(config, command, sub, values, out);
         return 0;
     }
   } catch (err) {
