@@ -34,8 +34,8 @@ interface Started {
 }
 
 /** Starts a bench server script and waits for its first stdout line (JSON). */
-async function start(script: string, env: Record<string, string>): Promise<Started> {
-  const child = spawn(process.execPath, [join(here, script)], {
+async function start(script: string, env: Record<string, string>, nodeArgs: string[] = []): Promise<Started> {
+  const child = spawn(process.execPath, [...nodeArgs, join(here, script)], {
     cwd: root,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -88,10 +88,19 @@ function cpuSeconds(which: number | string): number {
   return total;
 }
 
-function rssMb(pid: number): number {
-  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
-  const kb = Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0);
-  return Math.round(kb / 1024);
+/** Asks the Tollgate process for a full GC and its memory afterwards (MB): resident set and V8 heap. */
+async function memoryOf(started: Started): Promise<{ rss: number; heap: number }> {
+  const seen = started.lines.length;
+  started.child.kill('SIGUSR2');
+  for (let i = 0; i < 100; i++) {
+    const line = started.lines.slice(seen).find((l) => l.includes('"memory"'));
+    if (line) {
+      const { memory } = JSON.parse(line) as { memory: { rss: number; heapUsed: number } };
+      return { rss: Math.round(memory.rss / 2 ** 20), heap: Math.round(memory.heapUsed / 2 ** 20) };
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  throw new Error('the Tollgate process did not report its memory');
 }
 
 interface Target {
@@ -276,10 +285,11 @@ async function main() {
   console.log(machineLines.join('\n'));
   const upstream = await start('upstream.ts', {});
   const passthrough = await start('passthrough.ts', { UPSTREAM: upstream.info.baseUrl! });
-  const tollgate = await start('tollgate.ts', {
-    UPSTREAM: upstream.info.baseUrl!,
-    BENCH_USERS: String(USERS),
-  });
+  const tollgate = await start(
+    'tollgate.ts',
+    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS) },
+    ['--expose-gc'],
+  );
   const upstreamUrl = new URL(upstream.info.baseUrl!);
   const targets: Target[] = [
     {
@@ -307,14 +317,13 @@ async function main() {
       pid: tollgate.child.pid!,
     },
   ];
-  const tollgatePid = tollgate.child.pid!;
   let tollgateRequests = 0;
-  const memory: Array<[number, number]> = [];
+  const memory: Array<[number, { rss: number; heap: number }]> = [];
 
   // Warm everything up once (JIT, connection pools, caches), then the matrix.
   for (const target of targets) await load(target, 16, false, 2000, 500);
   tollgateRequests += 2500;
-  memory.push([tollgateRequests, rssMb(tollgatePid)]);
+  memory.push([tollgateRequests, await memoryOf(tollgate)]);
 
   const cells: Cell[] = [];
   for (const stream of [false, true]) {
@@ -333,7 +342,7 @@ async function main() {
       }
     }
   }
-  memory.push([tollgateRequests, rssMb(tollgatePid)]);
+  memory.push([tollgateRequests, await memoryOf(tollgate)]);
 
   // Soak: keep going through Tollgate until SOAK requests in total, sampling memory.
   const soakTarget = targets[2]!;
@@ -342,8 +351,10 @@ async function main() {
     const count = Math.min(step, SOAK - tollgateRequests);
     await load(soakTarget, 16, false, count, 0);
     tollgateRequests += count;
-    memory.push([tollgateRequests, rssMb(tollgatePid)]);
-    console.log(`soak: ${tollgateRequests} requests through Tollgate, RSS ${memory.at(-1)![1]} MB`);
+    memory.push([tollgateRequests, await memoryOf(tollgate)]);
+    console.log(
+      `soak: ${tollgateRequests} requests through Tollgate, RSS ${memory.at(-1)![1].rss} MB, heap ${memory.at(-1)![1].heap} MB`,
+    );
   }
 
   const ledgerLines = await stop(tollgate);
@@ -358,7 +369,7 @@ async function main() {
 
 function render(
   cells: Cell[],
-  memory: Array<[number, number]>,
+  memory: Array<[number, { rss: number; heap: number }]>,
   machineLines: string[],
   startedAt: Date,
   ledger: Record<string, string> | undefined,
@@ -395,7 +406,7 @@ function render(
   }
   const first = memory[0]!;
   const last = memory.at(-1)!;
-  const growth = last[1] - first[1];
+  const growth = last[1].heap - first[1].heap;
   // The CPU budget of one request, all processes together (the machine has os.cpus().length cores).
   const budget = (target: string) => {
     const cell = find(target, 16, false);
@@ -426,7 +437,7 @@ function render(
     '',
     cpuLine,
     '',
-    `Memory (resident set of the Tollgate process): ${memory.map(([n, mb]) => `${mb} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — ${growth <= 0 ? 'no growth' : `+${growth} MB`} from the first sample to the last.`,
+    `Memory of the Tollgate process after a full GC (V8 heap used / resident set): ${memory.map(([n, m]) => `${m.heap} / ${m.rss} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — the heap ${growth <= 0 ? 'did not grow' : `grew by ${growth} MB`} from the first sample to the last.`,
     ...(ledger
       ? [
           '',

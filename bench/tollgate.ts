@@ -69,6 +69,13 @@ for (let i = 0; i < users; i += 20) {
 const running = await startServing(ctx);
 process.stdout.write(`${JSON.stringify({ url: running.url, apiKey, schema })}\n`);
 
+// The driver samples memory with SIGUSR2: a full GC, then the process's memory on stdout.
+process.on('SIGUSR2', () => {
+  (globalThis as { gc?: () => void }).gc?.();
+  const { rss, heapUsed } = process.memoryUsage();
+  process.stdout.write(`${JSON.stringify({ memory: { rss, heapUsed } })}\n`);
+});
+
 process.on('SIGTERM', async () => {
   const { chatServiceOf } = await import('../src/chat/routes.ts');
   await chatServiceOf(ctx)?.idle();
