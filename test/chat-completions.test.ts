@@ -170,6 +170,14 @@ describe('validation', () => {
     ['missing model', { user: 'a', messages }, 400, 'model', 'invalid_request'],
     ['unknown model', { model: 'nope', user: 'a', messages }, 404, 'model', 'model_not_found'],
     ['no end user', { model: 'metered', messages }, 400, 'user', 'missing_user'],
+    ['empty end user', { model: 'metered', user: '', messages }, 400, 'user', 'invalid_request'],
+    [
+      'end user with a control character',
+      { model: 'metered', user: 'a\u0000b', messages },
+      400,
+      'user',
+      'invalid_request',
+    ],
     ['not an object', [1, 2], 400, null, 'invalid_request'],
   ];
   for (const [name, body, status, param, code] of cases) {

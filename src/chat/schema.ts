@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { badRequest } from '../core/errors.ts';
 import { parseInput } from '../core/validation.ts';
+import { userIdSchema } from '../users/routes.ts';
 
 /**
  * The chat completion request as the spec defines it (`model`, `messages`, `stream`, `user`), plus the
@@ -28,10 +29,7 @@ export const chatRequestSchema = z.looseObject({
     .array(messageSchema, { message: 'must be an array of messages' })
     .min(1, { message: 'must contain at least 1 message' }),
   stream: z.boolean({ message: 'must be a boolean' }).nullable().optional(),
-  user: z
-    .string({ message: 'must be a string' })
-    .max(256, { message: 'must be at most 256 characters' })
-    .optional(),
+  user: userIdSchema.optional(),
   max_tokens: positiveInt.nullable().optional(),
   max_completion_tokens: positiveInt.nullable().optional(),
   n: positiveInt.max(128, { message: 'must be at most 128' }).nullable().optional(),
@@ -58,13 +56,14 @@ export function parseChatRequest(body: unknown): ChatRequest {
  * with neither gets 400 naming `user`.
  */
 export function resolveEndUser(body: ChatRequest, header: string | string[] | undefined): string {
-  const fromBody = body.user?.trim();
-  if (fromBody) return fromBody;
-  const fromHeader = (Array.isArray(header) ? header[0] : header)?.trim();
+  if (body.user !== undefined) return body.user;
+  const fromHeader = Array.isArray(header) ? header[0] : header;
   if (fromHeader) {
-    if (fromHeader.length > 256)
-      throw badRequest("Invalid 'X-Service-User': must be at most 256 characters", 'user');
-    return fromHeader;
+    const checked = userIdSchema.safeParse(fromHeader);
+    if (!checked.success) {
+      throw badRequest(`Invalid 'X-Service-User': ${checked.error.issues[0]!.message}`, 'user');
+    }
+    return checked.data;
   }
   throw badRequest(
     'No end user: pass `user` in the body or the `X-Service-User` header, a stable pseudonymous id of your user.',
