@@ -1,7 +1,9 @@
 import { sql } from 'kysely';
 import type { AppContext } from '../app/context.ts';
 import { newId } from '../core/ids.ts';
+import type { EventEnvelope } from '../events/outbox.ts';
 import { matchesAny } from './patterns.ts';
+import type { EnvelopeCache } from './queue.ts';
 
 export interface FanoutResult {
   events: number;
@@ -14,18 +16,26 @@ export interface FanoutResult {
  * both back, so no event is lost or fanned out twice (the unique (subscription, event) pair guards
  * the deliveries as well). Events are locked with SKIP LOCKED, so many workers fan out side by side.
  */
-export async function fanOut(ctx: AppContext, batchSize = 200): Promise<FanoutResult> {
+export async function fanOut(
+  ctx: AppContext,
+  batchSize = 200,
+  envelopes?: EnvelopeCache,
+): Promise<FanoutResult> {
   const attemptLimit = ctx.config.WEBHOOK_MAX_ATTEMPTS;
   const result = await ctx.db.transaction().execute(async (tx) => {
     const events = (
-      await sql<{ id: string; project_id: string; type: string }>`
-        SELECT id, project_id, type FROM events
+      await sql<{ id: string; project_id: string; type: string; envelope: EventEnvelope | string }>`
+        SELECT id, project_id, type, envelope FROM events
         WHERE dispatched_at IS NULL
         ORDER BY seq
         LIMIT ${batchSize}
         FOR UPDATE SKIP LOCKED`.execute(tx)
     ).rows;
     if (events.length === 0) return { events: 0, deliveries: 0 };
+    // The worker that fans out usually sends too: keep the envelopes it just read.
+    if (envelopes)
+      for (const e of events)
+        envelopes.set(e.id, typeof e.envelope === 'string' ? JSON.parse(e.envelope) : e.envelope);
     const projectIds = [...new Set(events.map((e) => e.project_id))];
     const subscriptions = await tx
       .selectFrom('webhook_subscriptions')

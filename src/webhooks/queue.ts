@@ -41,12 +41,52 @@ export interface ClaimOptions {
   excludeSubscriptions?: string[];
 }
 
-export async function claimDue(db: Kysely<DB>, options: ClaimOptions): Promise<ClaimedDelivery[]> {
+/**
+ * Event envelopes by id. Events never change, so a worker keeps the recent ones: a fan-out to many
+ * subscriptions reads its event once instead of once per delivery. Bounded; oldest entries go first.
+ */
+export class EnvelopeCache {
+  readonly #entries = new Map<string, EventEnvelope>();
+  readonly #max: number;
+
+  constructor(max = 5000) {
+    this.#max = max;
+  }
+
+  get(id: string): EventEnvelope | undefined {
+    return this.#entries.get(id);
+  }
+
+  set(id: string, envelope: EventEnvelope): void {
+    this.#entries.set(id, envelope);
+    if (this.#entries.size > this.#max) {
+      const oldest = this.#entries.keys().next();
+      if (!oldest.done) this.#entries.delete(oldest.value);
+    }
+  }
+}
+
+const parseJson = <T>(value: T | string): T => (typeof value === 'string' ? JSON.parse(value) : value);
+
+async function loadEnvelopes(db: Kysely<DB>, ids: string[], cache: EnvelopeCache): Promise<void> {
+  const missing = [...new Set(ids)].filter((id) => !cache.get(id));
+  if (missing.length === 0) return;
+  const { rows } = await sql<{ id: string; envelope: EventEnvelope | string }>`
+    SELECT id, envelope FROM events
+    WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(missing)}::jsonb)))`.execute(db);
+  for (const row of rows) cache.set(row.id, parseJson(row.envelope));
+}
+
+export async function claimDue(
+  db: Kysely<DB>,
+  options: ClaimOptions,
+  envelopes: EnvelopeCache = new EnvelopeCache(),
+): Promise<ClaimedDelivery[]> {
   if (options.limit <= 0) return [];
   const claimId = newClaimId();
   const exclude = JSON.stringify(options.excludeSubscriptions ?? []);
   const scan = Math.max(options.limit * 4, 100);
-  const { rows } = await sql<ClaimedDelivery>`
+  const { rows } = await sql<Omit<ClaimedDelivery, 'envelope'>>`
     WITH ranked AS MATERIALIZED (
       SELECT id FROM (
         SELECT id, row_number() OVER (PARTITION BY subscription_id ORDER BY next_attempt_at, id) AS rn
@@ -73,17 +113,24 @@ export async function claimDue(db: Kysely<DB>, options: ClaimOptions): Promise<C
         attempts = d.attempts + 1,
         next_attempt_at = now() + ${options.leaseMs}::float8 * interval '1 millisecond',
         updated_at = now()
-    FROM webhook_subscriptions s, events e
-    WHERE d.id = ANY (ARRAY(SELECT id FROM locked)) AND s.id = d.subscription_id AND e.id = d.event_id
+    FROM webhook_subscriptions s
+    WHERE d.id = ANY (ARRAY(SELECT id FROM locked)) AND s.id = d.subscription_id
     RETURNING d.id, d.project_id, d.subscription_id, d.event_id, d.event_type, d.attempts, d.attempt_limit,
-      d.created_at, d.updated_at, d.claim_id, s.url, s.secret_sealed, s.custom_headers, s.is_active,
-      e.envelope`.execute(db);
+      d.created_at, d.updated_at, d.claim_id, s.url, s.secret_sealed, s.custom_headers, s.is_active`.execute(
+    db,
+  );
+  if (rows.length === 0) return [];
+  await loadEnvelopes(
+    db,
+    rows.map((r) => r.event_id),
+    envelopes,
+  );
   return rows.map((r) => ({
     ...r,
     created_at: new Date(r.created_at),
     updated_at: new Date(r.updated_at),
-    custom_headers: typeof r.custom_headers === 'string' ? JSON.parse(r.custom_headers) : r.custom_headers,
-    envelope: typeof r.envelope === 'string' ? JSON.parse(r.envelope) : r.envelope,
+    custom_headers: parseJson(r.custom_headers),
+    envelope: envelopes.get(r.event_id)!,
   }));
 }
 

@@ -6,6 +6,7 @@ import {
   type AttemptResult,
   type ClaimedDelivery,
   claimDue,
+  EnvelopeCache,
   expireAbandoned,
   queueStats,
   type RecordItem,
@@ -62,6 +63,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
   const sender = new Sender(config);
   const abort = new AbortController();
   const secrets = new Map<string, string>();
+  const envelopes = new EnvelopeCache();
   let stopping = false;
 
   let claimed = 0;
@@ -276,12 +278,16 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
           for (const sub of sending.keys()) {
             if (localLoad(sub) >= perSubscriptionClaimed) full.add(sub);
           }
-          const batch = await claimDue(ctx.db, {
-            limit: want,
-            leaseMs,
-            perSubscription: perSubscriptionClaimed,
-            excludeSubscriptions: [...full],
-          });
+          const batch = await claimDue(
+            ctx.db,
+            {
+              limit: want,
+              leaseMs,
+              perSubscription: perSubscriptionClaimed,
+              excludeSubscriptions: [...full],
+            },
+            envelopes,
+          );
           if (stopping) {
             await Promise.allSettled(batch.map((d) => releaseClaim(ctx.db, d)));
             break;
@@ -316,7 +322,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
       do {
         fanAgain = false;
         while (!stopping) {
-          const result = await fanOut(ctx, fanoutBatch);
+          const result = await fanOut(ctx, fanoutBatch, envelopes);
           if (result.deliveries > 0) {
             requestPump();
             ctx.bus.publish(channels.deliveriesDue, '').catch(() => {});
