@@ -1,3 +1,4 @@
+import type { ServerResponse } from 'node:http';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Agent } from 'undici';
 import type { AppContext } from '../app/context.ts';
@@ -314,17 +315,8 @@ export class ChatService {
       }
     } catch (err) {
       if (!clientGone && !isAbort(err)) {
-        const error = this.#failed(x, err);
         res.off('close', onClose);
-        if (!headSent) {
-          res.writeHead(error.status, {
-            'content-type': 'application/json; charset=utf-8',
-            ...error.headers,
-          });
-          res.end(JSON.stringify(error.toBody()));
-        } else {
-          res.end(sseEvent(JSON.stringify(error.toBody())));
-        }
+        endWithError(res, headSent, this.#failed(x, err));
         return reply;
       }
     }
@@ -334,16 +326,8 @@ export class ChatService {
       return reply;
     }
     if (!done && !finishReason && !cut) {
-      const error = this.#failed(
-        x,
-        new UpstreamError('malformed', 'The provider ended the stream before it finished.'),
-      );
-      if (!headSent) {
-        res.writeHead(error.status, { 'content-type': 'application/json; charset=utf-8' });
-        res.end(JSON.stringify(error.toBody()));
-      } else {
-        res.end(sseEvent(JSON.stringify(error.toBody())));
-      }
+      const truncated = new UpstreamError('malformed', 'The provider ended the stream before it finished.');
+      endWithError(res, headSent, this.#failed(x, truncated));
       return reply;
     }
     if (!headSent) sendHead();
@@ -444,7 +428,11 @@ export class ChatService {
     if (!hold) return;
     x.hold = undefined;
     this.#ctx.metrics.holdsOpen.dec({ project: x.project.id });
-    this.#track(releaseHold(this.#ctx.db, hold.id, 'released'), x, 'release');
+    this.#track(
+      retrying(() => releaseHold(this.#ctx.db, hold.id, 'released')),
+      x,
+      'release',
+    );
   }
 
   /** Charges a served request (off the response path) and records its metrics and completion event. */
@@ -637,6 +625,19 @@ interface StreamChunk {
   error?: unknown;
   usage?: Usage | null;
   choices?: Array<{ delta?: Record<string, unknown>; finish_reason?: string | null } | null>;
+}
+
+/**
+ * Ends a stream with an error: an ordinary OpenAI-shaped error response before the first chunk, an SSE
+ * `data: {"error": …}` event after it (the official clients raise it as an APIError).
+ */
+function endWithError(res: ServerResponse, headSent: boolean, error: ApiError): void {
+  if (headSent) {
+    res.end(sseEvent(JSON.stringify(error.toBody())));
+    return;
+  }
+  res.writeHead(error.status, { 'content-type': 'application/json; charset=utf-8', ...error.headers });
+  res.end(JSON.stringify(error.toBody()));
 }
 
 /**
