@@ -64,27 +64,42 @@ function stop(started: Started): Promise<string[]> {
   });
 }
 
-/** CPU seconds (user + system) used so far by a process, or by every process with that command name. */
-function cpuSeconds(which: number | string): number {
-  const ticks = 100; // USER_HZ on Linux
-  const read = (pid: string) => {
-    try {
-      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      const close = stat.lastIndexOf(')');
-      const name = stat.slice(stat.indexOf('(') + 1, close);
-      const fields = stat.slice(close + 2).split(' ');
-      return { name, cpu: (Number(fields[11]) + Number(fields[12])) / ticks };
-    } catch {
-      return undefined;
-    }
-  };
-  if (typeof which === 'number') return read(String(which))?.cpu ?? 0;
-  let total = 0;
+const USER_HZ = 100;
+
+function readStat(pid: string): { name: string; cpu: number } | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const close = stat.lastIndexOf(')');
+    const fields = stat.slice(close + 2).split(' ');
+    return {
+      name: stat.slice(stat.indexOf('(') + 1, close),
+      cpu: (Number(fields[11]) + Number(fields[12])) / USER_HZ,
+    };
+  } catch {
+    return undefined;
+  }
+}
+
+/** CPU seconds (user + system) used so far by a process. */
+function cpuSeconds(pid: number): number {
+  return pid ? (readStat(String(pid))?.cpu ?? 0) : 0;
+}
+
+/** CPU seconds so far of every process with that command name, by pid. */
+function cpuByPid(name: string): Map<string, number> {
+  const out = new Map<string, number>();
   for (const pid of readdirSync('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
-    const stat = read(pid);
-    if (stat?.name === which) total += stat.cpu;
+    const stat = readStat(pid);
+    if (stat?.name === name) out.set(pid, stat.cpu);
   }
+  return out;
+}
+
+/** CPU seconds spent since `before` by processes of that name (new ones in full; ended ones are missed). */
+function cpuSince(name: string, before: Map<string, number>): number {
+  let total = 0;
+  for (const [pid, cpu] of cpuByPid(name)) total += cpu - (before.get(pid) ?? 0);
   return total;
 }
 
@@ -187,14 +202,15 @@ async function load(
     );
   };
   await run(warmup, false);
-  const cpuBefore = [cpuSeconds(pid), cpuSeconds('postgres'), cpuSeconds(upstreamPid)];
+  const cpuBefore = [cpuSeconds(pid), cpuSeconds(upstreamPid)];
+  const postgresBefore = cpuByPid('postgres');
   const loadBefore = process.cpuUsage();
   const began = performance.now();
   await run(total, true);
   const seconds = (performance.now() - began) / 1000;
   const cpuProxy = ((cpuSeconds(pid) - cpuBefore[0]!) * 1000) / total;
-  const cpuPostgres = ((cpuSeconds('postgres') - cpuBefore[1]!) * 1000) / total;
-  const cpuUpstream = ((cpuSeconds(upstreamPid) - cpuBefore[2]!) * 1000) / total;
+  const cpuPostgres = (cpuSince('postgres', postgresBefore) * 1000) / total;
+  const cpuUpstream = ((cpuSeconds(upstreamPid) - cpuBefore[1]!) * 1000) / total;
   const loadUsage = process.cpuUsage(loadBefore);
   const cpuLoad = (loadUsage.user + loadUsage.system) / 1000 / total;
   await pool.close();
