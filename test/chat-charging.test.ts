@@ -170,11 +170,13 @@ describe('per token', () => {
     // the hold is (prompt + 100 tokens) at 1000/2000 per million: more than 0.02
     const reply = await f.client.chat.completions.create({ model: 'pricey', user: 'poor', messages });
     expect(reply.choices[0]!.message.content).toContain('/topup/');
-    const required = tokenCost(
+    const hold = tokenCost(
       { inputPerMillion: new Money(1000), outputPerMillion: new Money(2000) },
       promptTokensUpperBound(countPromptTokens({ model: 'x', messages })),
       100,
     );
+    // shown rounded up to the currency's minor unit
+    const required = new Money(hold).toDecimalPlaces(2, Money.ROUND_UP).toFixed(2);
     expect((reply as any).paywall).toMatchObject({ required, available: '0.02' });
     expect(f.mock.requests).toHaveLength(0);
     // a smaller bound fits the balance: the same user is served

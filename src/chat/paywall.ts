@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import type { AppContext } from '../app/context.ts';
 import { charge, type PaywallRefusal, type Trigger } from '../billing/ledger.ts';
-import { formatAmount, formatForCurrency, Money } from '../core/money.ts';
+import { currencyDecimals, formatAmount, formatForCurrency, Money } from '../core/money.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { connectReply, topupReply } from '../users/links.ts';
@@ -37,7 +37,11 @@ export function linkReply(
     externalId,
   };
   if (refusal.reason === 'not_connected') return { decision: 'connect_required', ...connectReply(input) };
-  const required = formatForCurrency(refusal.required, project.currency);
+  // What a top-up must bring, in the currency's minor unit (a deposit cannot carry finer amounts).
+  const required = formatForCurrency(
+    new Money(refusal.required).toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP),
+    project.currency,
+  );
   const available = formatForCurrency(refusal.wallet.available, project.currency);
   return {
     decision: 'topup_required',
