@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { CoreV1Event, V1Secret } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { ApiError } from '../core/errors.ts';
+import { DESCRIPTION_MAX, MAX_CUSTOM_HEADERS, type SubscriptionView } from '../webhooks/subscriptions.ts';
 import {
   API_VERSION,
   FIELD_MANAGER,
@@ -31,19 +32,21 @@ import {
 // ---------------------------------------------------------------------------------------------------
 // The subscription service, as the reconciler sees it (the same functions the REST API uses).
 
-export interface SubscriptionRow {
-  id: string;
-  paywallId: string;
-  url: string;
-  events: string[];
-  isActive: boolean;
-  description: string | null;
-  customHeaders: Record<string, string>;
-  secretSuffix: string;
-  consecutiveFailures: number;
-  lastDeliveredAt: string | null;
-  managedBy: string | null;
-}
+/** The fields of a subscription the reconciler compares and mirrors into status. */
+export type SubscriptionRow = Pick<
+  SubscriptionView,
+  | 'id'
+  | 'paywallId'
+  | 'url'
+  | 'events'
+  | 'isActive'
+  | 'description'
+  | 'customHeaders'
+  | 'secretSuffix'
+  | 'consecutiveFailures'
+  | 'lastDeliveredAt'
+  | 'managedBy'
+>;
 
 export interface DesiredInput {
   url: string;
@@ -76,8 +79,6 @@ export interface SubscriptionStore {
 // ---------------------------------------------------------------------------------------------------
 // Pure decisions.
 
-export const DESCRIPTION_MAX = 512;
-export const MAX_CUSTOM_HEADERS = 10;
 /** Key of the signing secret in a Secret the operator generates. */
 export const GENERATED_SECRET_KEY = 'secret';
 
