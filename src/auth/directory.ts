@@ -48,11 +48,18 @@ export class KeyDirectory {
     return found ?? undefined;
   }
 
-  /** Revokes a key in the database and drops it from every pod's cache. */
-  async revoke(keyId: string): Promise<{ projectId: string }> {
+  /**
+   * Revokes a key in the database and drops it from every pod's cache. `propagated` is false when the
+   * bus could not carry the news: other pods then stop accepting the key when their cache entry
+   * expires (at most 5 minutes).
+   */
+  async revoke(keyId: string): Promise<{ projectId: string; propagated: boolean }> {
     const { projectId, keyHash } = await revokeKey(this.#db, keyId);
     this.#cache.invalidate(keyHash);
-    await this.#bus.publish(channels.keyRevoked, keyHash);
-    return { projectId };
+    const propagated = await this.#bus.publish(channels.keyRevoked, keyHash).then(
+      () => true,
+      () => false,
+    );
+    return { projectId, propagated };
   }
 }

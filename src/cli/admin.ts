@@ -149,8 +149,13 @@ export async function adminCommand(
     case 'key revoke':
       return withContext(config, async (ctx) => {
         const keyId = required(values, 'key');
-        const { projectId } = await ctx.keys.revoke(keyId);
-        out.result({ id: keyId, projectId, revoked: true }, `Revoked key ${keyId}`);
+        const { projectId, propagated } = await ctx.keys.revoke(keyId);
+        out.result(
+          { id: keyId, projectId, revoked: true, propagated },
+          propagated
+            ? `Revoked key ${keyId}`
+            : `Revoked key ${keyId}; Redis was unreachable, so running proxies stop accepting it within 5 minutes`,
+        );
       });
     case 'models apply':
       return withContext(config, async (ctx) => {

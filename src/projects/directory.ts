@@ -56,7 +56,8 @@ export class ProjectDirectory {
   /** Call after changing a project or its models. */
   async changed(projectId: string): Promise<void> {
     this.#cache.invalidate(projectId);
-    await this.#bus.publish(channels.projectChanged, projectId);
+    // Best effort: without the bus, other pods see the change when their entry expires (60 s).
+    await this.#bus.publish(channels.projectChanged, projectId).catch(() => {});
   }
 
   async #load(projectId: string): Promise<ProjectContext | null> {
