@@ -180,17 +180,8 @@ export class ChatService {
     try {
       completion = await provider.complete({ body: upstreamBody, signal: abort.signal });
     } catch (err) {
-      if (abort.signal.aborted) {
-        // The client left before the answer: nothing reached it, nothing is charged.
-        this.#finish(x, {
-          outcome: 'client_closed',
-          usage: undefined,
-          produced: 0,
-          finishReason: null,
-          charge: false,
-        });
-        return reply.hijack();
-      }
+      // The client left before the answer.
+      if (abort.signal.aborted) return this.#abandoned(x, reply);
       throw this.#failed(x, err);
     } finally {
       res.off('close', onClose);
@@ -231,16 +222,7 @@ export class ChatService {
       events = await provider.stream({ body: upstreamBody, signal: abort.signal });
     } catch (err) {
       res.off('close', onClose);
-      if (clientGone) {
-        this.#finish(x, {
-          outcome: 'client_closed',
-          usage: undefined,
-          produced: 0,
-          finishReason: null,
-          charge: false,
-        });
-        return reply.hijack();
-      }
+      if (clientGone) return this.#abandoned(x, reply);
       throw this.#failed(x, err);
     }
     reply.hijack();
@@ -356,6 +338,18 @@ export class ChatService {
       charge: true,
     });
     return reply;
+  }
+
+  /** The client left before anything reached it: nothing is charged, there is no one to answer. */
+  #abandoned(x: Exchange, reply: FastifyReply): FastifyReply {
+    this.#finish(x, {
+      outcome: 'client_closed',
+      usage: undefined,
+      produced: 0,
+      finishReason: null,
+      charge: false,
+    });
+    return reply.hijack();
   }
 
   /** Answers with the link reply of a refused request; no provider call, no charge. */
