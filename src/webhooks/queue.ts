@@ -154,10 +154,13 @@ export interface RecordItem {
  * Records the results of attempts under their claims, many in one statement: each delivery's state
  * and its attempt's row together, only where the row still carries the claim id and attempt number
  * (a fence). Returns the ids recorded; a missing id lost its claim (the next claimant owns the attempt).
- * Then the subscriptions' health (consecutive failures, last delivery) follows in one more statement.
+ * Then the subscriptions' health (consecutive failures, last delivery) follows in one more statement,
+ * in the same transaction.
  */
 export async function recordResults(db: Kysely<DB>, items: RecordItem[]): Promise<Set<string>> {
   if (items.length === 0) return new Set();
+  // Both statements commit together: a reader who sees a delivery's outcome sees its subscription's health.
+  if (!db.isTransaction) return db.transaction().execute((tx) => recordResults(tx, items));
   const payload = JSON.stringify(
     items.map(({ delivery, result }) => ({
       id: delivery.id,
