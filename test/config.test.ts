@@ -1,4 +1,5 @@
 import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, configDocs, configSchema, loadConfig } from '../src/config/index.ts';
 
@@ -33,6 +34,14 @@ describe('configuration', () => {
 
   it('documents every setting', () => {
     expect(Object.keys(configDocs).sort()).toEqual(Object.keys(configSchema.shape).sort());
+  });
+
+  it('is documented in the README exactly as scripts/config-table.ts prints it', () => {
+    const table = spawnSync(process.execPath, ['scripts/config-table.ts'], {
+      encoding: 'utf8',
+    }).stdout.trim();
+    expect(table.split('\n').length).toBe(Object.keys(configDocs).length + 2);
+    expect(readFileSync('README.md', 'utf8')).toContain(table);
   });
 
   it('stops the CLI at start-up with one clear line', () => {
