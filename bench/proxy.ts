@@ -1,11 +1,12 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { Pool } from 'undici';
+import { writeResultsBlock } from './report.ts';
 
 /**
  * `npm run bench:proxy`: the same load sent straight to the mock provider ("direct"), through a bare
@@ -380,7 +381,7 @@ async function main() {
 
   const report = render(cells, memory, machineLines, startedAt, ledger);
   console.log(`\n${report}`);
-  if (process.env.BENCH_WRITE !== '0') writeReport(report);
+  if (process.env.BENCH_WRITE !== '0') writeResultsBlock('proxy-benchmark', 'Proxy', report);
 }
 
 function render(
@@ -461,26 +462,6 @@ function render(
         ]
       : []),
   ].join('\n');
-}
-
-const START = '<!-- proxy-benchmark:start -->';
-const END = '<!-- proxy-benchmark:end -->';
-
-/** Replaces the proxy section of docs/benchmarks.md, keeping whatever else the file holds. */
-function writeReport(report: string): void {
-  const file = join(root, 'docs', 'benchmarks.md');
-  const block = `${START}\n${report}\n${END}`;
-  let text = existsSync(file) ? readFileSync(file, 'utf8') : '# Benchmarks\n';
-  if (text.includes(START) && text.includes(END)) {
-    text = text.slice(0, text.indexOf(START)) + block + text.slice(text.indexOf(END) + END.length);
-  } else if (text.includes('## Proxy')) {
-    const at = text.indexOf('\n', text.indexOf('## Proxy')) + 1;
-    text = `${text.slice(0, at)}\n${block}\n${text.slice(at)}`;
-  } else {
-    text = `${text.trimEnd()}\n\n## Proxy\n\n${block}\n`;
-  }
-  writeFileSync(file, text);
-  console.log(`\nwrote ${file}`);
 }
 
 main()

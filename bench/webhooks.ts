@@ -1,9 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import os from 'node:os';
-import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
@@ -13,6 +11,7 @@ import { newId } from '../src/core/ids.ts';
 import { createProject } from '../src/projects/service.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { writeResultsBlock } from './report.ts';
 
 /**
  * `npm run bench:webhooks`: with 1, 100 and 1 000 subscriptions on one project,
@@ -25,8 +24,6 @@ import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker
  * Real Postgres and Redis (DATABASE_URL, REDIS_URL; the local defaults otherwise), one worker with the
  * configured concurrency. Writes docs/benchmarks.md between the webhook markers (BENCH_WRITE=0: print only).
  */
-const here = dirname(fileURLToPath(import.meta.url));
-const root = join(here, '..');
 
 // ---- the receiver (this file run with --receiver) ----
 function runReceiver(): void {
@@ -287,22 +284,6 @@ function report(rows: Row[], ctx: AppContext, seconds: number): string {
   ].join('\n');
 }
 
-const START = '<!-- webhook-benchmark:start -->';
-const END = '<!-- webhook-benchmark:end -->';
-
-function writeReport(text: string): void {
-  const file = join(root, 'docs', 'benchmarks.md');
-  const block = `${START}\n${text}\n${END}`;
-  let doc = existsSync(file) ? readFileSync(file, 'utf8') : '# Benchmarks\n';
-  if (doc.includes(START) && doc.includes(END)) {
-    doc = doc.slice(0, doc.indexOf(START)) + block + doc.slice(doc.indexOf(END) + END.length);
-  } else {
-    doc = `${doc.trimEnd()}\n\n## Webhooks\n\n\`npm run bench:webhooks\` (bench/webhooks.ts)\n\n${block}\n`;
-  }
-  writeFileSync(file, doc);
-  console.log(`\nwrote ${file}`);
-}
-
 async function main(): Promise<void> {
   const config = loadConfig({
     LOG_LEVEL: 'warn',
@@ -351,7 +332,7 @@ async function main(): Promise<void> {
     }
     const text = report(rows, ctx, (performance.now() - began) / 1000);
     console.log(`\n${text}`);
-    if (process.env.BENCH_WRITE !== '0') writeReport(text);
+    if (process.env.BENCH_WRITE !== '0') writeResultsBlock('webhook-benchmark', 'Webhooks', text);
   } finally {
     if (ctx.database.kind === 'postgres')
       await sql
