@@ -55,3 +55,15 @@ export const conflict = (message: string, code = 'conflict') =>
 
 export const unauthorized = (message: string) =>
   new ApiError(401, 'authentication_error', message, { code: 'invalid_api_key' });
+
+/** Seconds a client is asked to wait (Retry-After) when the database cannot be reached. */
+export const DATABASE_RETRY_AFTER_SECONDS = 2;
+
+/** 503 while the database is down or restarting: nothing was done, the same request may be retried. */
+export const databaseUnavailable = () =>
+  new ApiError(
+    503,
+    'service_unavailable',
+    'The service is temporarily unavailable (its database cannot be reached). Retry the request shortly; requests with an Idempotency-Key are safe to retry.',
+    { code: 'database_unavailable', headers: { 'retry-after': String(DATABASE_RETRY_AFTER_SECONDS) } },
+  );

@@ -37,12 +37,28 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
     const pool = new pg.Pool({
       connectionString: options.url,
       max: options.poolSize ?? 10,
+      // Shown in pg_stat_activity; an `application_name` in DATABASE_URL wins.
+      application_name: 'tollgate',
+      // While Postgres is unreachable a request waits this long for a connection, then gets 503.
+      connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
       ...(schema ? { options: `-c search_path=${schema}` } : {}),
     });
     pool.on('error', () => {
       // An idle client lost its connection; the pool replaces it. Queries report their own errors.
     });
-    if (schema) await pool.query(`CREATE SCHEMA IF NOT EXISTS ${schema}`);
+    pool.on('connect', (client) => {
+      // A client checked out (inside a transaction, between two statements) has no listener of the
+      // pool's: without this one, Postgres ending the connection (a restart, pg_terminate_backend) would
+      // be an unhandled 'error' event that ends the process. The statement running on it, or the next
+      // one, fails instead, and the pool drops the client when it is released.
+      client.on('error', () => {});
+    });
+    try {
+      await pool.query(schema ? `CREATE SCHEMA IF NOT EXISTS ${schema}` : 'SELECT 1');
+    } catch (err) {
+      await pool.end().catch(() => {});
+      throw connectError(err, options.url);
+    }
     const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
     return { db, kind: 'postgres', schema, close: () => db.destroy() };
   }
@@ -55,6 +71,75 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
   const db = new Kysely<DB>({ dialect: new PGliteDialect({ pglite }) });
   return { db, kind: 'embedded', close: () => db.destroy() };
 }
+
+const CONNECT_TIMEOUT_MS = 5000;
+
+/** Node's codes for a connection that could not be made or was lost. */
+const NETWORK_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ENETDOWN',
+]);
+
+/** node-postgres's messages for a connection that is gone (they carry no code). */
+const LOST_CONNECTION =
+  /^(Connection terminated|Client has encountered a connection error|Client was closed and is not queryable|timeout exceeded when trying to connect|Connection ended unexpectedly)/;
+
+/**
+ * True when `err` says the database cannot be reached right now (down, restarting, the connection
+ * dropped, no connection free in time) rather than that the statement was wrong: the request may be
+ * retried later. SQLSTATE class 08 (connection exception), 57P01–57P03 (shut down by the administrator,
+ * crashed, not accepting connections yet), 53300 (too many connections), and Node's network errors.
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  for (let e = err, depth = 0; e && typeof e === 'object' && depth < 5; depth++) {
+    const { code, message, errors } = e as { code?: unknown; message?: unknown; errors?: unknown };
+    if (typeof code === 'string') {
+      if (NETWORK_CODES.has(code) || code.startsWith('08') || /^57P0[123]$/.test(code) || code === '53300')
+        return true;
+    }
+    if (typeof message === 'string' && LOST_CONNECTION.test(message)) return true;
+    // A connection attempt to several addresses (localhost: ::1 and 127.0.0.1) fails with all of them.
+    if (Array.isArray(errors) && errors.some((x) => isDatabaseUnavailable(x))) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/** Start-up: a connection failure as one line that names DATABASE_URL (never its password). */
+function connectError(err: unknown, url: string): Error {
+  let where = 'DATABASE_URL';
+  try {
+    const u = new URL(url);
+    where = `DATABASE_URL (${u.hostname}:${u.port || 5432}${u.pathname})`;
+  } catch {}
+  const e = err as { code?: string; message?: string; errors?: Array<{ code?: string }> };
+  const code = e.code ?? e.errors?.[0]?.code;
+  const detail = e.message || code || String(err);
+  const reason =
+    code === 'ENOTFOUND' || code === 'EAI_AGAIN'
+      ? 'the host name does not resolve'
+      : code === 'ECONNREFUSED'
+        ? 'nothing accepts connections there'
+        : code === '28P01' || code === '28000'
+          ? 'the user or password is not accepted'
+          : code === '3D000'
+            ? 'the database does not exist'
+            : undefined;
+  const text = reason
+    ? `cannot connect to the database at ${where}: ${reason} (${code}); check DATABASE_URL and that Postgres is running`
+    : `cannot connect to the database at ${where}: ${detail}${code && !detail.includes(code) ? ` (${code})` : ''}; check DATABASE_URL`;
+  return new DatabaseConnectError(text, { cause: err });
+}
+
+/** The database named by DATABASE_URL could not be reached at start-up. */
+export class DatabaseConnectError extends Error {}
 
 export function embeddedDataDir(dataDir: string): string {
   return join(resolve(dataDir), 'pgdata');

@@ -8,7 +8,8 @@ import Fastify, {
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
-import { ApiError } from '../core/errors.ts';
+import { ApiError, databaseUnavailable } from '../core/errors.ts';
+import { isDatabaseUnavailable } from '../db/index.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
 import { pageRoutes } from '../users/pages.ts';
@@ -49,7 +50,9 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
 
   app.setErrorHandler((error: FastifyError, request, reply) => {
     const apiError = toApiError(error);
-    if (apiError.status >= 500) request.log.error({ err: error, url: request.url }, 'request failed');
+    if (apiError.code === 'database_unavailable')
+      request.log.warn({ url: request.url }, 'database unavailable');
+    else if (apiError.status >= 500) request.log.error({ err: error, url: request.url }, 'request failed');
     reply.status(apiError.status).headers(apiError.headers).send(apiError.toBody());
   });
   app.setNotFoundHandler((request, reply) => {
@@ -123,6 +126,8 @@ export function toApiError(error: FastifyError | Error): ApiError {
       code: 'invalid_json',
     });
   }
+  // The database is down or restarting: 503 with Retry-After, not 500.
+  if (isDatabaseUnavailable(error)) return databaseUnavailable();
   const status = fastifyError.statusCode;
   if (status && status >= 400 && status < 500) {
     return new ApiError(status, 'invalid_request_error', error.message, { code: fastifyError.code ?? null });
