@@ -1,5 +1,5 @@
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { type AppContext, createContext } from '../app/context.ts';
 import { startJobs } from '../app/jobs.ts';
@@ -19,10 +19,18 @@ export interface Running {
   stop(): Promise<void>;
 }
 
+/** Start-up failed for a reason the operator can fix; the message is the one line to print. */
+export class StartupError extends Error {}
+
 /** Builds and starts the HTTP server with the maintenance jobs; `stop` drains and closes everything. */
 export async function startServing(ctx: AppContext): Promise<Running> {
   const app = await buildServer(ctx);
-  await app.listen({ port: ctx.config.PORT, host: ctx.config.HOST });
+  try {
+    await app.listen({ port: ctx.config.PORT, host: ctx.config.HOST });
+  } catch (err) {
+    await app.close().catch(() => {});
+    throw listenError(err, ctx.config);
+  }
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : ctx.config.PORT;
   ctx.publicBaseUrl = publicBaseUrl(ctx.config, port);
@@ -39,18 +47,79 @@ export async function startServing(ctx: AppContext): Promise<Running> {
   };
 }
 
-/** Resolves when SIGINT or SIGTERM arrives. */
-function untilSignal(): Promise<string> {
-  return new Promise((resolveSignal) => {
-    const on = (signal: string) => resolveSignal(signal);
+function listenError(err: unknown, config: Config): Error {
+  const code = (err as { code?: string }).code;
+  const where = `${config.HOST}:${config.PORT}`;
+  if (code === 'EADDRINUSE') {
+    return new StartupError(
+      `port ${config.PORT} is already in use (${where}): stop the process using it, or set PORT to a free port`,
+    );
+  }
+  if (code === 'EACCES') {
+    return new StartupError(`not allowed to listen on ${where}: set PORT to a port above 1023`);
+  }
+  if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND') {
+    return new StartupError(`cannot listen on ${where}: HOST is not an address of this machine (set HOST)`);
+  }
+  return err instanceof Error ? err : new Error(String(err));
+}
+
+/**
+ * Resolves when SIGINT or SIGTERM arrives. `dispose` removes the handlers, so that after a failed start a
+ * Ctrl+C is not swallowed.
+ */
+function untilSignal(): { signal: Promise<string>; dispose(): void } {
+  let on: (signal: string) => void = () => {};
+  const signal = new Promise<string>((resolveSignal) => {
+    on = (name: string) => resolveSignal(name);
     process.once('SIGINT', on);
     process.once('SIGTERM', on);
   });
+  return {
+    signal,
+    dispose() {
+      process.off('SIGINT', on);
+      process.off('SIGTERM', on);
+    },
+  };
+}
+
+/** Runs the start-up steps of a server; when one fails, closes what was opened (the context) first. */
+async function starting<T>(ctx: AppContext, steps: () => Promise<T>): Promise<T> {
+  try {
+    return await steps();
+  } catch (err) {
+    await ctx.close().catch(() => {});
+    throw err;
+  }
 }
 
 export async function runProxy(config: Config, options: { migrate: boolean }): Promise<number> {
-  const stopRequested = untilSignal();
+  const signals = untilSignal();
+  try {
+    return await proxy(config, options, signals.signal);
+  } finally {
+    signals.dispose();
+  }
+}
+
+async function proxy(config: Config, options: { migrate: boolean }, stopRequested: Promise<string>) {
   const ctx = await createContext(config);
+  const running = await starting(ctx, async () => {
+    await prepareProxy(ctx, options);
+    return startServing(ctx);
+  });
+  ctx.log.info(
+    { url: running.url, database: ctx.database.kind, bus: ctx.bus.kind },
+    `tollgate proxy listening on ${running.url} (database: ${ctx.database.kind}, bus: ${ctx.bus.kind})`,
+  );
+  const signal = await stopRequested;
+  ctx.log.info(`${signal} received: draining in-flight requests`);
+  await running.stop();
+  return 0;
+}
+
+async function prepareProxy(ctx: AppContext, options: { migrate: boolean }): Promise<void> {
   if (options.migrate) {
     const applied = await ctx.migrate();
     if (applied.length) ctx.log.info({ applied }, `applied migrations: ${applied.join(', ')}`);
@@ -63,15 +132,6 @@ export async function runProxy(config: Config, options: { migrate: boolean }): P
       );
     }
   }
-  const running = await startServing(ctx);
-  ctx.log.info(
-    { url: running.url, database: ctx.database.kind, bus: ctx.bus.kind },
-    `tollgate proxy listening on ${running.url} (database: ${ctx.database.kind}, bus: ${ctx.bus.kind})`,
-  );
-  const signal = await stopRequested;
-  ctx.log.info(`${signal} received: draining in-flight requests`);
-  await running.stop();
-  return 0;
 }
 
 interface DevState {
@@ -120,12 +180,22 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
     trigger,
   });
   const state = { projectId: created.project.id, apiKey: created.apiKey };
+  // With DATABASE_URL nothing else has made the data directory yet.
+  mkdirSync(dirname(file), { recursive: true });
   writeFileSync(file, JSON.stringify(state, null, 2), { mode: 0o600 });
   return state;
 }
 
 export async function runDev(config: Config): Promise<number> {
-  const stopRequested = untilSignal();
+  const signals = untilSignal();
+  try {
+    return await dev(config, signals.signal);
+  } finally {
+    signals.dispose();
+  }
+}
+
+async function dev(config: Config, stopRequested: Promise<string>): Promise<number> {
   // In dev, webhooks may go to plain-HTTP and local receivers unless the environment says otherwise.
   const ctx = await createContext({
     ...config,
@@ -134,10 +204,12 @@ export async function runDev(config: Config): Promise<number> {
       ? config.WEBHOOK_ALLOW_PRIVATE_NETWORKS
       : true,
   });
-  const applied = await ctx.migrate();
-  if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
-  const state = await seedDev(ctx);
-  const running = await startServing(ctx);
+  const { state, running } = await starting(ctx, async () => {
+    const applied = await ctx.migrate();
+    if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
+    const state = await seedDev(ctx);
+    return { state, running: await startServing(ctx) };
+  });
   // Webhooks are fanned out and delivered in this process.
   const worker = startDeliveryWorker(ctx);
   const base = publicBaseUrl(
