@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { sql } from 'kysely';
 import { type Logger, pino } from 'pino';
 import { KeyDirectory } from '../auth/directory.ts';
 import { type Bus, openBus } from '../bus/index.ts';
@@ -79,6 +80,66 @@ export function resolveEncryptionKey(config: Config): Buffer {
   return key;
 }
 
+const KEY_CHECK = 'encryption_key_check';
+
+/**
+ * Refuses a TOLLGATE_ENCRYPTION_KEY that is not the one the database was set up with (it could open no
+ * sealed secret and verify no link: every authenticated request would fail). The first start after
+ * migration 0005 records the key's fingerprint — after checking the key opens a secret already sealed,
+ * when there is one. Before that migration there is nothing to compare with and nothing is checked.
+ */
+export async function verifyEncryptionKey(db: Database, sealer: Sealer, keyFile?: string): Promise<void> {
+  const mismatch = () =>
+    new ConfigError(
+      'TOLLGATE_ENCRYPTION_KEY',
+      keyFile
+        ? `is not the key this database was set up with (the key in ${keyFile} does not match the database's key check); restore the original key file`
+        : "is not the key this database was set up with (it does not match the database's key check); start with the original key",
+    );
+  const table = await sql<{ t: string | null }>`select to_regclass('system_settings')::text as t`.execute(db);
+  if (!table.rows[0]?.t) return;
+  const stored = await db
+    .selectFrom('system_settings')
+    .select('value')
+    .where('name', '=', KEY_CHECK)
+    .executeTakeFirst();
+  if (stored) {
+    if (stored.value !== sealer.keyCheck()) throw mismatch();
+    return;
+  }
+  // First start with the key check: the key must open what is already sealed.
+  const sealed =
+    (
+      await db
+        .selectFrom('projects')
+        .select('upstream_key_sealed as v')
+        .where('upstream_key_sealed', 'is not', null)
+        .limit(1)
+        .executeTakeFirst()
+    )?.v ??
+    (await db.selectFrom('webhook_subscriptions').select('secret_sealed as v').limit(1).executeTakeFirst())
+      ?.v;
+  if (sealed) {
+    try {
+      sealer.open(sealed);
+    } catch {
+      throw mismatch();
+    }
+  }
+  await db
+    .insertInto('system_settings')
+    .values({ name: KEY_CHECK, value: sealer.keyCheck() })
+    .onConflict((oc) => oc.column('name').doNothing())
+    .execute();
+  // Another process may have recorded its key first.
+  const now = await db
+    .selectFrom('system_settings')
+    .select('value')
+    .where('name', '=', KEY_CHECK)
+    .executeTakeFirstOrThrow();
+  if (now.value !== sealer.keyCheck()) throw mismatch();
+}
+
 export async function createContext(config: Config, options: ContextOptions = {}): Promise<AppContext> {
   const log = options.log ?? createLogger(config);
   const sealer = new Sealer(resolveEncryptionKey(config));
@@ -88,6 +149,15 @@ export async function createContext(config: Config, options: ContextOptions = {}
     poolSize: config.DATABASE_POOL_SIZE,
     ...(options.schema ? { schema: options.schema } : {}),
   });
+  const keyFile = config.TOLLGATE_ENCRYPTION_KEY
+    ? undefined
+    : join(resolve(config.TOLLGATE_DATA_DIR), 'encryption.key');
+  try {
+    await verifyEncryptionKey(database.db, sealer, keyFile);
+  } catch (err) {
+    await database.close();
+    throw err;
+  }
   let bus: Bus;
   try {
     bus = await openBus({
@@ -118,6 +188,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     publicBaseUrl: publicBaseUrl(config),
     async migrate() {
       const applied = await migrateToLatest(database);
+      await verifyEncryptionKey(database.db, sealer, keyFile);
       await eventFilter.reloadAll();
       return applied;
     },

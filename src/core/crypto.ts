@@ -14,11 +14,21 @@ import {
 export class Sealer {
   readonly #encKey: Buffer;
   readonly #signKey: Buffer;
+  readonly #keyCheck: string;
 
   constructor(masterKey: Buffer) {
     if (masterKey.length !== 32) throw new Error('encryption key must be 32 bytes');
     this.#encKey = createHmac('sha256', masterKey).update('tollgate/encryption').digest();
     this.#signKey = createHmac('sha256', masterKey).update('tollgate/signing').digest();
+    this.#keyCheck = `v1.${createHmac('sha256', masterKey).update('tollgate/key-check').digest('base64url')}`;
+  }
+
+  /**
+   * A fingerprint of the key, kept in the database at its first start (`system_settings`), so a process
+   * started with a different key can be refused. An HMAC under the key: it reveals nothing about it.
+   */
+  keyCheck(): string {
+    return this.#keyCheck;
   }
 
   seal(plaintext: string): string {

@@ -118,9 +118,17 @@ export interface IdempotencyKeysTable {
   key: string;
   request_hash: string;
   status_code: number | null;
-  response: Json<unknown> | null;
+  /** The exact bytes (JSON text) of the stored response. */
+  response_body: string | null;
   created_at: Timestamp;
   expires_at: Timestamp;
+}
+
+/** Facts about the installation (`encryption_key_check`), one row per name. */
+export interface SystemSettingsTable {
+  name: string;
+  value: string;
+  created_at: Generated<Timestamp>;
 }
 
 // ---- users ----
@@ -233,6 +241,7 @@ export interface DB {
   webhook_subscriptions: WebhookSubscriptionsTable;
   webhook_deliveries: WebhookDeliveriesTable;
   webhook_attempts: WebhookAttemptsTable;
+  system_settings: SystemSettingsTable;
 }
 
 export type Project = Selectable<ProjectsTable>;

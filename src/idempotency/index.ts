@@ -11,7 +11,7 @@ import type { Database, DB } from '../db/index.ts';
  * its work in the same transaction, storing its response there too: the money move and the stored
  * response commit together or not at all. A request arriving while the first one is still running
  * blocks on the key's unique index until that transaction ends, then replays the stored response (same
- * status, same body) — or gets 409 when its body differs. When the first request fails (its
+ * status, byte for byte the same body) — or gets 409 when its body differs. When the first request fails (its
  * transaction rolls back), the key is free again and a retry runs anew.
  *
  * Keys are kept for IDEMPOTENCY_KEY_TTL_SECONDS (24 hours); an expired key is taken over by the next
@@ -38,6 +38,11 @@ export interface IdempotentResponse {
 export interface IdempotentResult extends IdempotentResponse {
   /** True when this is the stored response of an earlier request with the same key. */
   replayed: boolean;
+  /**
+   * The response body as JSON text: the bytes stored for the key, which the first response and every
+   * replay send (as Stripe does), so a replay is byte-identical. Absent without a key.
+   */
+  raw?: string;
 }
 
 /**
@@ -109,7 +114,7 @@ export async function withIdempotency(
           .doUpdateSet({
             request_hash: scope.requestHash,
             status_code: null,
-            response: null,
+            response_body: null,
             created_at: sql`now()`,
             expires_at: sql`now() + make_interval(secs => ${ttlSeconds})`,
           })
@@ -119,26 +124,27 @@ export async function withIdempotency(
       .executeTakeFirst();
     if (!claimed) return replay(tx, scope);
     const response = await fn(tx);
+    const raw = JSON.stringify(response.body);
     await tx
       .updateTable('idempotency_keys')
-      .set({ status_code: response.status, response: JSON.stringify(response.body) })
+      .set({ status_code: response.status, response_body: raw })
       .where('project_id', '=', scope.projectId)
       .where('endpoint', '=', scope.endpoint)
       .where('key', '=', scope.key)
       .execute();
-    return { ...response, replayed: false };
+    return { ...response, raw, replayed: false };
   });
 }
 
 async function replay(tx: Transaction<DB>, scope: IdempotencyScope): Promise<IdempotentResult> {
   const row = await tx
     .selectFrom('idempotency_keys')
-    .select(['request_hash', 'status_code', 'response'])
+    .select(['request_hash', 'status_code', 'response_body'])
     .where('project_id', '=', scope.projectId)
     .where('endpoint', '=', scope.endpoint)
     .where('key', '=', scope.key)
     .executeTakeFirst();
-  if (!row || row.status_code === null) {
+  if (!row || row.status_code === null || row.response_body === null) {
     // Cannot happen while rows are written with their response in one transaction; never guess.
     throw new ApiError(409, 'conflict_error', 'A request with this Idempotency-Key is still in progress.', {
       code: 'idempotency_key_in_use',
@@ -150,7 +156,12 @@ async function replay(tx: Transaction<DB>, scope: IdempotencyScope): Promise<Ide
       'idempotency_key_reused',
     );
   }
-  return { status: row.status_code, body: row.response, replayed: true };
+  return {
+    status: row.status_code,
+    body: JSON.parse(row.response_body),
+    raw: row.response_body,
+    replayed: true,
+  };
 }
 
 /** Deletes expired keys; returns how many. */

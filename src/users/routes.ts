@@ -101,6 +101,9 @@ export async function userRoutes(app: FastifyInstance): Promise<void> {
 
   function send(reply: FastifyReply, result: IdempotentResult) {
     if (result.replayed) reply.header('idempotent-replayed', 'true');
+    // With a key: the stored bytes, so that a replay is byte-identical to the first response.
+    if (result.raw !== undefined)
+      return reply.status(result.status).type('application/json; charset=utf-8').send(result.raw);
     return reply.status(result.status).send(result.body);
   }
 
