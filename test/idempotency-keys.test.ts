@@ -68,6 +68,30 @@ describe('Idempotency-Key', () => {
     expect(balance.body.balance).toBe('4.00');
   });
 
+  it('replays the exact bytes of the first response (keys in the same order, same spacing)', async () => {
+    const raw = async (body: string) => {
+      const res = await fetch(`${server.url}/v1/user/balance/deposit`, {
+        method: 'POST',
+        headers: {
+          authorization: `Bearer ${project.apiKey}`,
+          'content-type': 'application/json',
+          'idempotency-key': 'dep-bytes',
+        },
+        body,
+      });
+      return { status: res.status, type: res.headers.get('content-type'), text: await res.text() };
+    };
+    // Metadata keys in an order jsonb would change (it sorts by length, then bytes).
+    const body = JSON.stringify({ user: 'bea', amount: '1.50', metadata: { zeta: 1, b: 'x', alpha: [1, 2] } });
+    const first = await raw(body);
+    expect(first.status).toBe(201);
+    const second = await raw(body);
+    expect(second.status).toBe(201);
+    expect(second.text).toBe(first.text);
+    expect(second.type).toBe(first.type);
+    expect(Object.keys(JSON.parse(second.text).metadata ?? {})).toEqual(['zeta', 'b', 'alpha']);
+  });
+
   it('answers 409 when the key is reused with a different body', async () => {
     await post(project, '/v1/user/balance/deposit', { user: 'ben', amount: '1.00' }, 'dep-2');
     const res = await post(project, '/v1/user/balance/deposit', { user: 'ben', amount: '2.00' }, 'dep-2');
@@ -206,9 +230,9 @@ describe('Idempotency-Key', () => {
       .executeTakeFirst();
     expect(rolledBack).toBeUndefined();
     const retry = await withIdempotency(server.ctx, scope, async () => ({ status: 201, body: { ok: true } }));
-    expect(retry).toEqual({ status: 201, body: { ok: true }, replayed: false });
+    expect(retry).toEqual({ status: 201, body: { ok: true }, raw: '{"ok":true}', replayed: false });
     const replay = await withIdempotency(server.ctx, scope, async () => ({ status: 500, body: 'not run' }));
-    expect(replay).toEqual({ status: 201, body: { ok: true }, replayed: true });
+    expect(replay).toEqual({ status: 201, body: { ok: true }, raw: '{"ok":true}', replayed: true });
   });
 
   it('does not consume a key on a request rejected as invalid', async () => {
