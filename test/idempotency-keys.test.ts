@@ -82,7 +82,11 @@ describe('Idempotency-Key', () => {
       return { status: res.status, type: res.headers.get('content-type'), text: await res.text() };
     };
     // Metadata keys in an order jsonb would change (it sorts by length, then bytes).
-    const body = JSON.stringify({ user: 'bea', amount: '1.50', metadata: { zeta: 1, b: 'x', alpha: [1, 2] } });
+    const body = JSON.stringify({
+      user: 'bea',
+      amount: '1.50',
+      metadata: { zeta: 1, b: 'x', alpha: [1, 2] },
+    });
     const first = await raw(body);
     expect(first.status).toBe(201);
     const second = await raw(body);

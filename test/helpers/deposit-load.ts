@@ -29,9 +29,9 @@ export const LOAD_AMOUNT = '1.00';
 export function startDepositLoad(
   server: TestServer,
   apiKey: string,
-  options: { users: string[]; workers?: number; pauseMs?: number },
+  options: { users: string[]; workers?: number; pauseMs?: number; keyPrefix?: string },
 ): DepositLoad {
-  const { users, workers = 6, pauseMs = 5 } = options;
+  const { users, workers = 6, pauseMs = 5, keyPrefix = 'load' } = options;
   const perUser = new Map<string, number>();
   const statuses: Record<string, number> = {};
   const failures: string[] = [];
@@ -76,7 +76,7 @@ export function startDepositLoad(
   const loops = Array.from({ length: workers }, async (_, w) => {
     for (let n = 0; !stopping; n++) {
       const user = users[(w + n) % users.length]!;
-      const key = `load-${w}-${n}`;
+      const key = `${keyPrefix}-${w}-${n}`;
       let ok = await once(user, key);
       while (!ok) {
         if (Date.now() > deadline) {
