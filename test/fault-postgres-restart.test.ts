@@ -26,13 +26,23 @@ describe.skipIf(!havePostgresBinaries())('Postgres restart under load (private P
   beforeAll(async () => {
     pgServer = await startPrivatePostgres();
     server = await startTestServer({ DATABASE_URL: pgServer.url, REDIS_URL: '' });
-    const seeded = await seedProject(server.ctx);
+    const seeded = await seedProject(server.ctx, {
+      upstreamUrl: 'echo://local',
+      models: [{ id: 'echo-per-request', pricing: { mode: 'per_request', perRequest: '0.01' } }],
+    });
     projectId = seeded.projectId;
     apiKey = seeded.apiKey;
     const project = { id: projectId, owner_user_id: 'o' };
-    for (const user of USERS)
+    for (const user of [...USERS, 'c1'])
       await connectUser(server.ctx.db, server.ctx.events, project as never, user, trigger);
   }, 120_000);
+
+  const chat = () =>
+    api(server, apiKey, 'POST', '/v1/chat/completions', {
+      model: 'echo-per-request',
+      user: 'c1',
+      messages: [{ role: 'user', content: 'hello' }],
+    });
 
   afterAll(async () => {
     await server?.close().catch(() => {});
@@ -53,6 +63,8 @@ describe.skipIf(!havePostgresBinaries())('Postgres restart under load (private P
   it('survives a stop (fast), an outage and a restart (immediate), with one entry per key', async () => {
     expect(server.ctx.database.kind).toBe('postgres');
     expect(await readyz()).toBe(200);
+    await api(server, apiKey, 'POST', '/v1/user/balance/deposit', { user: 'c1', amount: LOAD_AMOUNT });
+    expect((await chat()).status).toBe(200);
     const load = startDepositLoad(server, apiKey, { users: USERS });
     await until('deposits to flow', async () => load.completed() >= 10);
 
@@ -66,6 +78,11 @@ describe.skipIf(!havePostgresBinaries())('Postgres restart under load (private P
     expect(during.body.error).toMatchObject({ type: 'service_unavailable', code: 'database_unavailable' });
     expect(Number(during.headers.get('retry-after'))).toBeGreaterThan(0);
     expect(await readyz()).toBe(503);
+    // A chat request (key and project cached in memory) fails at its hold: 503 too, nothing charged.
+    const chatDuring = await chat();
+    expect(chatDuring.status).toBe(503);
+    expect(chatDuring.body.error.code).toBe('database_unavailable');
+    expect(chatDuring.headers.get('retry-after')).toBe('2');
     expect((await fetch(`${server.url}/healthz`)).status).toBe(200);
     await sleep(1500);
 

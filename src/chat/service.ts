@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Agent } from 'undici';
 import type { AppContext } from '../app/context.ts';
 import { type PaywallRefusal, placeHold, releaseHold, settleHold, type Trigger } from '../billing/ledger.ts';
-import { ApiError, notFound } from '../core/errors.ts';
+import { ApiError, DATABASE_RETRY_AFTER_SECONDS, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount } from '../core/money.ts';
 import type { ModelRow } from '../db/schema.ts';
@@ -516,6 +516,7 @@ export class ChatService {
         'The billing database is unavailable; the request was not forwarded.',
         {
           code: 'database_unavailable',
+          headers: { 'retry-after': String(DATABASE_RETRY_AFTER_SECONDS) },
         },
       );
     }
