@@ -173,7 +173,15 @@ export async function createContext(config: Config, options: ContextOptions = {}
   const events = new EventRecorder(eventFilter, bus);
   const keys = new KeyDirectory(database.db, bus);
   const projects = new ProjectDirectory(database.db, bus, sealer);
-  await Promise.all([keys.start(), projects.start(), eventFilter.start()]);
+  try {
+    await Promise.all([keys.start(), projects.start(), eventFilter.start()]);
+  } catch (err) {
+    // A failed start closes what it opened, so the process can exit.
+    await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
+    await bus.close();
+    await database.close();
+    throw err;
+  }
   return {
     config,
     log,
