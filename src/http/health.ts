@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { pendingMigrations, ping } from '../db/index.ts';
 
 /** A readiness check that takes longer than this counts as failed (probes time out too). */
-const CHECK_TIMEOUT_MS = 3000;
+const CHECK_TIMEOUT_MS = 10_000;
 
 function withinTimeout<T>(work: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
