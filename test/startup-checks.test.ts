@@ -117,11 +117,11 @@ describe('start-up errors say what to change', () => {
     const run = await tollgate(
       ['proxy'],
       { PORT: String(port), DATABASE_URL: '', TOLLGATE_ENCRYPTION_KEY: '', TOLLGATE_DATA_DIR: dataDir },
-      150_000,
+      240_000,
     );
     expect(run.stderr).toMatch(new RegExp(`port ${port} is already in use.*set PORT`));
     expect(run.code).toBe(1);
-  }, 180_000);
+  }, 270_000);
 
   it.each([
     ['refused', 'postgres://tollgate:secret@127.0.0.1:1/tollgate', /ECONNREFUSED/],
