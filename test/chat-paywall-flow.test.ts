@@ -33,8 +33,16 @@ describe('the paywall, end to end', () => {
     expect(connectLink).toBeDefined();
     const page = await fetch(connectLink!);
     expect(page.status).toBe(200);
-    expect(await page.text()).toContain('<form');
-    const connected = await fetch(connectLink!, { method: 'POST', redirect: 'manual' });
+    const html = await page.text();
+    expect(html).toContain('<form');
+    // Press Connect: the browser posts the page's form with its hidden field.
+    const [, name, value] = /<input type="hidden" name="([^"]+)" value="([^"]*)">/.exec(html)!;
+    const connected = await fetch(connectLink!, {
+      method: 'POST',
+      redirect: 'manual',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ [name!]: value! }).toString(),
+    });
     expect(connected.status).toBeLessThan(400);
     expect((await f.wallet('newcomer'))!.connected).toBe(true);
 

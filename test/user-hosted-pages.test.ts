@@ -29,12 +29,19 @@ async function connectLink(project: SeededProject, user: string): Promise<string
 }
 
 const get = (url: string) => fetch(url, { redirect: 'manual' });
-const press = (url: string) =>
+/** The hidden fields of the rendered connect page's form, as a form body. */
+async function formOf(url: string): Promise<string> {
+  const html = await (await get(url)).text();
+  const fields = [...html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)];
+  return new URLSearchParams(fields.map(([, name, value]) => [name!, value!] as [string, string])).toString();
+}
+/** Presses Connect as a browser does: posts the rendered page's own form. */
+const press = async (url: string) =>
   fetch(url, {
     method: 'POST',
     redirect: 'manual',
-    headers: { 'content-type': 'application/x-www-form-urlencoded' },
-    body: 'confirm=connect',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', 'sec-fetch-site': 'same-origin' },
+    body: await formOf(url),
   });
 
 async function isConnected(project: SeededProject, user: string): Promise<boolean> {
@@ -173,6 +180,95 @@ describe('connect page', () => {
     const res = await fetch(`${server.url}/v1/user/balance?user=a`);
     expect(res.status).toBe(401);
     expect(((await res.json()) as any).error.code).toBe('invalid_api_key');
+  });
+});
+
+describe('connect form hardening', () => {
+  const post = (url: string, headers: Record<string, string>, body?: string) =>
+    fetch(url, { method: 'POST', redirect: 'manual', headers, ...(body === undefined ? {} : { body }) });
+
+  it('refuses a post that is not the rendered page’s own form, connecting nobody', async () => {
+    const url = await connectLink(withUrls, 'scanned');
+    const form = await formOf(url);
+    const attempts: Array<[Record<string, string>, string | undefined, number]> = [
+      [{}, undefined, 400], // a bare POST, as link scanners send
+      [{ 'content-type': 'application/json' }, '{}', 400],
+      [{ 'content-type': 'text/plain' }, form, 400],
+      [{ 'content-type': 'application/x-www-form-urlencoded' }, '', 400],
+      [{ 'content-type': 'application/x-www-form-urlencoded' }, 'confirm=connect', 400], // the old static field
+      [{ 'content-type': 'application/x-www-form-urlencoded' }, form.replace(/.(?=&|$)/, 'x'), 400],
+      [{ 'content-type': 'application/x-www-form-urlencoded', 'sec-fetch-site': 'cross-site' }, form, 403],
+    ];
+    for (const [headers, body, status] of attempts) {
+      const res = await post(url, headers, body);
+      expect(res.status, JSON.stringify([headers, body])).toBe(status);
+      expect(res.headers.get('content-type')).toBe('text/html; charset=utf-8');
+      expect(res.headers.get('referrer-policy')).toBe('no-referrer');
+      expect(await res.text()).toContain('Nothing was changed.');
+    }
+    expect(await isConnected(withUrls, 'scanned')).toBe(false);
+    // The page's own form, from another link, does not fit this one.
+    const other = await connectLink(withUrls, 'scanned-2');
+    const crossed = await post(
+      url,
+      { 'content-type': 'application/x-www-form-urlencoded' },
+      await formOf(other),
+    );
+    expect(crossed.status).toBe(400);
+    expect(await isConnected(withUrls, 'scanned')).toBe(false);
+    // The rendered form itself connects (a browser without Sec-Fetch-Site too).
+    const res = await post(url, { 'content-type': 'application/x-www-form-urlencoded' }, form);
+    expect(res.status).toBe(303);
+    expect(await isConnected(withUrls, 'scanned')).toBe(true);
+  });
+
+  it('sends Referrer-Policy and no-store on the 303 after connecting', async () => {
+    const res = await press(await connectLink(withUrls, 'referrer'));
+    expect(res.status).toBe(303);
+    expect(res.headers.get('referrer-policy')).toBe('no-referrer');
+    expect(res.headers.get('cache-control')).toBe('no-store');
+  });
+
+  it('answers its own 400 page for tokens with NUL or control bytes, before any lookup', async () => {
+    const valid = (await connectLink(plain, 'nul')).split('/connect/')[1]!;
+    const lookups: string[] = [];
+    let current = '';
+    const projects = server.ctx.projects;
+    const realGet = projects.get.bind(projects);
+    projects.get = async (id: string) => {
+      lookups.push(`${id} ${current}`);
+      return realGet(id);
+    };
+    for (const token of [
+      'abc%00def',
+      '%00',
+      'a.b%00',
+      `${valid}%00`,
+      `${valid}%0A`,
+      'a%01.b',
+      '%7F.x',
+      'x'.repeat(5000),
+    ]) {
+      for (const [method, path] of [
+        ['GET', `/connect/${token}`],
+        ['POST', `/connect/${token}`],
+        ['GET', `/topup/${token}`],
+      ] as const) {
+        current = `${method} ${path.slice(0, 30)}…${path.slice(-6)}`;
+        const res = await fetch(`${server.url}${path}`, {
+          method,
+          redirect: 'manual',
+          ...(method === 'POST'
+            ? { headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: 'confirm=connect' }
+            : {}),
+        });
+        expect(res.status, `${method} ${path.slice(0, 60)}`).toBe(400);
+        expect(res.headers.get('content-type')).toBe('text/html; charset=utf-8');
+        expect(await res.text()).toContain('This link is incomplete');
+      }
+    }
+    projects.get = realGet;
+    expect(lookups).toEqual([]);
   });
 });
 

@@ -57,6 +57,27 @@ describe('destination checks', () => {
     ['64:ff9b::a9fe:a9fe', true],
     ['::ffff:8.8.8.8', false],
     ['2606:4700:4700::1111', false],
+    // IPv6 forms that embed an IPv4 address are judged by that address as well.
+    ['::7f00:1', true], // IPv4-compatible ::127.0.0.1
+    ['::127.0.0.1', true],
+    ['::a00:1', true],
+    ['::ffff:0:7f00:1', true], // IPv4-translated (RFC 6145)
+    ['2002:7f00:1::', true], // 6to4 of 127.0.0.1
+    ['2002:a9fe:a9fe::1', true], // 6to4 of 169.254.169.254
+    ['2002:808:808::1', false], // 6to4 of 8.8.8.8
+    ['64:ff9b::7f00:1', true], // NAT64 (RFC 6052)
+    ['64:ff9b::808:808', false],
+    ['64:ff9b:1::a00:1', true], // local-use NAT64 (RFC 8215)
+    ['2001:0:4136:e378:8000:63bf:80ff:fffe', true], // Teredo, client 127.0.0.1 (obfuscated)
+    ['2001:0:a00:1:8000:63bf:f7f7:f7f7', true], // Teredo, server 10.0.0.1
+    ['2001:0:808:808:8000:63bf:f7f7:f7f7', false], // Teredo, server and client 8.8.8.8
+    // Non-global IPv6 that the old list missed.
+    ['100::1', true],
+    ['2001:2::1', true], // benchmarking
+    ['3fff::1', true], // documentation (RFC 9637)
+    ['5f00::1', true], // segment routing
+    ['1::1', true], // outside 2000::/3, unallocated
+    ['not-an-address', true],
   ])('%s private: %s', (address, expected) => {
     expect(isPrivateAddress(address)).toBe(expected);
   });
@@ -72,6 +93,12 @@ describe('destination checks', () => {
     'https://metadata.google.internal/computeMetadata',
     'https://0x7f000001/hook',
     'https://2130706433/hook',
+    'https://[::7f00:1]/hook',
+    'https://[::127.0.0.1]/hook',
+    'https://[2002:7f00:1::]/hook',
+    'https://[64:ff9b::127.0.0.1]/hook',
+    'https://[::ffff:0:127.0.0.1]/hook',
+    'https://[2001:0:4136:e378:8000:63bf:80ff:fffe]/hook',
   ])('refuses %s at creation unless private networks are allowed', async (url) => {
     await expect(
       createSubscription(strict, project.projectId, { url, events: ['*'] }, { createdBy: 'test' }),
@@ -125,6 +152,11 @@ describe('destination checks', () => {
     expect(byName.error).toMatch(/refused: localhost resolves to (127\.0\.0\.1|::1)/);
     const byAddress = await sender.send(`https://127.0.0.1:${receiver.port}/ssrf`, signed);
     expect(byAddress.error).toMatch(/^refused: 127\.0\.0\.1/);
+    for (const literal of ['[::7f00:1]', '[::127.0.0.1]', '[2002:7f00:1::]']) {
+      const embedded = await sender.send(`https://${literal}:${receiver.port}/ssrf`, signed);
+      expect(embedded.status).toBeUndefined();
+      expect(embedded.error).toMatch(/^refused: /);
+    }
     await sender.close();
     expect(receiver.received).toHaveLength(0);
 

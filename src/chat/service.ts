@@ -27,7 +27,7 @@ import {
   sseEvent,
   usageChunkJson,
 } from './sse.ts';
-import { countPromptTokens, countText, producedText, promptTokensUpperBound } from './tokens.ts';
+import { countPromptTokens, countText, holdPromptTokens, producedText } from './tokens.ts';
 
 /**
  * `POST /v1/chat/completions`: validation, the paywall decision, forwarding, charging.
@@ -35,9 +35,10 @@ import { countPromptTokens, countText, producedText, promptTokensUpperBound } fr
  * 1. Not connected → a completion carrying a connect link; cannot pay → one carrying a top-up link
  *    (no provider call, no charge). Both come out of the single conditional hold statement.
  * 2. Otherwise the most the request can cost is held (per request: the price; per token: the prompt
- *    counted with a margin plus the completion bound, which is also sent to the provider as
+ *    counted with a margin — exactly up to a budget, bounded by UTF-8 bytes beyond, so deciding costs
+ *    milliseconds whatever the body — plus the completion bound, which is also sent to the provider as
  *    `max_tokens`), the request is forwarded, and the hold is settled at the real cost from the
- *    provider's `usage` (counted with gpt-tokenizer when missing); the rest is released.
+ *    provider's `usage` (counted exactly with o200k when missing); the rest is released.
  * 3. Subscription models need no hold: a current period serves free, else its fee starts a new one.
  *
  * The settle runs right after the last byte is handed to the client, off the response's critical path;
@@ -124,14 +125,16 @@ export class ChatService {
     } else {
       let amount: string;
       if (pricing.mode === 'per_token') {
-        x.promptTokens = countPromptTokens(body);
+        // Counted exactly only up to a budget, bounded by bytes beyond: a few ms whatever the body.
+        const prompt = holdPromptTokens(body);
+        x.promptTokens = prompt.exact;
         x.bound =
           body.max_completion_tokens ??
           body.max_tokens ??
           project.settings.maxCompletionTokens ??
           ctx.config.DEFAULT_MAX_COMPLETION_TOKENS;
         upstreamBody[boundField(body, model.upstream_model)] = x.bound;
-        amount = tokenCost(pricing, promptTokensUpperBound(x.promptTokens), x.bound * x.choices);
+        amount = tokenCost(pricing, prompt.bound, x.bound * x.choices);
       } else {
         amount = formatAmount(pricing.perRequest);
       }
@@ -596,7 +599,7 @@ interface Exchange {
   /** `n`: completions asked for. */
   choices: number;
   hold: { id: string; amount: string } | undefined;
-  /** Prompt tokens counted by Tollgate (per-token pricing). */
+  /** Prompt tokens counted exactly by Tollgate for the hold (per-token pricing, prompts within the budget). */
   promptTokens: number | undefined;
   /** Completion tokens the hold pays for, per choice (per-token pricing). */
   bound: number | undefined;

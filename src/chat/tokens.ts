@@ -1,35 +1,239 @@
-import { countTokens } from 'gpt-tokenizer';
+import o200k from 'gpt-tokenizer';
 import type { ChatRequest } from './schema.ts';
 
 /**
- * Token counting with gpt-tokenizer (o200k_base, the encoding of current OpenAI models). Used for the
- * hold of per-token requests, for charging when a provider reports no `usage`, and to enforce the
- * completion bound while streaming.
+ * Token counting for o200k_base (the encoding of current OpenAI models), on gpt-tokenizer's vocabulary
+ * and pre-tokenizer. Used for the hold of per-token requests, for charging when a provider reports no
+ * `usage`, and to enforce the completion bound while streaming.
+ *
+ * Counting is linear in the input: gpt-tokenizer's merge loop rescans the whole piece on every merge,
+ * so one long piece (a run of 1 MB of "a" is one pre-tokenizer piece) costs O(n²) — minutes. Here a
+ * piece longer than SHORT_PIECE is merged with a priority queue instead (O(n log n)), with the same rule
+ * as tiktoken (lowest rank first, leftmost on ties), so the count is exactly gpt-tokenizer's. Short
+ * pieces, the overwhelming majority, still go through gpt-tokenizer (and its merge cache).
+ *
+ * Text is always counted as text: `<|endoftext|>` in a prompt is ordinary characters (as OpenAI counts
+ * user content), where gpt-tokenizer's `countTokens` would throw.
  */
 
-/** Request fields the provider turns into prompt tokens besides the messages. */
-const PROMPT_FIELDS = ['tools', 'functions', 'tool_choice', 'response_format'] as const;
+/** The parts of gpt-tokenizer's BPE core used here (runtime fields its typings mark private). */
+interface BpeCore {
+  tokenSplitRegex: RegExp;
+  bytePairRankDecoder: Array<string | number[] | undefined>;
+  getBpeRankFromString(text: string): number | undefined;
+  getBpeRankFromBytes(bytes: Uint8Array): number | undefined;
+  bytePairEncode(piece: string): number[];
+}
+
+const core = (o200k as unknown as { bytePairEncodingCoreProcessor: BpeCore }).bytePairEncodingCoreProcessor;
+if (
+  !(core?.tokenSplitRegex instanceof RegExp) ||
+  typeof core.getBpeRankFromString !== 'function' ||
+  typeof core.getBpeRankFromBytes !== 'function' ||
+  typeof core.bytePairEncode !== 'function' ||
+  !Array.isArray(core.bytePairRankDecoder)
+) {
+  throw new Error('gpt-tokenizer changed its internals: src/chat/tokens.ts needs an update');
+}
+
+const utf8 = new TextEncoder();
+const ASCII = /^\p{ASCII}*$/u;
+
+/** Longest token of the vocabulary in bytes (128 for o200k_base): no merge can produce a longer one. */
+const MAX_TOKEN_BYTES = core.bytePairRankDecoder.reduce<number>(
+  (max, token) =>
+    Math.max(
+      max,
+      token === undefined ? 0 : typeof token === 'string' ? utf8.encode(token).length : token.length,
+    ),
+  0,
+);
+
+/** Heap keys are rank * SHIFT + start (see mergeCount). */
+const SHIFT = 2 ** 34;
+if (core.bytePairRankDecoder.length >= 2 ** 18) throw new Error('src/chat/tokens.ts: vocabulary too large');
+
+/** Pieces up to this many UTF-16 units go through gpt-tokenizer's own merge (quadratic, but small). */
+const SHORT_PIECE = 64;
 
 /** Safety margin of the hold over the counted prompt: providers' tokenizers differ from o200k. */
 const PROMPT_MARGIN = 1.1;
 
+/**
+ * Text the hold counts exactly before it falls back to the byte bound; keeps the paywall decision at a
+ * few milliseconds whatever the body size.
+ */
+export const EXACT_COUNT_BUDGET_BYTES = 32 * 1024;
+
+/** Request fields the provider turns into prompt tokens besides the messages. */
+const PROMPT_FIELDS = ['tools', 'functions', 'tool_choice', 'response_format'] as const;
+
+/** Counts one text: the exact o200k_base token count. */
+export type TextCounter = (text: string) => number;
+
+/** The exact o200k_base token count of a text, in O(n log n). */
 export function countText(text: string): number {
-  return text ? countTokens(text) : 0;
+  if (!text) return 0;
+  let tokens = 0;
+  for (const [piece] of text.matchAll(core.tokenSplitRegex)) tokens += countPiece(piece);
+  return tokens;
+}
+
+/**
+ * A counter for bounds: exact while the texts it has seen stay within `budgetBytes`, then each piece
+ * beyond counts as its UTF-8 length. Sound because every byte is a token of o200k_base and a merge only
+ * ever lowers the count, so a piece never has more tokens than bytes. Linear and cheap past the budget.
+ */
+export function boundingCounter(budgetBytes = EXACT_COUNT_BUDGET_BYTES): TextCounter & { exact: boolean } {
+  let left = budgetBytes;
+  const counter = (text: string): number => {
+    if (!text) return 0;
+    if (left <= 0) {
+      counter.exact = false;
+      return Buffer.byteLength(text, 'utf8');
+    }
+    // Fits the budget in any case (a UTF-16 unit is at most 3 UTF-8 bytes): count exactly.
+    if (text.length * 3 <= left) {
+      left -= Buffer.byteLength(text, 'utf8');
+      return countText(text);
+    }
+    let tokens = 0;
+    const split = new RegExp(core.tokenSplitRegex.source, 'gu');
+    let match: RegExpExecArray | null = split.exec(text);
+    while (match !== null) {
+      if (left <= 0) {
+        // The pieces from here on, bounded by their bytes (the pre-tokenizer split is unchanged by
+        // stopping: the pieces counted so far are the whole text's pieces).
+        counter.exact = false;
+        return tokens + Buffer.byteLength(text.slice(match.index), 'utf8');
+      }
+      const piece = match[0];
+      const bytes = Buffer.byteLength(piece, 'utf8');
+      if (bytes > left) {
+        counter.exact = false;
+        return tokens + Buffer.byteLength(text.slice(match.index), 'utf8');
+      }
+      left -= bytes;
+      tokens += countPiece(piece);
+      match = split.exec(text);
+    }
+    return tokens;
+  };
+  counter.exact = true;
+  return counter;
+}
+
+function countPiece(piece: string): number {
+  if (core.getBpeRankFromString(piece) !== undefined) return 1;
+  if (piece.length <= SHORT_PIECE) return core.bytePairEncode(piece).length;
+  return mergeCount(piece);
+}
+
+/**
+ * Byte-pair merge of one long piece with a binary heap keyed by (rank, position): pops the lowest-ranked
+ * adjacent pair, leftmost among equal ranks — the pair tiktoken's linear scan picks — so the result is
+ * the same, in O(n log n). Stale heap entries are skipped on pop. Returns the number of tokens.
+ */
+function mergeCount(piece: string): number {
+  const ascii = ASCII.test(piece);
+  const bytes = ascii ? undefined : utf8.encode(piece);
+  const n = bytes ? bytes.length : piece.length;
+  const rankOf = (start: number, end: number): number => {
+    if (end - start > MAX_TOKEN_BYTES) return Number.POSITIVE_INFINITY;
+    const rank = ascii
+      ? core.getBpeRankFromString(piece.slice(start, end))
+      : core.getBpeRankFromBytes(bytes!.subarray(start, end));
+    return rank ?? Number.POSITIVE_INFINITY;
+  };
+  // Parts as a linked list over their start offsets; `next[i]` is where the part starting at i ends.
+  const next = new Int32Array(n + 1);
+  const prev = new Int32Array(n + 1);
+  const pairRank = new Float64Array(n); // rank of merging the part at i with its successor
+  for (let i = 0; i <= n; i++) {
+    next[i] = i + 1;
+    prev[i] = i - 1;
+  }
+  const alive = new Uint8Array(n).fill(1);
+  // Min-heap of rank * SHIFT + start (exact in a double: ranks < 2^18, starts < 2^34).
+  const heap = new Float64Array(3 * n + 1);
+  let size = 0;
+  const sink = (from: number, key: number) => {
+    let i = from;
+    for (;;) {
+      const l = 2 * i + 1;
+      if (l >= size) break;
+      const r = l + 1;
+      const child = r < size && heap[r]! < heap[l]! ? r : l;
+      if (heap[child]! >= key) break;
+      heap[i] = heap[child]!;
+      i = child;
+    }
+    heap[i] = key;
+  };
+  const push = (key: number) => {
+    let i = size++;
+    while (i > 0) {
+      const parent = (i - 1) >> 1;
+      if (heap[parent]! <= key) break;
+      heap[i] = heap[parent]!;
+      i = parent;
+    }
+    heap[i] = key;
+  };
+  const pop = (): number => {
+    const top = heap[0]!;
+    size--;
+    if (size > 0) sink(0, heap[size]!);
+    return top;
+  };
+  const rankAfter = (start: number): number => {
+    const mid = next[start]!;
+    return mid < n ? rankOf(start, next[mid]!) : Number.POSITIVE_INFINITY;
+  };
+  const update = (start: number) => {
+    const rank = rankAfter(start);
+    pairRank[start] = rank;
+    if (rank !== Number.POSITIVE_INFINITY) push(rank * SHIFT + start);
+  };
+  // Initial pairs, heapified in O(n).
+  for (let i = 0; i < n; i++) {
+    const rank = rankAfter(i);
+    pairRank[i] = rank;
+    if (rank !== Number.POSITIVE_INFINITY) heap[size++] = rank * SHIFT + i;
+  }
+  for (let i = (size >> 1) - 1; i >= 0; i--) sink(i, heap[i]!);
+  let parts = n;
+  while (size > 0) {
+    const key = pop();
+    const start = key % SHIFT;
+    const rank = (key - start) / SHIFT;
+    if (!alive[start] || pairRank[start] !== rank) continue;
+    // Merge the part at `start` with its successor.
+    const gone = next[start]!;
+    alive[gone] = 0;
+    next[start] = next[gone]!;
+    if (next[gone]! <= n) prev[next[gone]!] = start;
+    parts--;
+    update(start);
+    if (prev[start]! >= 0) update(prev[start]!);
+  }
+  return parts;
 }
 
 /**
  * Prompt tokens as OpenAI counts them for chat models: each message costs its content and name plus
  * 4 tokens of framing, the reply is primed with 3, and tool/function definitions count as text.
+ * `count` counts one text: exactly by default, or with a bound (see promptTokensUpperBound).
  */
-export function countPromptTokens(body: ChatRequest): number {
+export function countPromptTokens(body: ChatRequest, count: TextCounter = countText): number {
   let tokens = 3;
   for (const message of body.messages) {
-    tokens += 4 + countText(message.content);
-    if (message.name) tokens += 1 + countText(message.name);
+    tokens += 4 + count(message.content);
+    if (message.name) tokens += 1 + count(message.name);
   }
   for (const field of PROMPT_FIELDS) {
     const value = body[field];
-    if (value !== undefined && value !== null) tokens += countText(JSON.stringify(value));
+    if (value !== undefined && value !== null) tokens += count(JSON.stringify(value));
   }
   return tokens;
 }
@@ -37,6 +241,18 @@ export function countPromptTokens(body: ChatRequest): number {
 /** What the hold assumes the prompt costs: the count plus a margin for other tokenizers. */
 export function promptTokensUpperBound(counted: number): number {
   return Math.ceil(counted * PROMPT_MARGIN);
+}
+
+/**
+ * The prompt bound for the hold, cheaply: the prompt counted exactly up to EXACT_COUNT_BUDGET_BYTES
+ * of text and bounded by UTF-8 bytes beyond, with the margin. `exact` is the count itself when the
+ * whole prompt fitted the budget (the count to charge if the provider reports no usage), else
+ * undefined (then the exact count is made only if it is needed).
+ */
+export function holdPromptTokens(body: ChatRequest): { bound: number; exact: number | undefined } {
+  const counter = boundingCounter();
+  const counted = countPromptTokens(body, counter);
+  return { bound: promptTokensUpperBound(counted), exact: counter.exact ? counted : undefined };
 }
 
 interface Delta {

@@ -1,4 +1,5 @@
-import type { FastifyError, FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { safeEqual } from '../core/crypto.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { type LinkProblem, openLink, useConnectLink } from './service.ts';
 
@@ -6,10 +7,15 @@ import { type LinkProblem, openLink, useConnectLink } from './service.ts';
  * The hosted pages behind connect and top-up links (no API key; the signed token is the credential):
  * - `GET /connect/{token}` — names the project and what connecting allows, with a Connect button
  * - `POST /connect/{token}` — the button (a plain form post): connects the user once, then returns to
- *   the project's `returnUrl` (303) or shows a done page
+ *   the project's `returnUrl` (303) or shows a done page. Only the rendered page's own form counts: a
+ *   form content type with a hidden field derived from the token with the signing key (a link scanner
+ *   that POSTs blindly cannot produce it), and no cross-site post (`Sec-Fetch-Site`)
  * - `GET /topup/{token}` — redirects (303) to the project's `checkoutUrl` with `user`, `amount`,
  *   `currency` and `project`, or shows how to top up when none is configured
- * Small semantic HTML with inline CSS; no JavaScript.
+ * A token is checked for shape (base64url, a dot, base64url, bounded length) before anything else, so
+ * nothing malformed — NUL and control bytes included — reaches a lookup.
+ * Small semantic HTML with inline CSS; no JavaScript. Every answer, redirects included, carries
+ * `Referrer-Policy: no-referrer` and `Cache-Control: no-store`.
  */
 
 const STYLE = `
@@ -75,14 +81,15 @@ ${body}
 `.html;
 }
 
+/** Headers of every hosted-page answer. The token in the URL must not leak to the pages the user goes to next. */
+const PRIVATE_HEADERS = { 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' } as const;
+
 function sendPage(reply: FastifyReply, status: number, title: string, body: Raw) {
   return reply
     .status(status)
     .headers({
       'content-type': 'text/html; charset=utf-8',
-      'cache-control': 'no-store',
-      // The token in the URL must not leak to the pages the user goes to next.
-      'referrer-policy': 'no-referrer',
+      ...PRIVATE_HEADERS,
       'content-security-policy':
         "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'",
       'x-content-type-options': 'nosniff',
@@ -136,7 +143,40 @@ function problemPage(reply: FastifyReply, problem: LinkProblem) {
   );
 }
 
-function connectPage(reply: FastifyReply, project: ProjectContext) {
+/** A link token's shape: base64url payload "." base64url signature; anything else is malformed. */
+const TOKEN_SHAPE = /^[A-Za-z0-9_-]{1,4096}\.[A-Za-z0-9_-]{16,128}$/;
+
+/** The hidden field value only the rendered connect page carries for this token. */
+function formProof(ctx: FastifyInstance['ctx'], token: string): string {
+  return ctx.sealer.sign(`connect-form:${token}`);
+}
+
+/** Why a connect post is not the page's own form, or undefined when it is. */
+function foreignPost(request: FastifyRequest, expected: string): 'cross_site' | 'not_the_form' | undefined {
+  if (request.headers['sec-fetch-site'] === 'cross-site') return 'cross_site';
+  const type = String(request.headers['content-type'] ?? '')
+    .split(';')[0]!
+    .trim()
+    .toLowerCase();
+  if (type !== 'application/x-www-form-urlencoded') return 'not_the_form';
+  const body = request.body as Record<string, unknown> | undefined;
+  const proof = body?.confirm;
+  if (typeof proof !== 'string' || !safeEqual(proof, expected)) return 'not_the_form';
+  return undefined;
+}
+
+function foreignPostPage(reply: FastifyReply, why: 'cross_site' | 'not_the_form') {
+  return sendPage(
+    reply,
+    why === 'cross_site' ? 403 : 400,
+    'Connect from the connect page',
+    html`<h1>Connect from the connect page</h1>
+<p>To connect, open the link you received and press its Connect button.</p>
+<p class="muted">Nothing was changed.</p>`,
+  );
+}
+
+function connectPage(reply: FastifyReply, project: ProjectContext, proof: string) {
   const name = project.name;
   return sendPage(
     reply,
@@ -151,7 +191,7 @@ function connectPage(reply: FastifyReply, project: ProjectContext) {
 </ul>
 <p>It never charges more than your balance holds. ${name} can disconnect you at any time; your balance stays yours.</p>
 <form method="post">
-<input type="hidden" name="confirm" value="connect">
+<input type="hidden" name="confirm" value="${proof}">
 <button type="submit">Connect</button>
 </form>`,
   );
@@ -228,23 +268,31 @@ export async function pageRoutes(app: FastifyInstance): Promise<void> {
 
   // Wildcards, not `:token`: tokens are longer than the router's parameter length limit.
   app.get<{ Params: { '*': string } }>('/connect/*', async (request, reply) => {
-    const opened = await openLink(ctx, 'connect', request.params['*']);
+    const token = request.params['*'];
+    if (!TOKEN_SHAPE.test(token)) return problemPage(reply, 'malformed');
+    const opened = await openLink(ctx, 'connect', token);
     if (!opened.ok) return problemPage(reply, opened.problem);
-    return connectPage(reply, opened.project);
+    return connectPage(reply, opened.project, formProof(ctx, token));
   });
 
   app.post<{ Params: { '*': string } }>('/connect/*', async (request, reply) => {
-    const opened = await openLink(ctx, 'connect', request.params['*']);
+    const token = request.params['*'];
+    if (!TOKEN_SHAPE.test(token)) return problemPage(reply, 'malformed');
+    const opened = await openLink(ctx, 'connect', token);
     if (!opened.ok) return problemPage(reply, opened.problem);
+    const foreign = foreignPost(request, formProof(ctx, token));
+    if (foreign) return foreignPostPage(reply, foreign);
     const used = await useConnectLink(ctx.db, ctx.events, opened.project, opened.payload);
     if (!used.ok) return problemPage(reply, used.problem);
     const returnUrl = opened.project.settings.returnUrl;
-    if (returnUrl) return reply.status(303).header('cache-control', 'no-store').redirect(returnUrl, 303);
+    if (returnUrl) return reply.headers(PRIVATE_HEADERS).redirect(returnUrl, 303);
     return connectedPage(reply, opened.project);
   });
 
   app.get<{ Params: { '*': string } }>('/topup/*', async (request, reply) => {
-    const opened = await openLink(ctx, 'topup', request.params['*']);
+    const token = request.params['*'];
+    if (!TOKEN_SHAPE.test(token)) return problemPage(reply, 'malformed');
+    const opened = await openLink(ctx, 'topup', token);
     if (!opened.ok) return problemPage(reply, opened.problem);
     const { project, payload } = opened;
     const amount = typeof payload.a === 'string' ? payload.a : undefined;
@@ -256,10 +304,7 @@ export async function pageRoutes(app: FastifyInstance): Promise<void> {
         currency: project.currency,
         project: project.id,
       });
-      return reply
-        .header('cache-control', 'no-store')
-        .header('referrer-policy', 'no-referrer')
-        .redirect(target, 303);
+      return reply.headers(PRIVATE_HEADERS).redirect(target, 303);
     }
     return topupInstructionsPage(reply, project, payload.u, amount);
   });

@@ -1,5 +1,6 @@
 import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
-import { BlockList, isIP } from 'node:net';
+import { isIP } from 'node:net';
+import ipaddr from 'ipaddr.js';
 import type { Config } from '../config/index.ts';
 
 /**
@@ -7,65 +8,52 @@ import type { Config } from '../config/index.ts';
  * cloud-metadata addresses are refused unless WEBHOOK_ALLOW_PRIVATE_NETWORKS is set. The check runs when
  * a subscription is saved and again inside the connection's DNS lookup at send time, so the address
  * checked is the address connected to (a name that later resolves somewhere private is still refused).
+ *
+ * The ranges are ipaddr.js's classification: an IPv4 address must be plain `unicast`; an IPv6 address
+ * must be `unicast` inside 2000::/3 (global unicast), or one of the forms that embed an IPv4 address —
+ * IPv4-mapped, IPv4-translated, IPv4-compatible, NAT64 (64:ff9b::/96), 6to4, Teredo — whose embedded
+ * addresses are all allowed in turn (a relay or translator would carry the connection to them).
  */
-const blocked = new BlockList();
-for (const [net, prefix] of [
-  ['0.0.0.0', 8],
-  ['10.0.0.0', 8],
-  ['100.64.0.0', 10],
-  ['127.0.0.0', 8],
-  ['169.254.0.0', 16],
-  ['172.16.0.0', 12],
-  ['192.0.0.0', 24],
-  ['192.0.2.0', 24],
-  ['192.88.99.0', 24],
-  ['192.168.0.0', 16],
-  ['198.18.0.0', 15],
-  ['198.51.100.0', 24],
-  ['203.0.113.0', 24],
-  ['224.0.0.0', 4],
-  ['240.0.0.0', 4],
-] as const) {
-  blocked.addSubnet(net, prefix, 'ipv4');
-}
-for (const [net, prefix] of [
-  ['::', 128],
-  ['::1', 128],
-  ['64:ff9b:1::', 48],
-  ['100::', 64],
-  ['2001:db8::', 32],
-  ['fc00::', 7],
-  ['fe80::', 10],
-  ['fec0::', 10],
-  ['ff00::', 8],
-] as const) {
-  blocked.addSubnet(net, prefix, 'ipv6');
-}
 
-/** The IPv4 address embedded in an IPv4-mapped, IPv4-compatible or NAT64 IPv6 address. */
-function embeddedIpv4(address: string): string | undefined {
-  const lower = address.toLowerCase();
-  const dotted = /^(?:::ffff:|::|64:ff9b::)(\d+\.\d+\.\d+\.\d+)$/.exec(lower);
-  if (dotted) return dotted[1];
-  const hex = /^(?:::ffff:|64:ff9b::)([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(lower);
-  if (hex) {
-    const hi = Number.parseInt(hex[1]!, 16);
-    const lo = Number.parseInt(hex[2]!, 16);
-    return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+/** Every IPv4 address an IPv6 address carries, or undefined when it is not one of the embedding forms. */
+function embeddedIpv4(address: ipaddr.IPv6): ipaddr.IPv4[] | undefined {
+  const b = address.toByteArray();
+  const v4 = (at: number, flip = 0) =>
+    new ipaddr.IPv4([b[at]! ^ flip, b[at + 1]! ^ flip, b[at + 2]! ^ flip, b[at + 3]! ^ flip]);
+  switch (address.range()) {
+    case 'ipv4Mapped': // ::ffff:a.b.c.d
+    case 'rfc6145': // ::ffff:0:a.b.c.d
+      return [v4(12)];
+    case 'rfc6052': // 64:ff9b::a.b.c.d; the local-use 64:ff9b:1::/48 places it by prefix: refused whole
+      return address.match(NAT64_WELL_KNOWN) ? [v4(12)] : undefined;
+    case '6to4': // 2002:AABB:CCDD::/48
+      return [v4(2)];
+    case 'teredo': // 2001:0:server:flags:port:~client
+      return [v4(4), v4(12, 0xff)];
+    default:
+      // IPv4-compatible ::a.b.c.d (deprecated, RFC 4291): the first 96 bits are zero (:: and ::1 land
+      // on 0.0.0.0/8, refused as well).
+      if (address.match(IPV4_COMPATIBLE)) return [v4(12)];
+      return undefined;
   }
-  return undefined;
+}
+const NAT64_WELL_KNOWN: [ipaddr.IPv6, number] = [ipaddr.IPv6.parse('64:ff9b::'), 96];
+const IPV4_COMPATIBLE: [ipaddr.IPv6, number] = [ipaddr.IPv6.parse('::'), 96];
+const GLOBAL_UNICAST: [ipaddr.IPv6, number] = [ipaddr.IPv6.parse('2000::'), 3];
+
+function ipv4Allowed(address: ipaddr.IPv4): boolean {
+  return address.range() === 'unicast';
 }
 
-/** True for an address a webhook must not reach on a public deployment. */
+/** True for an address a webhook must not reach on a public deployment (and for anything unparsable). */
 export function isPrivateAddress(address: string): boolean {
-  const family = isIP(address);
-  if (family === 4) return blocked.check(address, 'ipv4');
-  if (family === 6) {
-    const v4 = embeddedIpv4(address);
-    if (v4) return blocked.check(v4, 'ipv4');
-    return blocked.check(address, 'ipv6');
-  }
-  return true;
+  if (!ipaddr.isValid(address) || !isIP(address)) return true;
+  const parsed = ipaddr.parse(address);
+  if (parsed.kind() === 'ipv4') return !ipv4Allowed(parsed as ipaddr.IPv4);
+  const v6 = parsed as ipaddr.IPv6;
+  const embedded = embeddedIpv4(v6);
+  if (embedded) return !embedded.every(ipv4Allowed);
+  return !(v6.range() === 'unicast' && v6.match(GLOBAL_UNICAST));
 }
 
 export class DestinationError extends Error {

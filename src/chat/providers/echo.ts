@@ -6,10 +6,13 @@ import type { ChatProvider, Completion, CompletionJson, UpstreamCall } from './t
 
 export const ECHO_PREFIX = '[echo provider] ';
 
+/** The echo repeats at most this many characters (gpt-tokenizer's encode is quadratic in a long run). */
+const ECHO_MAX_CHARS = 2000;
+
 /**
  * The built-in provider of projects whose upstream is `echo://local` (the dev demo, offline tests): it
- * answers with the last user message prefixed by `[echo provider] `, cut at `max_tokens` /
- * `max_completion_tokens`, and reports usage counted with gpt-tokenizer. Streaming sends the reply in
+ * answers with the last user message (its first ECHO_MAX_CHARS characters) prefixed by `[echo provider] `,
+ * cut at `max_tokens` / `max_completion_tokens`, and reports usage counted with o200k. Streaming sends the reply in
  * several chunks, then a usage chunk when `stream_options.include_usage` asks for it.
  */
 export class EchoProvider implements ChatProvider {
@@ -47,7 +50,7 @@ interface EchoReply {
 function echoReply(body: Record<string, unknown>): EchoReply {
   const request = body as unknown as ChatRequest;
   const lastUser = [...request.messages].reverse().find((m) => m.role === 'user');
-  let tokens = encode(ECHO_PREFIX + (lastUser?.content ?? ''));
+  let tokens = encode(ECHO_PREFIX + (lastUser?.content ?? '').slice(0, ECHO_MAX_CHARS));
   const limit = request.max_completion_tokens ?? request.max_tokens;
   let finishReason: EchoReply['finishReason'] = 'stop';
   if (limit && tokens.length > limit) {
