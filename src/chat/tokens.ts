@@ -1,5 +1,6 @@
 import { countTokens } from 'gpt-tokenizer';
-import type { ChatRequest } from './schema.ts';
+import { audioTokens, fileTokens, imageTokens } from '../metering/media-tokens.ts';
+import type { ChatMessage, ChatRequest } from './schema.ts';
 
 /**
  * Token counting with gpt-tokenizer (o200k_base, the encoding of current OpenAI models). Used for the
@@ -20,18 +21,81 @@ export function countText(text: string): number {
 /**
  * Prompt tokens as OpenAI counts them for chat models: each message costs its content and name plus
  * 4 tokens of framing, the reply is primed with 3, and tool/function definitions count as text.
+ * Content parts count by kind: text as text, images by OpenAI's tile rule (media-tokens.ts), audio by
+ * its length, files by their size; an assistant's `tool_calls` count as their names and arguments.
  */
 export function countPromptTokens(body: ChatRequest): number {
   let tokens = 3;
   for (const message of body.messages) {
-    tokens += 4 + countText(message.content);
+    tokens += 4 + contentTokens(message.content);
     if (message.name) tokens += 1 + countText(message.name);
+    if (typeof message.refusal === 'string') tokens += countText(message.refusal);
+    if (message.tool_calls) tokens += countText(producedText({ tool_calls: message.tool_calls }));
+    if (message.function_call) tokens += countText(producedText({ function_call: message.function_call }));
+    if (message.tool_call_id) tokens += countText(message.tool_call_id);
   }
   for (const field of PROMPT_FIELDS) {
     const value = body[field];
     if (value !== undefined && value !== null) tokens += countText(JSON.stringify(value));
   }
   return tokens;
+}
+
+/** Tokens of a message's content: a string, or parts of any kind. */
+export function contentTokens(content: ChatMessage['content']): number {
+  if (content == null) return 0;
+  if (typeof content === 'string') return countText(content);
+  let tokens = 0;
+  for (const part of content) tokens += partTokens(part);
+  return tokens;
+}
+
+/** A content part of either API, as far as counting reads it. */
+export interface AnyPart {
+  type: string;
+  text?: unknown;
+  refusal?: unknown;
+  /** Chat: `{url, detail}`; Responses: the URL. */
+  image_url?: unknown;
+  detail?: unknown;
+  input_audio?: { data?: unknown } | undefined;
+  file?: { file_data?: unknown } | undefined;
+  file_data?: unknown;
+}
+
+const str = (value: unknown): string => (typeof value === 'string' ? value : '');
+
+/** One content part, Chat Completions' or Responses' kinds. */
+export function partTokens(part: AnyPart): number {
+  switch (part.type) {
+    case 'text':
+    case 'input_text':
+    case 'output_text':
+      return countText(str(part.text));
+    case 'refusal':
+      return countText(str(part.refusal));
+    case 'image_url': {
+      const image = (part.image_url ?? {}) as { url?: unknown; detail?: unknown };
+      return imageTokens(str(image.url), str(image.detail));
+    }
+    case 'input_image':
+      return imageTokens(str(part.image_url), str(part.detail));
+    case 'input_audio':
+      return audioTokens(str(part.input_audio?.data));
+    case 'file':
+      return fileTokens(str(part.file?.file_data) || undefined);
+    case 'input_file':
+      return fileTokens(str(part.file_data) || undefined);
+    default:
+      return countText(JSON.stringify(part));
+  }
+}
+
+/** The text of a message's content (its text parts joined). */
+export function contentText(content: ChatMessage['content'] | undefined): string {
+  if (content == null) return '';
+  if (typeof content === 'string') return content;
+  return content.map((part) => (part.type === 'text' ? String(part.text) : '')).join('');
 }
 
 /** What the hold assumes the prompt costs: the count plus a margin for other tokenizers. */

@@ -3,6 +3,7 @@ import * as foundation from './0001_foundation.ts';
 import * as chat from './0002_chat.ts';
 import * as users from './0003_users.ts';
 import * as webhooks from './0004_webhooks.ts';
+import * as openaiCompat from './0006_openai_compat.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -13,4 +14,5 @@ export const migrations: Record<string, Migration> = {
   '0002_chat': chat,
   '0003_users': users,
   '0004_webhooks': webhooks,
+  '0006_openai_compat': openaiCompat,
 };
