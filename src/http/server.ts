@@ -9,8 +9,10 @@ import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
 import { ApiError } from '../core/errors.ts';
+import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
+import { responsesRoutes } from '../responses/routes.ts';
 import { pageRoutes } from '../users/pages.ts';
 import { userRoutes } from '../users/routes.ts';
 import { webhookRoutes } from '../webhooks/routes.ts';
@@ -83,6 +85,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       installAuth(v1);
       await v1.register(modelRoutes);
       await v1.register(chatRoutes);
+      await v1.register(responsesRoutes);
+      await v1.register(embeddingsRoutes);
       await v1.register(userRoutes);
       await v1.register(webhookRoutes);
     },
