@@ -3,9 +3,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chatRequestSchema } from '../src/chat/schema.ts';
 import { countPromptTokens, promptTokensUpperBound } from '../src/chat/tokens.ts';
 import { Money } from '../src/core/money.ts';
-import { countEmbeddingInput, embeddingsRequestSchema } from '../src/embeddings/api.ts';
+import { countEmbeddingInput } from '../src/embeddings/api.ts';
+import { embeddingsRequestSchema } from '../src/embeddings/schema.ts';
 import { tokenCost } from '../src/metering/cost.ts';
-import { countResponsesInput, responsesRequestSchema } from '../src/responses/api.ts';
+import { countResponsesInput } from '../src/responses/api.ts';
+import { responsesRequestSchema } from '../src/responses/schema.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat-fixture.ts';
 
 /**

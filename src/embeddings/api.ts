@@ -1,11 +1,8 @@
-import { z } from 'zod';
 import type { LinkReply } from '../chat/paywall.ts';
 import { countText } from '../chat/tokens.ts';
-import { badRequest } from '../core/errors.ts';
-import { parseInput } from '../core/validation.ts';
 import type { AnswerReading, MeteredApi, RefusalReply } from '../metering/api.ts';
 import { UpstreamError } from '../upstream/types.ts';
-import { userIdSchema } from '../users/routes.ts';
+import { type EmbeddingsRequest, parseEmbeddingsRequest } from './schema.ts';
 
 /**
  * `POST /v1/embeddings` as a metered API: per input token (a per-token price needs only
@@ -14,27 +11,6 @@ import { userIdSchema } from '../users/routes.ts';
  * cannot be shown a message here: the answer is 402 in OpenAI's error shape, with the link in the message
  * and in `url`.
  */
-const tokenArray = z.array(z.number().int().min(0), { message: 'must be an array of token ids' });
-
-export const embeddingsRequestSchema = z.looseObject({
-  model: z.string({ message: 'is required' }).min(1, { message: 'must not be empty' }),
-  input: z.union(
-    [z.string(), z.array(z.string()).min(1), tokenArray.min(1), z.array(tokenArray.min(1)).min(1)],
-    { message: 'must be a string, an array of strings, an array of token ids or an array of those' },
-  ),
-  encoding_format: z.enum(['float', 'base64'], { message: "must be 'float' or 'base64'" }).optional(),
-  dimensions: z.number({ message: 'must be a positive integer' }).int().min(1).optional(),
-  user: userIdSchema.optional(),
-});
-export type EmbeddingsRequest = z.infer<typeof embeddingsRequestSchema>;
-
-export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw badRequest('Request body must be a JSON object.', null, 'invalid_request');
-  }
-  return parseInput(embeddingsRequestSchema, body, 'body');
-}
-
 export function countEmbeddingInput(body: EmbeddingsRequest): number {
   const input = body.input;
   if (typeof input === 'string') return countText(input);

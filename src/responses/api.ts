@@ -1,9 +1,6 @@
-import { z } from 'zod';
 import type { LinkReply } from '../chat/paywall.ts';
 import { type AnyPart, countText, partTokens } from '../chat/tokens.ts';
-import { badRequest } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
-import { parseInput } from '../core/validation.ts';
 import type {
   AnswerReading,
   Exchange,
@@ -15,7 +12,7 @@ import type {
 } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type SseMessage, UpstreamError } from '../upstream/types.ts';
-import { userIdSchema } from '../users/routes.ts';
+import { parseResponsesRequest, type ResponsesRequest } from './schema.ts';
 
 /**
  * `POST /v1/responses` (OpenAI's Responses API) as a metered API. The request is forwarded as received
@@ -25,36 +22,6 @@ import { userIdSchema } from '../users/routes.ts';
  * `response.completed` / `response.incomplete` / `response.failed` event. Stream events pass through
  * untouched, with their `event:` names.
  */
-const positiveInt = z
-  .number({ message: 'must be a positive integer' })
-  .int({ message: 'must be a positive integer' })
-  .min(1, { message: 'must be a positive integer' });
-
-export const responsesRequestSchema = z.looseObject({
-  model: z.string({ message: 'is required' }).min(1, { message: 'must not be empty' }),
-  input: z
-    .union([z.string(), z.array(z.looseObject({}), { message: 'must be an array of input items' })], {
-      message: 'must be a string or an array of input items',
-    })
-    .optional(),
-  instructions: z.string({ message: 'must be a string' }).nullable().optional(),
-  stream: z.boolean({ message: 'must be a boolean' }).nullable().optional(),
-  user: userIdSchema.optional(),
-  max_output_tokens: positiveInt.nullable().optional(),
-  tools: z
-    .array(z.looseObject({ type: z.string({ message: 'must be a string' }) }))
-    .nullable()
-    .optional(),
-});
-export type ResponsesRequest = z.infer<typeof responsesRequestSchema>;
-
-export function parseResponsesRequest(body: unknown): ResponsesRequest {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw badRequest('Request body must be a JSON object.', null, 'invalid_request');
-  }
-  return parseInput(responsesRequestSchema, body, 'body');
-}
-
 /** Request fields the provider turns into input tokens besides `input` and `instructions`. */
 const INPUT_FIELDS = ['tools', 'tool_choice', 'text'] as const;
 
