@@ -149,6 +149,7 @@ export class MeteredFlow {
     x.hold = admission.hold;
     x.startedEvent = this.#event(x, 'proxy.request.started', {
       requestId: x.requestId,
+      api: api.name,
       model: model.id,
       stream,
       holdAmount: x.hold?.amount ?? '0',
@@ -414,6 +415,7 @@ export class MeteredFlow {
     x.hold = undefined;
     const completed = (amount: string) => ({
       requestId: x.requestId,
+      api: x.api.name,
       model: x.model.id,
       stream: x.stream,
       inputTokens: usage.input,
