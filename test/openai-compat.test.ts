@@ -55,6 +55,14 @@ beforeAll(async () => {
         endpoints: ['embeddings'],
       },
       { id: 'no-responses', upstreamModel: 'mock-no-responses', pricing: perToken },
+      { id: 'silent', upstreamModel: 'mock-silent', pricing: perToken },
+      {
+        id: 'silent-embed',
+        upstreamModel: 'mock-silent',
+        pricing: { mode: 'per_token', inputPerMillion: '0.02' },
+        endpoints: ['embeddings'],
+      },
+      { id: 'long', upstreamModel: 'mock-long', pricing: perToken },
       { id: 'flat', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.01' } },
     ],
     settings: { maxCompletionTokens: 100 },
@@ -65,6 +73,8 @@ beforeAll(async () => {
   });
   f.mock.behaviors.set('mock-cached', { promptTokens: 40, cachedTokens: 32, tokens: 7, reasoningTokens: 3 });
   f.mock.behaviors.set('mock-no-responses', { noResponses: true });
+  f.mock.behaviors.set('mock-silent', { usage: false });
+  f.mock.behaviors.set('mock-long', { tokens: 50, ignoreMaxTokens: true });
   // An embeddings provider reports what its tokenizer counts ('one', 'two': one token each).
   f.mock.behaviors.set('mock-embed', { promptTokens: 2 });
 });
@@ -273,6 +283,30 @@ describe('chat completions: the whole request schema', () => {
     expect(chargedTotal(entries)).toBe(tokenCost(price, 12, 10));
   });
 
+  it('cuts a streamed n: 2 at the bound with a length finish for every open choice', async () => {
+    await f.fund('long', '1.00');
+    const stream = f.client.chat.completions.stream({
+      model: 'long',
+      user: 'long',
+      messages: [{ role: 'user', content: 'Go on' }],
+      n: 2,
+      max_tokens: 10,
+    });
+    const final = await stream.finalChatCompletion();
+    expect(final.choices.map((c) => c.finish_reason)).toEqual(['length', 'length']);
+    // The bound is per choice; the hold pays for 2 × 10 tokens, and the stream stopped before more.
+    const produced = final.choices.reduce(
+      (sum, c) => sum + (c.message.content ?? '').split(' hello').length - 1,
+      0,
+    );
+    expect(produced).toBe(20);
+    await f.settled();
+    const prompt = countPromptTokens(
+      chatRequestSchema.parse({ model: 'long', messages: [{ role: 'user', content: 'Go on' }], n: 2 }),
+    );
+    expect(chargedTotal(await f.ledger('long'))).toBe(tokenCost(price, prompt, 20));
+  });
+
   it('prices cached input tokens at the cached price; reasoning tokens are output', async () => {
     await f.fund('cache', '1.00');
     await f.client.chat.completions.create({
@@ -390,6 +424,30 @@ describe('responses', () => {
     expect(err.message).toContain('Responses API');
     await f.settled();
     expect(await f.wallet('resp-none')).toMatchObject({ balance: '1', held: '0' });
+  });
+});
+
+describe('without usage from the provider, what can be counted is charged', () => {
+  it('responses: input as counted, output from the text', async () => {
+    await f.fund('quiet', '1.00');
+    const body = { model: 'silent', user: 'quiet', input: 'Hello there, how are you?' };
+    await f.client.responses.create(body);
+    const stream = await f.client.responses.create({ ...body, stream: true });
+    for await (const _ of stream);
+    await f.settled();
+    const counted = countResponsesInput(responsesRequestSchema.parse(body));
+    const one = tokenCost(price, counted, 5);
+    expect(chargedTotal(await f.ledger('quiet'), 'responses')).toBe(new Money(one).times(2).toFixed());
+  });
+
+  it('embeddings: the input as counted', async () => {
+    await f.fund('quiet-embed', '1.00');
+    const body = { model: 'silent-embed', user: 'quiet-embed', input: ['alpha beta', 'gamma'] };
+    await f.client.embeddings.create(body);
+    await f.settled();
+    const counted = countEmbeddingInput(embeddingsRequestSchema.parse(body));
+    const embedPrice = { inputPerMillion: new Money('0.02'), outputPerMillion: new Money(0) };
+    expect(chargedTotal(await f.ledger('quiet-embed'), 'embeddings')).toBe(tokenCost(embedPrice, counted, 0));
   });
 });
 

@@ -218,14 +218,15 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
 
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
   const send = (payload: unknown) => res.write(`data: ${JSON.stringify(payload)}\n\n`);
-  const chunk = (delta: Record<string, unknown>, finish: string | null = null) => ({
+  const chunk = (delta: Record<string, unknown>, finish: string | null = null, index = 0) => ({
     id,
     object: 'chat.completion.chunk',
     created,
     model,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    choices: [{ index, delta, logprobs: null, finish_reason: finish }],
   });
-  send(chunk({ role: 'assistant', content: toolCalls ? null : '' }));
+  for (let index = 0; index < (toolCalls ? 1 : n); index++)
+    send(chunk({ role: 'assistant', content: toolCalls ? null : '' }, null, index));
   if (toolCalls) {
     // Each call: its id and name first, then its arguments 4 characters at a time.
     for (const [index, call] of toolCalls.entries()) {
@@ -260,10 +261,10 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
       res.end();
       return;
     }
-    send(chunk({ content: piece }));
+    for (let index = 0; index < n; index++) send(chunk({ content: piece }, null, index));
     if (b.malformed && i === 0) res.write('data: {"choices": [oops\n\n');
   }
-  send(chunk({}, finishReason));
+  for (let index = 0; index < n; index++) send(chunk({}, finishReason, index));
   if (body.stream_options?.include_usage && b.usage !== false) {
     send({ id, object: 'chat.completion.chunk', created, model, choices: [], usage });
   }
