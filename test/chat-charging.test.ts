@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { tokenCost } from '../src/chat/cost.ts';
 import { countPromptTokens, promptTokensUpperBound } from '../src/chat/tokens.ts';
 import { Money } from '../src/core/money.ts';
+import { tokenCost } from '../src/metering/cost.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat-fixture.ts';
 
 /** Exact charging per pricing mode, the hold rule, and subscriptions. */

@@ -1,19 +1,17 @@
 import type { FastifyInstance } from 'fastify';
 import type { AppContext } from '../app/context.ts';
-import { ChatService } from './service.ts';
+import { existingFlowOf, type MeteredFlow, meteredFlowOf } from '../metering/flow.ts';
+import { chatApi } from './api.ts';
 
-const services = new WeakMap<AppContext, ChatService>();
-
-/** The chat service serving a context (tests wait on `idle()` for settles after a response). */
-export function chatServiceOf(ctx: AppContext): ChatService | undefined {
-  return services.get(ctx);
+/** The metered flow serving a context (tests wait on `idle()` for settles after a response). */
+export function chatServiceOf(ctx: AppContext): MeteredFlow | undefined {
+  return existingFlowOf(ctx);
 }
 
 /** `POST /v1/chat/completions` (registered inside the authenticated `/v1` scope). */
 export async function chatRoutes(app: FastifyInstance): Promise<void> {
-  const service = new ChatService(app.ctx);
-  services.set(app.ctx, service);
+  const flow = meteredFlowOf(app.ctx);
   // Settles still running when the server stops are finished before the database closes.
-  app.addHook('onClose', () => service.close());
-  app.post('/chat/completions', (request, reply) => service.handle(request, reply));
+  app.addHook('onClose', () => flow.close());
+  app.post('/chat/completions', (request, reply) => flow.handle(chatApi, request, reply));
 }

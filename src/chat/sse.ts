@@ -1,35 +1,7 @@
-import type { ServerResponse } from 'node:http';
 import { newId } from '../core/ids.ts';
+import { DONE, sseEvent } from '../metering/relay.ts';
 
-/**
- * Server-sent events as OpenAI streams them: `data: <json>\n\n` per chunk, ending with `data: [DONE]`.
- * The headers keep proxies and ingress controllers (nginx's `X-Accel-Buffering`) from buffering.
- */
-export const SSE_HEADERS = {
-  'content-type': 'text/event-stream; charset=utf-8',
-  'cache-control': 'no-cache, no-transform',
-  connection: 'keep-alive',
-  'x-accel-buffering': 'no',
-} as const;
-
-export const DONE = 'data: [DONE]\n\n';
-
-export function sseEvent(data: string): string {
-  return `data: ${data}\n\n`;
-}
-
-/** Resolves when the response can take more data, or when the client went away. */
-export function drained(res: ServerResponse): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      res.off('drain', done);
-      res.off('close', done);
-      resolve();
-    };
-    res.on('drain', done);
-    res.on('close', done);
-  });
-}
+/** Chat completion chunks as OpenAI streams them (`chat.completion.chunk`), for replies Tollgate writes. */
 
 export interface ChunkMeta {
   id: string;
@@ -45,13 +17,14 @@ export function chunkJson(
   meta: ChunkMeta,
   delta: Record<string, unknown>,
   finishReason: string | null = null,
+  index = 0,
 ): string {
   return JSON.stringify({
     id: meta.id,
     object: 'chat.completion.chunk',
     created: meta.created,
     model: meta.model,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }],
+    choices: [{ index, delta, logprobs: null, finish_reason: finishReason }],
   });
 }
 

@@ -1,5 +1,6 @@
 import o200k from 'gpt-tokenizer';
-import type { ChatRequest } from './schema.ts';
+import { audioTokens, fileTokens, imageTokens } from '../metering/media-tokens.ts';
+import type { ChatMessage, ChatRequest } from './schema.ts';
 
 /**
  * Token counting for o200k_base (the encoding of current OpenAI models), on gpt-tokenizer's vocabulary
@@ -223,13 +224,19 @@ function mergeCount(piece: string): number {
 /**
  * Prompt tokens as OpenAI counts them for chat models: each message costs its content and name plus
  * 4 tokens of framing, the reply is primed with 3, and tool/function definitions count as text.
- * `count` counts one text: exactly by default, or with a bound (see promptTokensUpperBound).
+ * Content parts count by kind: text as text, images by OpenAI's tile rule (media-tokens.ts), audio by
+ * its length, files by their size; an assistant's `tool_calls` count as their names and arguments.
+ * `count` counts one text: exactly by default, or with a bound (see boundingCounter).
  */
 export function countPromptTokens(body: ChatRequest, count: TextCounter = countText): number {
   let tokens = 3;
   for (const message of body.messages) {
-    tokens += 4 + count(message.content);
+    tokens += 4 + contentTokens(message.content, count);
     if (message.name) tokens += 1 + count(message.name);
+    if (typeof message.refusal === 'string') tokens += count(message.refusal);
+    if (message.tool_calls) tokens += count(producedText({ tool_calls: message.tool_calls }));
+    if (message.function_call) tokens += count(producedText({ function_call: message.function_call }));
+    if (message.tool_call_id) tokens += count(message.tool_call_id);
   }
   for (const field of PROMPT_FIELDS) {
     const value = body[field];
@@ -238,21 +245,86 @@ export function countPromptTokens(body: ChatRequest, count: TextCounter = countT
   return tokens;
 }
 
+/** Tokens of a message's content: a string, or parts of any kind. */
+export function contentTokens(content: ChatMessage['content'], count: TextCounter = countText): number {
+  if (content == null) return 0;
+  if (typeof content === 'string') return count(content);
+  let tokens = 0;
+  for (const part of content) tokens += partTokens(part, count);
+  return tokens;
+}
+
+/** A content part of either API, as far as counting reads it. */
+export interface AnyPart {
+  type: string;
+  text?: unknown;
+  refusal?: unknown;
+  /** Chat: `{url, detail}`; Responses: the URL. */
+  image_url?: unknown;
+  detail?: unknown;
+  input_audio?: { data?: unknown } | undefined;
+  file?: { file_data?: unknown } | undefined;
+  file_data?: unknown;
+}
+
+const str = (value: unknown): string => (typeof value === 'string' ? value : '');
+
+/** One content part, Chat Completions' or Responses' kinds. */
+export function partTokens(part: AnyPart, count: TextCounter = countText): number {
+  switch (part.type) {
+    case 'text':
+    case 'input_text':
+    case 'output_text':
+      return count(str(part.text));
+    case 'refusal':
+      return count(str(part.refusal));
+    case 'image_url': {
+      const image = (part.image_url ?? {}) as { url?: unknown; detail?: unknown };
+      return imageTokens(str(image.url), str(image.detail));
+    }
+    case 'input_image':
+      return imageTokens(str(part.image_url), str(part.detail));
+    case 'input_audio':
+      return audioTokens(str(part.input_audio?.data));
+    case 'file':
+      return fileTokens(str(part.file?.file_data) || undefined);
+    case 'input_file':
+      return fileTokens(str(part.file_data) || undefined);
+    default:
+      return count(JSON.stringify(part));
+  }
+}
+
+/** The text of a message's content (its text parts joined). */
+export function contentText(content: ChatMessage['content'] | undefined): string {
+  if (content == null) return '';
+  if (typeof content === 'string') return content;
+  return content.map((part) => (part.type === 'text' ? String(part.text) : '')).join('');
+}
+
 /** What the hold assumes the prompt costs: the count plus a margin for other tokenizers. */
 export function promptTokensUpperBound(counted: number): number {
   return Math.ceil(counted * PROMPT_MARGIN);
 }
 
 /**
- * The prompt bound for the hold, cheaply: the prompt counted exactly up to EXACT_COUNT_BUDGET_BYTES
- * of text and bounded by UTF-8 bytes beyond, with the margin. `exact` is the count itself when the
- * whole prompt fitted the budget (the count to charge if the provider reports no usage), else
- * undefined (then the exact count is made only if it is needed).
+ * The input bound for the hold, cheaply: `countInput` run with a counter that counts exactly up to
+ * EXACT_COUNT_BUDGET_BYTES of text and bounds by UTF-8 bytes beyond, plus the margin. `exact` is the
+ * count itself when the whole input fitted the budget (the count to charge if the provider reports no
+ * usage), else undefined (then the exact count is made only if it is needed).
  */
-export function holdPromptTokens(body: ChatRequest): { bound: number; exact: number | undefined } {
+export function holdInputTokens<B>(
+  countInput: (body: B, count: TextCounter) => number,
+  body: B,
+): { bound: number; exact: number | undefined } {
   const counter = boundingCounter();
-  const counted = countPromptTokens(body, counter);
+  const counted = countInput(body, counter);
   return { bound: promptTokensUpperBound(counted), exact: counter.exact ? counted : undefined };
+}
+
+/** The hold's bound of a chat request's prompt (holdInputTokens over countPromptTokens). */
+export function holdPromptTokens(body: ChatRequest): { bound: number; exact: number | undefined } {
+  return holdInputTokens(countPromptTokens, body);
 }
 
 interface Delta {

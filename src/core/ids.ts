@@ -53,6 +53,8 @@ export type IdPrefix =
   | 'whsub'
   | 'dlv'
   | 'att'
+  | 'resp'
+  | 'msg'
   | 'chatcmpl';
 
 export function newId(prefix: IdPrefix): string {

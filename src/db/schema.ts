@@ -49,6 +49,8 @@ export interface ApiKeysTable {
 
 export type PricingMode = 'per_request' | 'per_token' | 'subscription';
 
+export type ModelEndpoint = 'chat' | 'responses' | 'embeddings';
+
 export interface ModelsTable {
   project_id: string;
   id: string;
@@ -57,6 +59,10 @@ export interface ModelsTable {
   per_request: Numeric | null;
   input_per_million: Numeric | null;
   output_per_million: Numeric | null;
+  /** Price of cached input tokens per 1M (per_token; null: the input price). */
+  cached_input_per_million: Numeric | null;
+  /** The APIs the model serves: `chat`, `responses`, `embeddings`. */
+  endpoints: Default<ModelEndpoint[]>;
   fee: Numeric | null;
   period: string | null;
   period_seconds: number | null;

@@ -12,9 +12,11 @@ export interface EventTypeInfo {
 export const eventCatalog = {
   'proxy.request.started': {
     version: '1.0',
-    description: 'A chat completion passed the paywall and is being forwarded to the provider.',
+    description:
+      'A metered request (chat completion, response or embeddings) passed the paywall and is being forwarded to the provider.',
     data: {
       requestId: 'request id',
+      api: '`chat`, `responses` or `embeddings`',
       model: 'model id',
       stream: 'boolean',
       holdAmount: 'decimal string held',
@@ -22,9 +24,10 @@ export const eventCatalog = {
   },
   'proxy.request.completed': {
     version: '1.0',
-    description: 'A forwarded chat completion finished and was charged.',
+    description: 'A forwarded metered request finished and was charged.',
     data: {
       requestId: 'request id',
+      api: '`chat`, `responses` or `embeddings`',
       model: 'model id',
       stream: 'boolean',
       inputTokens: 'integer',
@@ -39,20 +42,20 @@ export const eventCatalog = {
   },
   'proxy.request.failed': {
     version: '1.0',
-    description: 'A forwarded chat completion failed upstream; the hold was released and nothing charged.',
+    description: 'A forwarded metered request failed upstream; the hold was released and nothing charged.',
     data: { requestId: 'request id', model: 'model id', status: 'HTTP status returned', code: 'error code' },
   },
   'auth.connection.required': {
     version: '1.0',
     description: 'A request came from a user who is not connected; the reply carried a connect link.',
-    data: { model: 'model id or null', operation: '`chat` or `charge`' },
+    data: { model: 'model id or null', operation: '`chat`, `responses`, `embeddings` or `charge`' },
   },
   'limits.balance.insufficient': {
     version: '1.0',
     description: 'A request needed more than the user’s available balance; the reply carried a top-up link.',
     data: {
       model: 'model id or null',
-      operation: '`chat` or `charge`',
+      operation: '`chat`, `responses`, `embeddings` or `charge`',
       required: 'decimal string',
       available: 'decimal string',
       currency: 'currency code',

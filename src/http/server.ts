@@ -10,8 +10,10 @@ import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
 import { ApiError, databaseUnavailable } from '../core/errors.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
+import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
+import { responsesRoutes } from '../responses/routes.ts';
 import { pageRoutes } from '../users/pages.ts';
 import { userRoutes } from '../users/routes.ts';
 import { webhookRoutes } from '../webhooks/routes.ts';
@@ -86,6 +88,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       installAuth(v1);
       await v1.register(modelRoutes);
       await v1.register(chatRoutes);
+      await v1.register(responsesRoutes);
+      await v1.register(embeddingsRoutes);
       await v1.register(userRoutes);
       await v1.register(webhookRoutes);
     },

@@ -37,7 +37,7 @@ export class Metrics {
   // ---- chat ----
   readonly requests = new Counter({
     name: 'tollgate_requests_total',
-    help: 'Chat completion requests by paywall decision (allowed, connect_required, topup_required) and outcome.',
+    help: 'Metered requests (chat completions, responses, embeddings) by paywall decision (allowed, connect_required, topup_required) and outcome.',
     labelNames: ['project', 'model', 'decision', 'outcome', 'stream'] as const,
     registers: [this.registry],
   });
@@ -55,7 +55,7 @@ export class Metrics {
   });
   readonly charged = new Counter({
     name: 'tollgate_charged_amount_total',
-    help: 'Amount charged, in currency units (chat, subscription fees and manual charges).',
+    help: 'Amount charged, in currency units (chat, responses, embeddings, subscription fees and manual charges).',
     labelNames: ['project', 'model', 'currency', 'source'] as const,
     registers: [this.registry],
   });

@@ -1,10 +1,11 @@
 import { z } from 'zod';
 import { currencySchema, priceSchema } from '../core/money.ts';
-import type { ModelRow, PricingMode } from '../db/schema.ts';
+import type { ModelEndpoint, ModelRow, PricingMode } from '../db/schema.ts';
 
 /**
- * Pricing of a model: per request, per token (prices per 1M input/output tokens), or subscription
- * (a fee per period charged from the balance, then unlimited use until the period ends).
+ * Pricing of a model: per request, per token (prices per 1M input/output tokens, optionally a lower one
+ * for cached input tokens; embeddings models need only the input price), or subscription (a fee per
+ * period charged from the balance, then unlimited use until the period ends).
  */
 export const periodSchema = z
   .string()
@@ -22,7 +23,10 @@ export const pricingSchema = z.discriminatedUnion('mode', [
   z.strictObject({
     mode: z.literal('per_token'),
     inputPerMillion: priceSchema,
-    outputPerMillion: priceSchema,
+    /** Optional: 0 when omitted (embeddings produce no output tokens). */
+    outputPerMillion: priceSchema.optional(),
+    /** Optional: the price of input tokens the provider reports as cached; the input price when omitted. */
+    cachedInputPerMillion: priceSchema.optional(),
   }),
   z.strictObject({ mode: z.literal('subscription'), fee: priceSchema, period: periodSchema }),
 ]);
@@ -34,10 +38,19 @@ export const modelIdSchema = z
   .max(128)
   .regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]*$/, { message: 'may hold letters, digits and . _ : / -' });
 
+/** The OpenAI APIs a model can serve through Tollgate. */
+export const ENDPOINTS = ['chat', 'responses', 'embeddings'] as const satisfies readonly ModelEndpoint[];
+export const DEFAULT_ENDPOINTS: ModelEndpoint[] = ['chat', 'responses'];
+export const endpointsSchema = z
+  .array(z.enum(ENDPOINTS, { message: "must be one of 'chat', 'responses', 'embeddings'" }))
+  .min(1, { message: 'must list at least one endpoint' });
+
 export const modelSpecSchema = z.strictObject({
   id: modelIdSchema,
   upstreamModel: z.string().min(1).max(256).optional(),
   pricing: pricingSchema,
+  /** Which APIs serve the model (default: chat and responses). */
+  endpoints: endpointsSchema.optional(),
 });
 export type ModelSpec = z.infer<typeof modelSpecSchema>;
 
@@ -66,6 +79,9 @@ export function pricingOf(row: ModelRow): Pricing {
         mode: 'per_token',
         inputPerMillion: row.input_per_million ?? '0',
         outputPerMillion: row.output_per_million ?? '0',
+        ...(row.cached_input_per_million != null
+          ? { cachedInputPerMillion: row.cached_input_per_million }
+          : {}),
       };
     case 'subscription':
       return { mode: 'subscription', fee: row.fee ?? '0', period: row.period ?? '30d' };
@@ -78,9 +94,15 @@ export function pricingColumns(pricing: Pricing) {
     pricing_mode: pricing.mode,
     per_request: pricing.mode === 'per_request' ? pricing.perRequest : null,
     input_per_million: pricing.mode === 'per_token' ? pricing.inputPerMillion : null,
-    output_per_million: pricing.mode === 'per_token' ? pricing.outputPerMillion : null,
+    output_per_million: pricing.mode === 'per_token' ? (pricing.outputPerMillion ?? '0') : null,
+    cached_input_per_million: pricing.mode === 'per_token' ? (pricing.cachedInputPerMillion ?? null) : null,
     fee: pricing.mode === 'subscription' ? pricing.fee : null,
     period: pricing.mode === 'subscription' ? pricing.period : null,
     period_seconds: pricing.mode === 'subscription' ? periodSeconds(pricing.period) : null,
   };
+}
+
+/** The APIs a model row serves. */
+export function endpointsOf(row: ModelRow): ModelEndpoint[] {
+  return row.endpoints?.length ? row.endpoints : DEFAULT_ENDPOINTS;
 }

@@ -2,9 +2,13 @@ import type { FastifyInstance } from 'fastify';
 import { notFound } from '../core/errors.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
-import { pricingOf } from './pricing.ts';
+import { endpointsOf, pricingOf } from './pricing.ts';
 
-/** OpenAI's model object, with Tollgate's pricing (decimal strings in the project's currency) added. */
+/**
+ * OpenAI's model object, with Tollgate's pricing (decimal strings in the project's currency) and the
+ * APIs that serve the model (`endpoints`: `chat` → /v1/chat/completions, `responses` → /v1/responses,
+ * `embeddings` → /v1/embeddings) added.
+ */
 export function modelObject(project: ProjectContext, model: ModelRow) {
   return {
     id: model.id,
@@ -12,6 +16,7 @@ export function modelObject(project: ProjectContext, model: ModelRow) {
     created: Math.floor(model.created_at.getTime() / 1000),
     owned_by: project.name,
     pricing: { ...pricingOf(model), currency: project.currency },
+    endpoints: endpointsOf(model),
   };
 }
 

@@ -2,7 +2,7 @@ import { parse as parseYaml } from 'yaml';
 import { badRequest } from '../core/errors.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import { type PricingFile, pricingColumns, pricingFileSchema } from './pricing.ts';
+import { DEFAULT_ENDPOINTS, type PricingFile, pricingColumns, pricingFileSchema } from './pricing.ts';
 
 export interface ApplyResult {
   created: string[];
@@ -47,7 +47,11 @@ export async function applyPricing(db: Database, projectId: string, file: Pricin
     );
     const result: ApplyResult = { created: [], updated: [], deleted: [] };
     for (const model of file.models) {
-      const columns = { ...pricingColumns(model.pricing), upstream_model: model.upstreamModel ?? model.id };
+      const columns = {
+        ...pricingColumns(model.pricing),
+        upstream_model: model.upstreamModel ?? model.id,
+        endpoints: model.endpoints ?? DEFAULT_ENDPOINTS,
+      };
       await tx
         .insertInto('models')
         .values({ project_id: projectId, id: model.id, ...columns })

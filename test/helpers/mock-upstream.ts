@@ -5,7 +5,11 @@ import type { AddressInfo, Socket } from 'node:net';
  * A real OpenAI-compatible provider on a loopback port, for the chat tests and the proxy benchmark.
  * It answers `POST /v1/chat/completions` with `tokens` pieces of text (each piece ` hello` is exactly one
  * o200k token), cut at the request's `max_tokens`/`max_completion_tokens`, streaming or not, and can
- * report or omit usage, fail, stall and send malformed streams.
+ * report or omit usage, fail, stall and send malformed streams; with `toolCalls` it asks for tool calls
+ * (until the conversation carries a `tool` message), with `n` it answers that many choices.
+ * `POST /v1/responses` answers a Response (or its event stream) of the same text, cut at
+ * `max_output_tokens`, and `GET /v1/responses/{id}` returns it again; `POST /v1/embeddings` answers a
+ * 3-dimensional vector per input (floats or base64).
  *
  * Behaviour is chosen per upstream model name (`behaviors`), falling back to `defaults`, so tests that
  * run at the same time can use different behaviours through different models.
@@ -33,6 +37,14 @@ export interface MockBehavior {
   malformed?: boolean;
   /** Streaming: end the body after this many content chunks without finish_reason or [DONE]. */
   truncateAfterChunks?: number;
+  /** Chat: answer with these tool calls (content null) unless the last message is a `tool` answer. */
+  toolCalls?: Array<{ name: string; arguments: string }>;
+  /** Cached input tokens to report (usage details). */
+  cachedTokens?: number;
+  /** Reasoning tokens to report (part of the output tokens). */
+  reasoningTokens?: number;
+  /** Answer 404 to /responses (a provider without the Responses API). */
+  noResponses?: boolean;
 }
 
 export interface ReceivedRequest {
@@ -68,10 +80,20 @@ export async function startMockUpstream(
     close: async () => {},
   };
 
+  const responses = new Map<string, unknown>();
   const server = http.createServer((req, res) => {
-    if (req.method !== 'POST' || !req.url?.endsWith('/chat/completions')) {
-      res.writeHead(404, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ error: { message: 'not found', type: 'invalid_request_error' } }));
+    const route = routeOf(req.method, req.url ?? '');
+    if (route === 'retrieve') {
+      const id = decodeURIComponent((req.url ?? '').split('/responses/')[1]!.split(/[/?]/)[0]!);
+      const stored = responses.get(id);
+      res.writeHead(stored ? 200 : 404, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify(stored ?? { error: { message: `No response ${id}`, type: 'invalid_request_error' } }),
+      );
+      return;
+    }
+    if (!route) {
+      notFound(res);
       return;
     }
     const parts: Buffer[] = [];
@@ -93,7 +115,13 @@ export async function startMockUpstream(
         if (!finished && !res.writableFinished) mock.aborted++;
       });
       const behavior = { ...mock.defaults, ...mock.behaviors.get(String(body.model)) };
-      answer(body, behavior, res).then(
+      const answering =
+        route === 'chat'
+          ? answer(body, behavior, res)
+          : route === 'responses'
+            ? answerResponse(body, behavior, res, responses)
+            : answerEmbeddings(body, behavior, res);
+      answering.then(
         () => {
           finished = true;
         },
@@ -139,7 +167,15 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
   }
   const piece = b.piece ?? ' hello';
   const promptTokens = b.promptTokens ?? 12;
-  const usage = { prompt_tokens: promptTokens, completion_tokens: count, total_tokens: promptTokens + count };
+  const n = typeof body.n === 'number' ? body.n : 1;
+  const lastRole = Array.isArray(body.messages) ? body.messages.at(-1)?.role : undefined;
+  const toolCalls = b.toolCalls && lastRole !== 'tool' ? b.toolCalls : undefined;
+  const usage = {
+    prompt_tokens: promptTokens,
+    completion_tokens: count * n,
+    total_tokens: promptTokens + count * n,
+    ...details(b),
+  };
   const id = `chatcmpl-mock${Math.random().toString(36).slice(2, 10)}`;
   const created = Math.floor(Date.now() / 1000);
   const model = body.model;
@@ -155,14 +191,23 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
       object: 'chat.completion',
       created,
       model,
-      choices: [
-        {
-          index: 0,
-          message: { role: 'assistant', content: piece.repeat(count), refusal: null },
-          logprobs: null,
-          finish_reason: finishReason,
-        },
-      ],
+      choices: Array.from({ length: n }, (_, index) => ({
+        index,
+        message: toolCalls
+          ? {
+              role: 'assistant',
+              content: null,
+              refusal: null,
+              tool_calls: toolCalls.map((call, i) => ({
+                id: `call_${i}`,
+                type: 'function',
+                function: call,
+              })),
+            }
+          : { role: 'assistant', content: piece.repeat(count), refusal: null },
+        logprobs: null,
+        finish_reason: toolCalls ? 'tool_calls' : finishReason,
+      })),
       ...(b.usage === false ? {} : { usage }),
     };
     const text = JSON.stringify(completion);
@@ -173,14 +218,38 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
 
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
   const send = (payload: unknown) => res.write(`data: ${JSON.stringify(payload)}\n\n`);
-  const chunk = (delta: Record<string, unknown>, finish: string | null = null) => ({
+  const chunk = (delta: Record<string, unknown>, finish: string | null = null, index = 0) => ({
     id,
     object: 'chat.completion.chunk',
     created,
     model,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    choices: [{ index, delta, logprobs: null, finish_reason: finish }],
   });
-  send(chunk({ role: 'assistant', content: '' }));
+  for (let index = 0; index < (toolCalls ? 1 : n); index++)
+    send(chunk({ role: 'assistant', content: toolCalls ? null : '' }, null, index));
+  if (toolCalls) {
+    // Each call: its id and name first, then its arguments 4 characters at a time.
+    for (const [index, call] of toolCalls.entries()) {
+      send(
+        chunk({
+          tool_calls: [
+            { index, id: `call_${index}`, type: 'function', function: { name: call.name, arguments: '' } },
+          ],
+        }),
+      );
+      for (let at = 0; at < call.arguments.length; at += 4) {
+        if (res.destroyed) return;
+        if (b.chunkDelayMs) await sleep(b.chunkDelayMs);
+        send(chunk({ tool_calls: [{ index, function: { arguments: call.arguments.slice(at, at + 4) } }] }));
+      }
+    }
+    send(chunk({}, 'tool_calls'));
+    if (body.stream_options?.include_usage && b.usage !== false) {
+      send({ id, object: 'chat.completion.chunk', created, model, choices: [], usage });
+    }
+    res.end('data: [DONE]\n\n');
+    return;
+  }
   for (let i = 0; i < count; i++) {
     if (res.destroyed) return;
     if (b.chunkDelayMs) await sleep(b.chunkDelayMs);
@@ -192,12 +261,144 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
       res.end();
       return;
     }
-    send(chunk({ content: piece }));
+    for (let index = 0; index < n; index++) send(chunk({ content: piece }, null, index));
     if (b.malformed && i === 0) res.write('data: {"choices": [oops\n\n');
   }
-  send(chunk({}, finishReason));
+  for (let index = 0; index < n; index++) send(chunk({}, finishReason, index));
   if (body.stream_options?.include_usage && b.usage !== false) {
     send({ id, object: 'chat.completion.chunk', created, model, choices: [], usage });
   }
   res.end('data: [DONE]\n\n');
+}
+
+type Route = 'chat' | 'responses' | 'retrieve' | 'embeddings' | undefined;
+
+function routeOf(method: string | undefined, url: string): Route {
+  const path = url.split('?')[0]!;
+  if (method === 'POST' && path.endsWith('/chat/completions')) return 'chat';
+  if (method === 'POST' && path.endsWith('/responses')) return 'responses';
+  if (method === 'GET' && path.includes('/responses/')) return 'retrieve';
+  if (method === 'POST' && path.endsWith('/embeddings')) return 'embeddings';
+  return undefined;
+}
+
+function notFound(res: http.ServerResponse): void {
+  res.writeHead(404, { 'content-type': 'application/json' });
+  res.end(JSON.stringify({ error: { message: 'not found', type: 'invalid_request_error' } }));
+}
+
+function details(b: MockBehavior) {
+  return {
+    ...(b.cachedTokens !== undefined ? { prompt_tokens_details: { cached_tokens: b.cachedTokens } } : {}),
+    ...(b.reasoningTokens !== undefined
+      ? { completion_tokens_details: { reasoning_tokens: b.reasoningTokens } }
+      : {}),
+  };
+}
+
+/** `POST /responses`: a Response of `tokens` pieces, or its event stream. */
+async function answerResponse(
+  body: any,
+  b: MockBehavior,
+  res: http.ServerResponse,
+  store: Map<string, unknown>,
+): Promise<void> {
+  if (b.noResponses) return notFound(res);
+  if (b.failStatus) {
+    res.writeHead(b.failStatus, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ error: { message: `mock failure ${b.failStatus}`, type: 'server_error' } }));
+    return;
+  }
+  const limit = body.max_output_tokens;
+  let count = b.tokens ?? 5;
+  let status = 'completed';
+  if (typeof limit === 'number' && count > limit) {
+    count = limit;
+    status = 'incomplete';
+  }
+  const piece = b.piece ?? ' hello';
+  const promptTokens = b.promptTokens ?? 12;
+  const id = `resp_mock${Math.random().toString(36).slice(2, 10)}`;
+  const messageId = `msg_mock${Math.random().toString(36).slice(2, 10)}`;
+  const text = piece.repeat(count);
+  const part = { type: 'output_text', text, annotations: [], logprobs: [] };
+  const message = { type: 'message', id: messageId, status: 'completed', role: 'assistant', content: [part] };
+  const usage = {
+    input_tokens: promptTokens,
+    input_tokens_details: { cached_tokens: b.cachedTokens ?? 0 },
+    output_tokens: count,
+    output_tokens_details: { reasoning_tokens: b.reasoningTokens ?? 0 },
+    total_tokens: promptTokens + count,
+  };
+  const response = {
+    id,
+    object: 'response',
+    created_at: Math.floor(Date.now() / 1000),
+    status,
+    error: null,
+    incomplete_details: status === 'incomplete' ? { reason: 'max_output_tokens' } : null,
+    model: body.model,
+    output: [message],
+    parallel_tool_calls: true,
+    tool_choice: 'auto',
+    tools: [],
+    ...(b.usage === false ? {} : { usage }),
+  };
+  store.set(id, response);
+  if (!body.stream) {
+    const json = JSON.stringify(response);
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
+    res.end(json);
+    return;
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  let seq = 0;
+  const send = (event: Record<string, unknown>) =>
+    res.write(`event: ${event.type}\ndata: ${JSON.stringify({ ...event, sequence_number: seq++ })}\n\n`);
+  const item = { item_id: messageId, output_index: 0, content_index: 0 };
+  send({
+    type: 'response.created',
+    response: { ...response, status: 'in_progress', output: [], usage: null },
+  });
+  send({
+    type: 'response.output_item.added',
+    output_index: 0,
+    item: { ...message, status: 'in_progress', content: [] },
+  });
+  send({ type: 'response.content_part.added', ...item, part: { ...part, text: '' } });
+  for (let i = 0; i < count; i++) {
+    if (res.destroyed) return;
+    if (b.chunkDelayMs) await sleep(b.chunkDelayMs);
+    send({ type: 'response.output_text.delta', ...item, delta: piece, logprobs: [] });
+  }
+  send({ type: 'response.output_text.done', ...item, text, logprobs: [] });
+  send({ type: 'response.content_part.done', ...item, part });
+  send({ type: 'response.output_item.done', output_index: 0, item: message });
+  send({ type: status === 'completed' ? 'response.completed' : 'response.incomplete', response });
+  res.end();
+}
+
+/** `POST /embeddings`: the vector [0.25, 0.5, 0.75] per input, as floats or base64 float32. */
+async function answerEmbeddings(body: any, b: MockBehavior, res: http.ServerResponse): Promise<void> {
+  if (b.failStatus) {
+    res.writeHead(b.failStatus, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ error: { message: `mock failure ${b.failStatus}`, type: 'server_error' } }));
+    return;
+  }
+  const inputs =
+    typeof body.input === 'string' || typeof body.input?.[0] === 'number' ? [body.input] : body.input;
+  const vector = [0.25, 0.5, 0.75];
+  const embedding =
+    body.encoding_format === 'base64'
+      ? Buffer.from(new Float32Array(vector).buffer).toString('base64')
+      : vector;
+  const promptTokens = b.promptTokens ?? 12;
+  const json = JSON.stringify({
+    object: 'list',
+    data: inputs.map((_: unknown, index: number) => ({ object: 'embedding', index, embedding })),
+    model: body.model,
+    ...(b.usage === false ? {} : { usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } }),
+  });
+  res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
+  res.end(json);
 }

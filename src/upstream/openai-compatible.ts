@@ -1,10 +1,12 @@
 import { createParser } from 'eventsource-parser';
 import { Agent, type Dispatcher } from 'undici';
 import {
-  type ChatProvider,
-  type Completion,
-  type CompletionJson,
   isAbort,
+  type PassthroughAnswer,
+  type PassthroughCall,
+  type Provider,
+  type SseMessage,
+  type UpstreamAnswer,
   type UpstreamCall,
   UpstreamError,
 } from './types.ts';
@@ -34,18 +36,21 @@ export function createUpstreamAgent(timeouts: UpstreamTimeouts): Agent {
 
 const MAX_ERROR_BODY = 8192;
 
-/** Any OpenAI-compatible chat completions API: `POST {baseUrl}/chat/completions` with a bearer key. */
-export class OpenAICompatibleProvider implements ChatProvider {
+/**
+ * Any OpenAI-compatible provider: `POST {baseUrl}{path}` with a bearer key, for every API Tollgate
+ * meters (`/chat/completions`, `/responses`, `/embeddings`), and other calls passed through as received.
+ */
+export class OpenAICompatibleProvider implements Provider {
   readonly #agent: Dispatcher;
   readonly #origin: string;
-  readonly #path: string;
+  readonly #basePath: string;
   readonly #headers: Record<string, string>;
 
   constructor(agent: Dispatcher, baseUrl: string, apiKey: string | undefined) {
-    const url = new URL(`${baseUrl.replace(/\/+$/, '')}/chat/completions`);
+    const url = new URL(baseUrl.replace(/\/+$/, ''));
     this.#agent = agent;
     this.#origin = url.origin;
-    this.#path = url.pathname + url.search;
+    this.#basePath = url.pathname.replace(/\/+$/, '');
     this.#headers = {
       'content-type': 'application/json',
       accept: 'application/json, text/event-stream',
@@ -53,7 +58,7 @@ export class OpenAICompatibleProvider implements ChatProvider {
     };
   }
 
-  async complete(call: UpstreamCall): Promise<Completion> {
+  async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
     const res = await this.#send(call);
     let text: string;
     try {
@@ -61,19 +66,19 @@ export class OpenAICompatibleProvider implements ChatProvider {
     } catch (err) {
       throw failure(err);
     }
-    let json: CompletionJson;
+    let json: unknown;
     try {
-      json = JSON.parse(text) as CompletionJson;
+      json = JSON.parse(text);
     } catch {
       throw new UpstreamError('malformed', 'The provider returned a response that is not JSON.');
     }
-    if (!json || typeof json !== 'object' || !Array.isArray(json.choices)) {
-      throw new UpstreamError('malformed', 'The provider returned a response without `choices`.');
+    if (!json || typeof json !== 'object' || Array.isArray(json)) {
+      throw new UpstreamError('malformed', 'The provider returned a response that is not a JSON object.');
     }
-    return { text, json };
+    return { text, json: json as Record<string, unknown> };
   }
 
-  async stream(call: UpstreamCall): Promise<AsyncIterable<string>> {
+  async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
     const res = await this.#send(call);
     const type = String(res.headers['content-type'] ?? '');
     if (!type.includes('text/event-stream')) {
@@ -83,7 +88,29 @@ export class OpenAICompatibleProvider implements ChatProvider {
         `The provider answered a streaming request with ${type || 'no content type'}.`,
       );
     }
-    return sseData(res.body);
+    return sseMessages(res.body);
+  }
+
+  async passthrough(call: PassthroughCall): Promise<PassthroughAnswer> {
+    let res: Dispatcher.ResponseData;
+    try {
+      res = await this.#agent.request({
+        origin: this.#origin,
+        path: this.#basePath + call.path,
+        method: call.method as Dispatcher.HttpMethod,
+        headers: this.#headers,
+        ...(call.body !== undefined ? { body: call.body } : {}),
+        signal: call.signal,
+      });
+    } catch (err) {
+      throw failure(err);
+    }
+    const type = res.headers['content-type'];
+    return {
+      status: res.statusCode,
+      contentType: typeof type === 'string' ? type : undefined,
+      body: res.body,
+    };
   }
 
   async #send(call: UpstreamCall): Promise<Dispatcher.ResponseData> {
@@ -91,7 +118,7 @@ export class OpenAICompatibleProvider implements ChatProvider {
     try {
       res = await this.#agent.request({
         origin: this.#origin,
-        path: this.#path,
+        path: this.#basePath + call.path,
         method: 'POST',
         headers: this.#headers,
         body: JSON.stringify(call.body),
@@ -120,16 +147,16 @@ export class OpenAICompatibleProvider implements ChatProvider {
   }
 }
 
-/** The data of each server-sent event of a body, as it arrives (eventsource-parser does the framing). */
-async function* sseData(body: Dispatcher.ResponseData['body']): AsyncGenerator<string> {
-  const queue: string[] = [];
-  const parser = createParser({ onEvent: (event) => queue.push(event.data) });
+/** Each server-sent event of a body, as it arrives (eventsource-parser does the framing). */
+async function* sseMessages(body: Dispatcher.ResponseData['body']): AsyncGenerator<SseMessage> {
+  const queue: SseMessage[] = [];
+  const parser = createParser({ onEvent: (event) => queue.push({ event: event.event, data: event.data }) });
   const decoder = new TextDecoder();
   try {
     for await (const chunk of body) {
       parser.feed(decoder.decode(chunk as Uint8Array, { stream: true }));
       if (queue.length) {
-        for (const data of queue) yield data;
+        for (const message of queue) yield message;
         queue.length = 0;
       }
     }
@@ -139,7 +166,7 @@ async function* sseData(body: Dispatcher.ResponseData['body']): AsyncGenerator<s
     if (!body.destroyed) body.destroy();
   }
   parser.feed(`${decoder.decode()}\n\n`);
-  for (const data of queue) yield data;
+  for (const message of queue) yield message;
 }
 
 /** Maps undici's errors to UpstreamError; our own abort is rethrown as is. */

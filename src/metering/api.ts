@@ -1,0 +1,110 @@
+import type { Trigger } from '../billing/ledger.ts';
+import type { LinkReply } from '../chat/paywall.ts';
+import type { TextCounter } from '../chat/tokens.ts';
+import type { ModelEndpoint, ModelRow } from '../db/schema.ts';
+import type { ProjectContext } from '../projects/directory.ts';
+import type { SseMessage } from '../upstream/types.ts';
+import type { MeteredPricing, TokenUsage } from './cost.ts';
+
+/**
+ * One of OpenAI's APIs as the metered flow (flow.ts) serves it. The flow owns what every API shares —
+ * the end user, the paywall decision and hold, forwarding, settling from usage, events and metrics —
+ * and asks its adapter (src/chat/api.ts, src/responses/api.ts, src/embeddings/api.ts) for the rest:
+ * how to parse and count a request, where it goes upstream, how to read usage from the answer, how a
+ * refused user is answered, and how a stream is relayed.
+ */
+export interface MeteredApi<B extends MeteredBody = MeteredBody> {
+  /** Which model capability the API needs (`endpoints` of the pricing file), and the ledger source. */
+  readonly name: ModelEndpoint;
+  /** For messages: "Chat Completions", "Responses", "Embeddings". */
+  readonly title: string;
+  /** Path under the provider's base URL. */
+  readonly upstreamPath: string;
+  parse(body: unknown): B;
+  /**
+   * Input tokens as Tollgate counts them (the hold; the charge when the provider reports none), every
+   * text through `count` (exact by default; bounded for the hold).
+   */
+  countInput(body: B, count?: TextCounter): number;
+  /**
+   * The output bound the client set (per choice); `undefined` when it set none (the project's default
+   * applies); `0` for APIs that produce no output tokens.
+   */
+  requestedBound(body: B): number | undefined;
+  /** Completions asked for (chat's `n`): the output bound is per completion. */
+  choices(body: B): number;
+  /** The provider's request: the client's body as received, with the provider's model and the bound. */
+  upstreamBody(body: B, model: ModelRow, bound: number | undefined): Record<string, unknown>;
+  /** Checks a non-streaming answer (UpstreamError `malformed` when it is not one) and reads it. */
+  read(json: Record<string, unknown>): AnswerReading;
+  /** The answer of a refused user (not connected, cannot pay), in a shape this API's clients accept. */
+  refusal(link: LinkReply, x: Exchange<B>): RefusalReply;
+  /** A reader of the provider's stream (APIs that stream). */
+  streamReader?(x: Exchange<B>): StreamReader;
+}
+
+export interface MeteredBody {
+  model: string;
+  user?: string | undefined;
+  stream?: boolean | null | undefined;
+}
+
+/** Usage as the provider reported it; missing fields are counted by Tollgate. */
+export type ReportedUsage = Partial<TokenUsage>;
+
+export interface AnswerReading {
+  usage: ReportedUsage | undefined;
+  /** Output tokens counted by Tollgate from the answer (when the usage has none). */
+  produced: number;
+  finishReason: string | null;
+}
+
+export type RefusalReply = { kind: 'json'; status: number; body: unknown } | { kind: 'stream'; body: string };
+
+/** What the flow knows about one request while serving it. */
+export interface Exchange<B extends MeteredBody = MeteredBody> {
+  api: MeteredApi<B>;
+  requestId: string;
+  project: ProjectContext;
+  model: ModelRow;
+  pricing: MeteredPricing;
+  body: B;
+  externalId: string;
+  userId: string;
+  stream: boolean;
+  trigger: Trigger;
+  started: number;
+  /** Completions asked for (chat's `n`). */
+  choices: number;
+  hold: { id: string; amount: string } | undefined;
+  /** Input tokens counted by Tollgate (per-token pricing). */
+  inputCount: number | undefined;
+  /** Output tokens the hold pays for, per choice (per-token pricing). */
+  bound: number | undefined;
+  startedEvent: Promise<unknown> | undefined;
+}
+
+/**
+ * Reads a provider's stream event by event: what to forward, how many output tokens each event adds,
+ * the usage and finish reason seen, and how to end the stream (normally, or cut at the bound).
+ */
+export interface StreamReader {
+  /** Throws UpstreamError for an event that is malformed or reports an error. */
+  next(message: SseMessage): StreamStep;
+  readonly usage: ReportedUsage | undefined;
+  readonly finishReason: string | null;
+  /** The provider said the answer is complete (`[DONE]`, a finish reason, `response.completed`). */
+  readonly finished: boolean;
+  /** Whether a stream can be stopped at the bound and still end validly. */
+  readonly canCut: boolean;
+  /** SSE text that ends the relayed stream; `cut` when Tollgate stopped it at the bound. */
+  tail(cut: boolean, counted: TokenUsage): string;
+}
+
+export type StreamStep =
+  /** Forward the event (re-encoded as received) and count its output tokens. */
+  | { action: 'forward'; tokens: number }
+  /** Do not forward (e.g. the usage chunk Tollgate asked for and the client did not). */
+  | { action: 'skip' }
+  /** The provider's end marker: stop reading; the tail ends the stream. */
+  | { action: 'end' };

@@ -1,0 +1,579 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Agent } from 'undici';
+import type { AppContext } from '../app/context.ts';
+import type { PaywallRefusal } from '../billing/ledger.ts';
+import { linkReply } from '../chat/paywall.ts';
+import { holdInputTokens } from '../chat/tokens.ts';
+import { ApiError, badRequest, notFound } from '../core/errors.ts';
+import { newId } from '../core/ids.ts';
+import { formatAmount } from '../core/money.ts';
+import type { EventType } from '../events/catalog.ts';
+import { endpointsOf } from '../models/pricing.ts';
+import type { ProjectContext } from '../projects/directory.ts';
+import { ECHO_UPSTREAM } from '../projects/service.ts';
+import { EchoProvider } from '../upstream/echo.ts';
+import { createUpstreamAgent, OpenAICompatibleProvider } from '../upstream/openai-compatible.ts';
+import { isAbort, type Provider, type SseMessage, UpstreamError } from '../upstream/types.ts';
+import { admit } from './admission.ts';
+import type { Exchange, MeteredApi, MeteredBody, ReportedUsage } from './api.ts';
+import { meteredPricing, requestCost, type TokenUsage, tokenHold } from './cost.ts';
+import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
+import {
+  abandon,
+  ClientWatch,
+  SseSink,
+  sendJsonText,
+  sendPassthrough,
+  sendStream,
+  sseMessage,
+} from './relay.ts';
+import { release, settle } from './settlement.ts';
+import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
+
+/**
+ * One metered request, whatever the API (`/v1/chat/completions`, `/v1/responses`, `/v1/embeddings`):
+ *
+ * 1. admission (admission.ts): not connected → the API's connect-link reply; cannot pay → its top-up
+ *    reply (no provider call, no charge). Both come out of the single conditional hold statement.
+ * 2. Otherwise the most the request can cost is held (per request: the price; per token: the input
+ *    counted with a margin plus the output bound, which is also sent to the provider), the request is
+ *    forwarded, and the answer relayed (relay.ts).
+ * 3. settlement (settlement.ts): the hold is settled at the real cost from the provider's `usage`
+ *    (counted with gpt-tokenizer when missing); the rest is released.
+ * Subscription models need no hold: a current period serves free, else its fee starts a new one.
+ *
+ * Settles run right after the last byte is handed to the client, off the response's critical path;
+ * `idle()` waits for those in flight (tests, shutdown).
+ */
+export class MeteredFlow {
+  readonly #ctx: AppContext;
+  readonly #agent: Agent;
+  readonly #echo = new EchoProvider();
+  readonly #providers = new WeakMap<object, Provider>();
+  readonly #pending = new Set<Promise<unknown>>();
+  #closed: Promise<void> | undefined;
+
+  constructor(ctx: AppContext) {
+    this.#ctx = ctx;
+    this.#agent = createUpstreamAgent({
+      connectMs: ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS,
+      responseMs: ctx.config.UPSTREAM_RESPONSE_TIMEOUT_MS,
+    });
+  }
+
+  /** Resolves when every settle, release and event write started so far has finished. */
+  async idle(): Promise<void> {
+    while (this.#pending.size) await Promise.allSettled([...this.#pending]);
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= (async () => {
+      await this.idle();
+      await this.#agent.close();
+    })();
+    return this.#closed;
+  }
+
+  async handle<B extends MeteredBody>(
+    api: MeteredApi<B>,
+    request: FastifyRequest,
+    reply: FastifyReply,
+  ): Promise<FastifyReply> {
+    const started = performance.now();
+    const ctx = this.#ctx;
+    const project = request.project;
+    const body = api.parse(request.body);
+    const model = project.models.get(body.model);
+    if (!model) throw notFound(`The model '${body.model}' does not exist`, 'model_not_found', 'model');
+    if (!endpointsOf(model).includes(api.name)) {
+      throw badRequest(
+        `The model '${model.id}' is not served by the ${api.title} API (it serves: ${endpointsOf(model).join(', ')}).`,
+        'model',
+        'unsupported_model',
+      );
+    }
+    const externalId = resolveEndUser(body, request.headers[END_USER_HEADER]);
+    const upstream = project.upstream;
+    if (!upstream) {
+      throw new ApiError(
+        503,
+        'service_unavailable',
+        'This project has no model provider configured. Set one with `tollgate project set --project ID --upstream-url URL --upstream-key KEY`.',
+        { code: 'no_upstream' },
+      );
+    }
+    const stream = body.stream === true && api.streamReader !== undefined;
+    const pricing = meteredPricing(model);
+    const x: Exchange<B> = {
+      api,
+      requestId: newId('req'),
+      project,
+      model,
+      pricing,
+      body,
+      externalId,
+      userId: '',
+      stream,
+      trigger: { source: 'api', actorType: 'api_key', actorId: request.apiKeyId },
+      started,
+      choices: api.choices(body),
+      hold: undefined,
+      inputCount: undefined,
+      bound: undefined,
+      startedEvent: undefined,
+    };
+
+    // ---- the paywall decision ----
+    let amount = '0';
+    if (pricing.mode === 'per_token') {
+      // Counted cheaply (exact up to a budget, bounded by bytes beyond): a huge prompt never stalls the pod.
+      const input = holdInputTokens(api.countInput, body);
+      x.inputCount = input.exact;
+      x.bound =
+        api.requestedBound(body) ??
+        project.settings.maxCompletionTokens ??
+        ctx.config.DEFAULT_MAX_COMPLETION_TOKENS;
+      amount = tokenHold(pricing, input.bound, x.bound * x.choices);
+    } else if (pricing.mode === 'per_request') {
+      amount = formatAmount(pricing.perRequest);
+    }
+    const admission = await admit(ctx, {
+      project,
+      model,
+      pricing,
+      externalId,
+      amount,
+      purpose: api.name,
+      trigger: x.trigger,
+    });
+    if (!admission.ok) return this.#refuse(x, admission, reply);
+    x.userId = admission.userId;
+    x.hold = admission.hold;
+    x.startedEvent = this.#event(x, 'proxy.request.started', {
+      requestId: x.requestId,
+      api: api.name,
+      model: model.id,
+      stream,
+      holdAmount: x.hold?.amount ?? '0',
+    });
+
+    // ---- forward ----
+    const upstreamBody = api.upstreamBody(body, model, x.bound);
+    const provider = this.#provider(upstream);
+    reply.header('x-tollgate-request-id', x.requestId);
+    if (stream) return this.#stream(x, provider, upstreamBody, reply);
+    return this.#complete(x, provider, upstreamBody, reply);
+  }
+
+  /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider as received. */
+  async passthrough(request: FastifyRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
+    const upstream = request.project.upstream;
+    if (!upstream) {
+      throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
+        code: 'no_upstream',
+      });
+    }
+    const watch = new ClientWatch(reply);
+    try {
+      const answer = await this.#provider(upstream).passthrough({
+        method: request.method,
+        path,
+        body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
+        signal: watch.abort.signal,
+      });
+      return sendPassthrough(reply, answer);
+    } catch (err) {
+      if (watch.gone) return abandon(reply);
+      throw unsupportedEndpoint(err, 'Responses', path) ?? toClientError(err);
+    } finally {
+      watch.stop();
+    }
+  }
+
+  async #complete<B extends MeteredBody>(
+    x: Exchange<B>,
+    provider: Provider,
+    upstreamBody: Record<string, unknown>,
+    reply: FastifyReply,
+  ): Promise<FastifyReply> {
+    const watch = new ClientWatch(reply);
+    const upstreamStarted = performance.now();
+    let text: string;
+    let reading: ReturnType<MeteredApi<B>['read']>;
+    try {
+      const answer = await provider.complete({
+        path: x.api.upstreamPath,
+        body: upstreamBody,
+        signal: watch.abort.signal,
+      });
+      text = answer.text;
+      reading = x.api.read(answer.json);
+    } catch (err) {
+      // The client left before the answer.
+      if (watch.gone) return this.#abandoned(x, reply);
+      throw this.#failed(x, err);
+    } finally {
+      watch.stop();
+    }
+    const upstreamMs = performance.now() - upstreamStarted;
+    sendJsonText(reply, text);
+    this.#observe(x, upstreamMs);
+    this.#finish(x, {
+      outcome: 'success',
+      usage: reading.usage,
+      produced: reading.produced,
+      finishReason: reading.finishReason,
+      charge: true,
+    });
+    return reply;
+  }
+
+  async #stream<B extends MeteredBody>(
+    x: Exchange<B>,
+    provider: Provider,
+    upstreamBody: Record<string, unknown>,
+    reply: FastifyReply,
+  ): Promise<FastifyReply> {
+    const watch = new ClientWatch(reply);
+    const upstreamStarted = performance.now();
+    let events: AsyncIterable<SseMessage>;
+    try {
+      events = await provider.stream({
+        path: x.api.upstreamPath,
+        body: upstreamBody,
+        signal: watch.abort.signal,
+      });
+    } catch (err) {
+      watch.stop();
+      if (watch.gone) return this.#abandoned(x, reply);
+      throw this.#failed(x, err);
+    }
+    const reader = x.api.streamReader!(x);
+    const sink = new SseSink(reply, { 'x-tollgate-request-id': x.requestId }, () => {
+      this.#ctx.metrics.timeToFirstToken.observe(
+        { project: x.project.id, model: x.model.id },
+        (performance.now() - x.started) / 1000,
+      );
+      this.#observe(x, performance.now() - upstreamStarted, true);
+    });
+    const limit = x.bound === undefined || !reader.canCut ? undefined : x.bound * x.choices;
+    let produced = 0;
+    let forwarded = 0;
+    let cut = false;
+    try {
+      for await (const message of events) {
+        const step = reader.next(message);
+        if (step.action === 'end') break;
+        if (step.action === 'skip') continue;
+        if (limit !== undefined && produced + step.tokens > limit) {
+          // The provider went past the bound the hold pays for: stop it here, without this event.
+          cut = true;
+          watch.abort.abort();
+          break;
+        }
+        produced += step.tokens;
+        forwarded++;
+        await sink.write(sseMessage(message));
+        if (watch.gone) break;
+      }
+    } catch (err) {
+      if (!watch.gone && !isAbort(err)) {
+        watch.stop();
+        sink.fail(this.#failed(x, err));
+        return reply;
+      }
+    }
+    watch.stop();
+    if (watch.gone || sink.destroyed) {
+      this.#finish(x, {
+        outcome: 'client_closed',
+        usage: reader.usage,
+        produced,
+        finishReason: reader.finishReason,
+        charge: forwarded > 0,
+      });
+      return reply;
+    }
+    if (!reader.finished && !cut) {
+      const truncated = new UpstreamError('malformed', 'The provider ended the stream before it finished.');
+      sink.fail(this.#failed(x, truncated));
+      return reply;
+    }
+    const usage = cut ? undefined : reader.usage;
+    sink.end(reader.tail(cut, usageOf(x, usage, produced)));
+    this.#finish(x, {
+      outcome: cut ? 'bound_reached' : 'success',
+      usage,
+      produced,
+      finishReason: cut ? 'length' : reader.finishReason,
+      charge: true,
+    });
+    return reply;
+  }
+
+  /** The client left before anything reached it: nothing is charged, there is no one to answer. */
+  #abandoned<B extends MeteredBody>(x: Exchange<B>, reply: FastifyReply): FastifyReply {
+    this.#finish(x, {
+      outcome: 'client_closed',
+      usage: undefined,
+      produced: 0,
+      finishReason: null,
+      charge: false,
+    });
+    return abandon(reply);
+  }
+
+  /** Answers a refused request in its API's shape; no provider call, no charge. */
+  #refuse<B extends MeteredBody>(x: Exchange<B>, refusal: PaywallRefusal, reply: FastifyReply): FastifyReply {
+    const ctx = this.#ctx;
+    const link = linkReply(ctx, x.project, x.externalId, refusal);
+    ctx.metrics.requests.inc({
+      project: x.project.id,
+      model: x.model.id,
+      decision: link.decision,
+      outcome: 'link',
+      stream: String(x.stream),
+    });
+    x.userId = refusal.wallet?.userId ?? '';
+    if (link.decision === 'connect_required') {
+      this.#event(x, 'auth.connection.required', { model: x.model.id, operation: x.api.name });
+    } else {
+      this.#event(x, 'limits.balance.insufficient', {
+        model: x.model.id,
+        operation: x.api.name,
+        required: link.required,
+        available: link.available,
+        currency: x.project.currency,
+      });
+    }
+    reply.header('x-tollgate-paywall', link.decision);
+    const answer = x.api.refusal(link, x);
+    if (answer.kind === 'stream') return sendStream(reply, answer.body);
+    return reply.code(answer.status).send(answer.body);
+  }
+
+  /** Records an upstream failure (hold released, nothing charged) and returns the error to answer with. */
+  #failed<B extends MeteredBody>(x: Exchange<B>, err: unknown): ApiError {
+    const ctx = this.#ctx;
+    const error =
+      (x.api.name === 'chat' ? undefined : unsupportedEndpoint(err, x.api.title, x.api.upstreamPath)) ??
+      toClientError(err);
+    const reason = err instanceof UpstreamError ? err.kind : 'internal';
+    if (!(err instanceof UpstreamError))
+      ctx.log.error({ err, requestId: x.requestId }, `${x.api.name} request failed`);
+    ctx.metrics.upstreamErrors.inc({ project: x.project.id, model: x.model.id, reason });
+    ctx.metrics.requests.inc({
+      project: x.project.id,
+      model: x.model.id,
+      decision: 'allowed',
+      outcome: err instanceof UpstreamError && err.kind === 'timeout' ? 'upstream_timeout' : 'upstream_error',
+      stream: String(x.stream),
+    });
+    this.#release(x);
+    this.#events(x, [
+      [
+        'proxy.request.failed',
+        { requestId: x.requestId, model: x.model.id, status: error.status, code: error.code },
+      ],
+      [
+        'routing.upstream.failed',
+        {
+          requestId: x.requestId,
+          model: x.model.id,
+          upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
+          reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
+        },
+      ],
+    ]);
+    return error;
+  }
+
+  #release<B extends MeteredBody>(x: Exchange<B>): void {
+    const hold = x.hold;
+    if (!hold) return;
+    x.hold = undefined;
+    this.#track(release(this.#ctx, x.project, hold), x, 'release');
+  }
+
+  /** Charges a served request (off the response path) and records its metrics and completion event. */
+  #finish<B extends MeteredBody>(x: Exchange<B>, end: Ending): void {
+    const ctx = this.#ctx;
+    const labels = { project: x.project.id, model: x.model.id };
+    ctx.metrics.requests.inc({
+      ...labels,
+      decision: 'allowed',
+      outcome: end.outcome,
+      stream: String(x.stream),
+    });
+    if (!end.charge) {
+      this.#release(x);
+      return;
+    }
+    const usage = usageOf(x, end.usage, end.produced);
+    ctx.metrics.inputTokens.inc(labels, usage.input);
+    ctx.metrics.outputTokens.inc(labels, usage.output);
+    const cost = requestCost(x.pricing, usage);
+    const hold = x.hold;
+    x.hold = undefined;
+    const completed = (amount: string) => ({
+      requestId: x.requestId,
+      api: x.api.name,
+      model: x.model.id,
+      stream: x.stream,
+      inputTokens: usage.input,
+      outputTokens: usage.output,
+      amount,
+      currency: x.project.currency,
+      finishReason: end.finishReason,
+      outcome: end.outcome,
+      durationMs: Math.round(performance.now() - x.started),
+    });
+    const work = async () => {
+      await x.startedEvent;
+      const wantsCompleted = ctx.events.wants(x.project.id, 'proxy.request.completed');
+      if (!hold) {
+        if (wantsCompleted) await this.#record(x, 'proxy.request.completed', completed('0'));
+        return;
+      }
+      const charged = await settle(ctx, {
+        project: x.project,
+        hold,
+        cost,
+        source: x.api.name,
+        trigger: x.trigger,
+        externalId: x.externalId,
+        metadata: {
+          requestId: x.requestId,
+          model: x.model.id,
+          api: x.api.name,
+          inputTokens: usage.input,
+          cachedInputTokens: usage.cachedInput,
+          outputTokens: usage.output,
+          reasoningTokens: usage.reasoning,
+        },
+        description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens`,
+        ...(wantsCompleted
+          ? { completed: { type: 'proxy.request.completed' as const, userId: x.userId, data: completed } }
+          : {}),
+      });
+      if (charged !== '0') {
+        ctx.metrics.charged.inc(
+          { ...labels, currency: x.project.currency, source: x.api.name },
+          Number(charged),
+        );
+      }
+    };
+    this.#track(work(), x, 'settle');
+  }
+
+  #observe<B extends MeteredBody>(x: Exchange<B>, upstreamMs: number, stream = false): void {
+    const metrics = this.#ctx.metrics;
+    const labels = { project: x.project.id, model: x.model.id };
+    metrics.upstreamLatency.observe({ ...labels, stream: String(stream) }, upstreamMs / 1000);
+    metrics.overhead.observe(labels, Math.max(0, performance.now() - x.started - upstreamMs) / 1000);
+  }
+
+  /** Writes an event outside a transaction when some subscription wants it (off the response path). */
+  #event<B extends MeteredBody>(
+    x: Exchange<B>,
+    type: EventType,
+    data: Record<string, unknown>,
+  ): Promise<unknown> | undefined {
+    return this.#events(x, [[type, data]]);
+  }
+
+  /** Writes the wanted ones of several events, in order, after the request's `started` event. */
+  #events<B extends MeteredBody>(
+    x: Exchange<B>,
+    list: Array<[EventType, Record<string, unknown>]>,
+  ): Promise<unknown> | undefined {
+    const wanted = list.filter(([type]) => this.#ctx.events.wants(x.project.id, type));
+    if (!wanted.length) return undefined;
+    const after = x.startedEvent;
+    const write = async () => {
+      await after;
+      for (const [type, data] of wanted) await this.#record(x, type, data);
+      this.#ctx.events.wake();
+    };
+    return this.#track(write(), x, wanted.map(([type]) => type).join(', '));
+  }
+
+  #record<B extends MeteredBody>(x: Exchange<B>, type: EventType, data: Record<string, unknown>) {
+    return this.#ctx.events.record(this.#ctx.db, {
+      project: x.project,
+      type,
+      trigger: x.trigger,
+      subject: { type: 'user', id: x.userId, externalId: x.externalId },
+      data,
+    });
+  }
+
+  #track(
+    work: Promise<unknown>,
+    x: { requestId: string; api: { name: string } },
+    what: string,
+  ): Promise<unknown> {
+    const tracked = work
+      .catch((err) => {
+        this.#ctx.log.error({ err, requestId: x.requestId, what }, `${x.api.name} ${what} failed`);
+      })
+      .finally(() => this.#pending.delete(tracked));
+    this.#pending.add(tracked);
+    return tracked;
+  }
+
+  #provider(upstream: NonNullable<ProjectContext['upstream']>): Provider {
+    if (upstream.baseUrl === ECHO_UPSTREAM) return this.#echo;
+    let provider = this.#providers.get(upstream);
+    if (!provider) {
+      provider = new OpenAICompatibleProvider(this.#agent, upstream.baseUrl, upstream.apiKey);
+      this.#providers.set(upstream, provider);
+    }
+    return provider;
+  }
+}
+
+interface Ending {
+  outcome: 'success' | 'client_closed' | 'bound_reached';
+  usage: ReportedUsage | undefined;
+  /** Output tokens counted by Tollgate from what was produced. */
+  produced: number;
+  finishReason: string | null;
+  /** False when nothing reached the client: the hold is released. */
+  charge: boolean;
+}
+
+/** Tokens to charge: the provider's usage, or Tollgate's own count for what it did not report. */
+export function usageOf<B extends MeteredBody>(
+  x: Exchange<B>,
+  usage: ReportedUsage | undefined,
+  produced: number,
+): TokenUsage {
+  const input = usage?.input ?? x.inputCount ?? x.api.countInput(x.body);
+  let output = usage?.output ?? produced;
+  // Never charge past the bound the hold pays for (the settle caps the amount as well).
+  if (x.bound !== undefined && usage?.output === undefined) output = Math.min(output, x.bound * x.choices);
+  return {
+    input,
+    cachedInput: Math.min(usage?.cachedInput ?? 0, input),
+    output,
+    reasoning: usage?.reasoning ?? 0,
+  };
+}
+
+/** The metered flow of an app context, shared by every metered API's routes. */
+const flows = new WeakMap<AppContext, MeteredFlow>();
+
+export function meteredFlowOf(ctx: AppContext): MeteredFlow {
+  let flow = flows.get(ctx);
+  if (!flow) {
+    flow = new MeteredFlow(ctx);
+    flows.set(ctx, flow);
+  }
+  return flow;
+}
+
+/** The flow serving a context, if any route created it (tests wait on `idle()` for settles). */
+export function existingFlowOf(ctx: AppContext): MeteredFlow | undefined {
+  return flows.get(ctx);
+}

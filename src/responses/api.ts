@@ -1,0 +1,268 @@
+import type { LinkReply } from '../chat/paywall.ts';
+import { type AnyPart, countText, partTokens, type TextCounter } from '../chat/tokens.ts';
+import { newId } from '../core/ids.ts';
+import type {
+  AnswerReading,
+  Exchange,
+  MeteredApi,
+  RefusalReply,
+  ReportedUsage,
+  StreamReader,
+  StreamStep,
+} from '../metering/api.ts';
+import { sseEvent } from '../metering/relay.ts';
+import { type SseMessage, UpstreamError } from '../upstream/types.ts';
+import { parseResponsesRequest, type ResponsesRequest } from './schema.ts';
+
+/**
+ * `POST /v1/responses` (OpenAI's Responses API) as a metered API. The request is forwarded as received
+ * with the provider's model name and `max_output_tokens` (the bound the hold pays for). Usage is read
+ * from `usage` (`input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`,
+ * `output_tokens_details.reasoning_tokens`) of the response, or of the stream's final
+ * `response.completed` / `response.incomplete` / `response.failed` event. Stream events pass through
+ * untouched, with their `event:` names.
+ */
+/** Request fields the provider turns into input tokens besides `input` and `instructions`. */
+const INPUT_FIELDS = ['tools', 'tool_choice', 'text'] as const;
+
+/**
+ * Input tokens as Tollgate counts them: each message item 4 tokens of framing plus its content (text,
+ * images by OpenAI's tile rule, files, audio — as for chat), other items (function calls and their
+ * outputs, reasoning, …) as their text, plus instructions and tool definitions. Earlier turns referred to
+ * by `previous_response_id` or `conversation` are not known to Tollgate and not counted.
+ */
+export function countResponsesInput(body: ResponsesRequest, count: TextCounter = countText): number {
+  let tokens = 3;
+  if (body.instructions) tokens += 4 + count(body.instructions);
+  const input = body.input;
+  if (typeof input === 'string') tokens += 4 + count(input);
+  else if (Array.isArray(input)) {
+    for (const item of input as Array<Record<string, unknown>>) {
+      if (item.type === undefined || item.type === 'message') {
+        tokens += 4;
+        const content = item.content;
+        if (typeof content === 'string') tokens += count(content);
+        else if (Array.isArray(content))
+          for (const part of content as AnyPart[]) tokens += partTokens(part, count);
+      } else if (item.type === 'function_call') {
+        tokens += count(`${item.name ?? ''}${item.arguments ?? ''}`);
+      } else if (item.type === 'function_call_output') {
+        tokens += count(typeof item.output === 'string' ? item.output : JSON.stringify(item.output));
+      } else {
+        tokens += count(JSON.stringify(item));
+      }
+    }
+  }
+  for (const field of INPUT_FIELDS) {
+    const value = body[field];
+    if (value !== undefined && value !== null) tokens += count(JSON.stringify(value));
+  }
+  return tokens;
+}
+
+interface ResponsesUsage {
+  input_tokens?: number;
+  output_tokens?: number;
+  input_tokens_details?: { cached_tokens?: number | null } | null;
+  output_tokens_details?: { reasoning_tokens?: number | null } | null;
+}
+
+export function responsesUsage(usage: ResponsesUsage | null | undefined): ReportedUsage | undefined {
+  if (!usage) return undefined;
+  const out: ReportedUsage = {};
+  if (typeof usage.input_tokens === 'number') out.input = usage.input_tokens;
+  if (typeof usage.output_tokens === 'number') out.output = usage.output_tokens;
+  const cached = usage.input_tokens_details?.cached_tokens;
+  if (typeof cached === 'number') out.cachedInput = cached;
+  const reasoning = usage.output_tokens_details?.reasoning_tokens;
+  if (typeof reasoning === 'number') out.reasoning = reasoning;
+  return out;
+}
+
+/** Text a response produced: output text, refusals, function call arguments, reasoning summaries. */
+function outputText(output: unknown): string {
+  if (!Array.isArray(output)) return '';
+  let text = '';
+  for (const item of output as Array<Record<string, unknown>>) {
+    if (typeof item.arguments === 'string') text += `${item.name ?? ''}${item.arguments}`;
+    for (const list of [item.content, item.summary]) {
+      if (!Array.isArray(list)) continue;
+      for (const part of list as Array<Record<string, unknown>>) {
+        if (typeof part.text === 'string') text += part.text;
+        if (typeof part.refusal === 'string') text += part.refusal;
+      }
+    }
+  }
+  return text;
+}
+
+export const responsesApi: MeteredApi<ResponsesRequest> = {
+  name: 'responses',
+  title: 'Responses',
+  upstreamPath: '/responses',
+  parse: parseResponsesRequest,
+  countInput: countResponsesInput,
+  requestedBound: (body) => body.max_output_tokens ?? undefined,
+  choices: () => 1,
+
+  upstreamBody(body, model, bound) {
+    const out: Record<string, unknown> = { ...body, model: model.upstream_model };
+    if (bound !== undefined) out.max_output_tokens = bound;
+    return out;
+  },
+
+  read(json): AnswerReading {
+    if (!Array.isArray(json.output)) {
+      throw new UpstreamError('malformed', 'The provider returned a response without `output`.');
+    }
+    const usage = responsesUsage(json.usage as ResponsesUsage | null | undefined);
+    return {
+      usage,
+      produced: usage?.output === undefined ? countText(outputText(json.output)) : 0,
+      finishReason: typeof json.status === 'string' ? json.status : null,
+    };
+  },
+
+  refusal(link: LinkReply, x: Exchange<ResponsesRequest>): RefusalReply {
+    const response = linkResponse(link, x.model.id);
+    if (!x.stream) return { kind: 'json', status: 200, body: response };
+    return { kind: 'stream', body: linkResponseStream(response, link.message) };
+  },
+
+  streamReader: () => new ResponsesStreamReader(),
+};
+
+/** Stream events that carry produced text in `delta`. */
+const DELTA_EVENTS = new Set([
+  'response.output_text.delta',
+  'response.refusal.delta',
+  'response.function_call_arguments.delta',
+  'response.reasoning_summary_text.delta',
+  'response.reasoning_text.delta',
+  'response.custom_tool_call_input.delta',
+]);
+const FINAL_EVENTS = new Set(['response.completed', 'response.incomplete', 'response.failed']);
+
+/**
+ * A Responses stream ends with the provider's final event; it is relayed whole (Responses events cannot
+ * be cut into a valid stream, so the bound is enforced by `max_output_tokens` and the hold's cap).
+ */
+class ResponsesStreamReader implements StreamReader {
+  readonly canCut = false;
+  usage: ReportedUsage | undefined;
+  finishReason: string | null = null;
+  finished = false;
+
+  next(message: SseMessage): StreamStep {
+    if (message.data === '[DONE]') {
+      this.finished ||= this.finishReason !== null;
+      return { action: 'end' };
+    }
+    let event: { type?: unknown; delta?: unknown; response?: { status?: unknown; usage?: ResponsesUsage } };
+    try {
+      event = JSON.parse(message.data);
+    } catch {
+      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
+    }
+    if (event === null || typeof event !== 'object') {
+      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
+    }
+    const type = typeof event.type === 'string' ? event.type : message.event;
+    if (type === 'error') {
+      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
+        status: 500,
+        body: message.data,
+      });
+    }
+    if (type && FINAL_EVENTS.has(type)) {
+      this.finished = true;
+      this.finishReason = typeof event.response?.status === 'string' ? event.response.status : type;
+      this.usage = responsesUsage(event.response?.usage);
+      return { action: 'forward', tokens: 0 };
+    }
+    const tokens =
+      type && DELTA_EVENTS.has(type) && typeof event.delta === 'string' ? countText(event.delta) : 0;
+    return { action: 'forward', tokens };
+  }
+
+  tail(): string {
+    return '';
+  }
+}
+
+/** A completed Response whose output is one assistant message carrying the link (plus `paywall`). */
+export function linkResponse(link: LinkReply, model: string) {
+  return {
+    id: newId('resp'),
+    object: 'response',
+    created_at: Math.floor(Date.now() / 1000),
+    status: 'completed',
+    error: null,
+    incomplete_details: null,
+    instructions: null,
+    max_output_tokens: null,
+    model,
+    output: [
+      {
+        type: 'message',
+        id: newId('msg'),
+        status: 'completed',
+        role: 'assistant',
+        content: [{ type: 'output_text', text: link.message, annotations: [], logprobs: [] }],
+      },
+    ],
+    parallel_tool_calls: true,
+    previous_response_id: null,
+    reasoning: { effort: null, summary: null },
+    store: false,
+    temperature: null,
+    text: { format: { type: 'text' } },
+    tool_choice: 'auto',
+    tools: [],
+    top_p: null,
+    truncation: 'disabled',
+    usage: {
+      input_tokens: 0,
+      input_tokens_details: { cached_tokens: 0 },
+      output_tokens: 0,
+      output_tokens_details: { reasoning_tokens: 0 },
+      total_tokens: 0,
+    },
+    metadata: {},
+    paywall: {
+      decision: link.decision,
+      url: link.url,
+      ...(link.required ? { required: link.required, available: link.available } : {}),
+    },
+  };
+}
+
+/**
+ * The same Response as the Responses event stream: `response.created`, `response.in_progress`, the
+ * message item and its text part added, `response.output_text.delta` (the whole text), the text, part
+ * and item done, `response.completed`.
+ */
+export function linkResponseStream(response: ReturnType<typeof linkResponse>, text: string): string {
+  const message = response.output[0]!;
+  const part = message.content[0]!;
+  const inProgress = { ...response, status: 'in_progress', output: [] };
+  const item = { item_id: message.id, output_index: 0, content_index: 0 };
+  const events: Array<Record<string, unknown>> = [
+    { type: 'response.created', response: inProgress },
+    { type: 'response.in_progress', response: inProgress },
+    {
+      type: 'response.output_item.added',
+      output_index: 0,
+      item: { ...message, status: 'in_progress', content: [] },
+    },
+    { type: 'response.content_part.added', ...item, part: { ...part, text: '' } },
+    { type: 'response.output_text.delta', ...item, delta: text, logprobs: [] },
+    { type: 'response.output_text.done', ...item, text, logprobs: [] },
+    { type: 'response.content_part.done', ...item, part },
+    { type: 'response.output_item.done', output_index: 0, item: message },
+    { type: 'response.completed', response },
+  ];
+  return events
+    .map((event, i) => sseEvent(JSON.stringify({ ...event, sequence_number: i }), String(event.type)))
+    .join('');
+}

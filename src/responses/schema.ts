@@ -1,0 +1,40 @@
+import { z } from 'zod';
+import { badRequest } from '../core/errors.ts';
+import { parseInput } from '../core/validation.ts';
+import { userIdSchema } from '../users/routes.ts';
+
+/**
+ * The body of `POST /v1/responses`: the fields Tollgate reads (`model`, `input`, `instructions`,
+ * `stream`, `user`, `max_output_tokens`, `tools`) are checked for their shape; every other field of
+ * OpenAI's Responses API (`text`, `reasoning`, `previous_response_id`, `store`, …) passes through as
+ * received.
+ */
+const positiveInt = z
+  .number({ message: 'must be a positive integer' })
+  .int({ message: 'must be a positive integer' })
+  .min(1, { message: 'must be a positive integer' });
+
+export const responsesRequestSchema = z.looseObject({
+  model: z.string({ message: 'is required' }).min(1, { message: 'must not be empty' }),
+  input: z
+    .union([z.string(), z.array(z.looseObject({}), { message: 'must be an array of input items' })], {
+      message: 'must be a string or an array of input items',
+    })
+    .optional(),
+  instructions: z.string({ message: 'must be a string' }).nullable().optional(),
+  stream: z.boolean({ message: 'must be a boolean' }).nullable().optional(),
+  user: userIdSchema.optional(),
+  max_output_tokens: positiveInt.nullable().optional(),
+  tools: z
+    .array(z.looseObject({ type: z.string({ message: 'must be a string' }) }))
+    .nullable()
+    .optional(),
+});
+export type ResponsesRequest = z.infer<typeof responsesRequestSchema>;
+
+export function parseResponsesRequest(body: unknown): ResponsesRequest {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+    throw badRequest('Request body must be a JSON object.', null, 'invalid_request');
+  }
+  return parseInput(responsesRequestSchema, body, 'body');
+}

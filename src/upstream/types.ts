@@ -1,0 +1,86 @@
+/**
+ * A model provider as the metered APIs see it: OpenAI's HTTP APIs (`/chat/completions`, `/responses`,
+ * `/embeddings`) under one base URL, non-streaming (the JSON text of the answer) or streaming (each
+ * server-sent event's name and data, `[DONE]` included). Providers throw UpstreamError for every
+ * failure except the caller's own abort.
+ */
+export interface UpstreamCall {
+  /** Path under the provider's base URL, e.g. `/chat/completions`. */
+  path: string;
+  /** The body to send: the client's request with the provider's model name and Tollgate's bounds. */
+  body: Record<string, unknown>;
+  /** Aborted when the client goes away or Tollgate stops a stream at its bound. */
+  signal: AbortSignal;
+}
+
+export interface UpstreamAnswer {
+  /** The provider's JSON exactly as received (returned to the client as is). */
+  text: string;
+  json: Record<string, unknown>;
+}
+
+/** One server-sent event: its `event:` name (Responses streams name theirs) and its data. */
+export interface SseMessage {
+  event: string | undefined;
+  data: string;
+}
+
+/** A request passed through unmetered (e.g. `GET /responses/{id}`). */
+export interface PassthroughCall {
+  method: string;
+  /** Path and query under the provider's base URL. */
+  path: string;
+  body: string | undefined;
+  signal: AbortSignal;
+}
+
+export interface PassthroughAnswer {
+  status: number;
+  contentType: string | undefined;
+  body: AsyncIterable<Uint8Array>;
+}
+
+export interface Provider {
+  complete(call: UpstreamCall): Promise<UpstreamAnswer>;
+  /** Resolves once the provider accepted the request; iterating yields each event. */
+  stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>>;
+  passthrough(call: PassthroughCall): Promise<PassthroughAnswer>;
+}
+
+/** Chat completions' usage as providers report it (the fields Tollgate reads). */
+export interface ChatUsage {
+  prompt_tokens?: number;
+  completion_tokens?: number;
+  total_tokens?: number;
+  prompt_tokens_details?: { cached_tokens?: number | null } | null;
+  completion_tokens_details?: { reasoning_tokens?: number | null } | null;
+}
+
+export type UpstreamFailure = 'status' | 'timeout' | 'connection' | 'malformed';
+
+export class UpstreamError extends Error {
+  readonly kind: UpstreamFailure;
+  /** The provider's HTTP status, for `status` failures. */
+  readonly upstreamStatus: number | undefined;
+  /** The provider's error body (truncated), for `status` failures. */
+  readonly body: string | undefined;
+  readonly retryAfter: string | undefined;
+
+  constructor(
+    kind: UpstreamFailure,
+    message: string,
+    options: { status?: number; body?: string; retryAfter?: string; cause?: unknown } = {},
+  ) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.kind = kind;
+    this.upstreamStatus = options.status;
+    this.body = options.body;
+    this.retryAfter = options.retryAfter;
+  }
+}
+
+/** True for the error an aborted upstream request ends with (our own abort, not a provider failure). */
+export function isAbort(err: unknown): boolean {
+  const e = err as { name?: string; code?: string } | null;
+  return e?.name === 'AbortError' || e?.code === 'UND_ERR_ABORTED' || e?.code === 'ABORT_ERR';
+}
