@@ -15,7 +15,7 @@ import { linkCompletion, linkReply, subscriptionAccess } from './paywall.ts';
 import { EchoProvider } from './providers/echo.ts';
 import { createUpstreamAgent, OpenAICompatibleProvider } from './providers/openai-compatible.ts';
 import { type ChatProvider, isAbort, UpstreamError, type Usage } from './providers/types.ts';
-import { type ChatRequest, END_USER_HEADER, parseChatRequest, resolveEndUser } from './schema.ts';
+import { type ChatRequest, END_USER_HEADER, resolveEndUser } from './schema.ts';
 import {
   type ChunkMeta,
   chunkJson,
@@ -68,11 +68,11 @@ export class ChatService {
     await this.#agent.close();
   }
 
-  async handle(request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  /** Serves one request whose body the route schema has validated. */
+  async handle(request: FastifyRequest, reply: FastifyReply, body: ChatRequest): Promise<FastifyReply> {
     const started = performance.now();
     const ctx = this.#ctx;
     const project = request.project;
-    const body = parseChatRequest(request.body);
     const model = project.models.get(body.model);
     if (!model) throw notFound(`The model '${body.model}' does not exist`, 'model_not_found', 'model');
     const externalId = resolveEndUser(body, request.headers[END_USER_HEADER]);
