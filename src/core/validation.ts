@@ -67,6 +67,28 @@ export const validatorCompiler: FastifySchemaCompiler<z.ZodType> = ({ schema, ht
 
 // biome-ignore lint/suspicious/noControlCharactersInRegex: finding control characters is the point
 const CONTROL = /[\u0000-\u001f\u007f]/;
+// A lone UTF-16 surrogate: not a character; Postgres refuses it in JSON and text would store U+FFFD.
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/** No control characters and no lone surrogates: fit for an id, a filter, a URL. */
+export function isPlainText(v: string): boolean {
+  return !CONTROL.test(v) && !LONE_SURROGATE.test(v);
+}
+
+/**
+ * Text Postgres stores as given: no NUL (refused in text and JSON) and no lone surrogates (refused in
+ * JSON, silently replaced in text). Applies to every string inside a JSON value, keys included.
+ */
+export function isStorable(v: unknown): boolean {
+  if (typeof v === 'string') return !v.includes('\u0000') && !LONE_SURROGATE.test(v);
+  if (Array.isArray(v)) return v.every(isStorable);
+  if (typeof v === 'object' && v !== null)
+    return Object.entries(v).every(([k, item]) => isStorable(k) && isStorable(item));
+  return true;
+}
+
+/** The message of `isStorable` failures. */
+export const NOT_STORABLE = 'must not contain NUL characters or lone surrogates';
 
 /**
  * A text input that reaches the database or a log: at most `max` characters, no NUL or other control
@@ -77,7 +99,7 @@ export function textInput(max: number, what = 'a string') {
     .string({ message: `must be ${what}` })
     .min(1, { message: 'must not be empty' })
     .max(max, { message: `must be at most ${max} characters` })
-    .refine((v) => !CONTROL.test(v), { message: 'must not contain control characters' });
+    .refine(isPlainText, { message: 'must not contain control characters' });
 }
 
 /** Route params of `/…/:id`. */

@@ -4,7 +4,7 @@ import type { Transaction } from 'kysely';
 import { z } from 'zod';
 import type { Trigger } from '../billing/ledger.ts';
 import { amountInputSchema, amountSchema } from '../core/money.ts';
-import { parseInput, textInput } from '../core/validation.ts';
+import { isPlainText, isStorable, NOT_STORABLE, parseInput, textInput } from '../core/validation.ts';
 import type { DB } from '../db/index.ts';
 import {
   type IdempotentResponse,
@@ -35,8 +35,7 @@ export const userIdSchema = z
   .string({ message: 'must be a string (your end user’s id)' })
   .min(1, { message: 'must not be empty' })
   .max(256, { message: 'must be at most 256 characters' })
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: rejecting control characters is the point
-  .refine((v) => !/[\u0000-\u001f\u007f]/.test(v), { message: 'must not contain control characters' });
+  .refine(isPlainText, { message: 'must not contain control characters' });
 
 const METADATA_MAX_KEYS = 50;
 const METADATA_MAX_BYTES = 8192;
@@ -49,7 +48,8 @@ export const metadataSchema = z
   })
   .refine((v) => Buffer.byteLength(JSON.stringify(v)) <= METADATA_MAX_BYTES, {
     message: `must be at most ${METADATA_MAX_BYTES} bytes as JSON`,
-  });
+  })
+  .refine(isStorable, { message: NOT_STORABLE });
 
 /**
  * Route schemas. An amount is checked for its shape here and for the currency's precision (and put in
