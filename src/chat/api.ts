@@ -12,7 +12,7 @@ import type { TokenUsage } from '../metering/cost.ts';
 import { DONE, sseEvent } from '../metering/relay.ts';
 import { type ChatUsage, type SseMessage, UpstreamError } from '../upstream/types.ts';
 import { type LinkReply, linkCompletion } from './paywall.ts';
-import { type ChatRequest, parseChatRequest } from './schema.ts';
+import { type ChatRequest, chatRequestSchema } from './schema.ts';
 import { type ChunkMeta, chunkJson, chunkMeta, messageStream, usageChunkJson } from './sse.ts';
 import { countPromptTokens, countText, producedText } from './tokens.ts';
 
@@ -29,7 +29,7 @@ export const chatApi: MeteredApi<ChatRequest> = {
   name: 'chat',
   title: 'Chat Completions',
   upstreamPath: '/chat/completions',
-  parse: parseChatRequest,
+  schema: chatRequestSchema,
   countInput: countPromptTokens,
   requestedBound: (body) => body.max_completion_tokens ?? body.max_tokens ?? undefined,
   choices: (body) => body.n ?? 1,

@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { AppContext } from '../app/context.ts';
 import { existingFlowOf, type MeteredFlow, meteredFlowOf } from '../metering/flow.ts';
 import { chatApi } from './api.ts';
@@ -9,9 +10,12 @@ export function chatServiceOf(ctx: AppContext): MeteredFlow | undefined {
 }
 
 /** `POST /v1/chat/completions` (registered inside the authenticated `/v1` scope). */
-export async function chatRoutes(app: FastifyInstance): Promise<void> {
+export async function chatRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
   const flow = meteredFlowOf(app.ctx);
   // Settles still running when the server stops are finished before the database closes.
   app.addHook('onClose', () => flow.close());
-  app.post('/chat/completions', (request, reply) => flow.handle(chatApi, request, reply));
+  app.post('/chat/completions', { schema: { body: chatApi.schema } }, (request, reply) =>
+    flow.handle(chatApi, request, reply, request.body),
+  );
 }

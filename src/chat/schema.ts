@@ -1,6 +1,4 @@
 import { z } from 'zod';
-import { badRequest } from '../core/errors.ts';
-import { parseInput } from '../core/validation.ts';
 import { userIdSchema } from '../users/routes.ts';
 
 export { END_USER_HEADER, resolveEndUser } from '../metering/end-user.ts';
@@ -173,11 +171,3 @@ export const chatRequestSchema = z.looseObject({
   prediction: z.looseObject({ type: str() }).nullable().optional(),
 });
 export type ChatRequest = z.infer<typeof chatRequestSchema>;
-
-/** Parses the body; problems become 400s whose `param` names the field (e.g. `messages.0.role`). */
-export function parseChatRequest(body: unknown): ChatRequest {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw badRequest('Request body must be a JSON object.', null, 'invalid_request');
-  }
-  return parseInput(chatRequestSchema, body, 'body');
-}

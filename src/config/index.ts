@@ -44,6 +44,7 @@ export const configSchema = z.object({
   TOLLGATE_ENCRYPTION_KEY: encryptionKey.optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(4 * 1024 * 1024),
+  JSON_MAX_DEPTH: int(2, 1000).default(64),
   LINK_TOKEN_TTL_SECONDS: int(60, 30 * 24 * 3600).default(24 * 3600),
   HOLD_TTL_SECONDS: int(10, 24 * 3600).default(15 * 60),
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
@@ -88,6 +89,8 @@ export const configDocs: Record<keyof Config, string> = {
     '32-byte key (64 hex characters or base64) that encrypts provider keys and webhook secrets and signs links. Required with `DATABASE_URL`; `dev` generates one in `TOLLGATE_DATA_DIR`.',
   LOG_LEVEL: 'fatal, error, warn, info, debug, trace or silent.',
   BODY_LIMIT_BYTES: 'Largest request body accepted; larger bodies get 413.',
+  JSON_MAX_DEPTH:
+    'Deepest nesting of objects and arrays accepted in a JSON body (the body itself is level 1); deeper bodies get 400 `json_too_deep` before any work.',
   LINK_TOKEN_TTL_SECONDS: 'Lifetime of connect and top-up links.',
   HOLD_TTL_SECONDS: 'A hold not settled within this time is released by the sweeper (a crashed pod).',
   DEFAULT_MAX_COMPLETION_TOKENS:

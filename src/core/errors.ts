@@ -20,6 +20,8 @@ export interface ErrorBody {
 
 export class ApiError extends Error {
   readonly status: number;
+  /** The status under fastify's name, so that any error handler (the hosted pages') answers it, not a 500. */
+  readonly statusCode: number;
   readonly type: ErrorType;
   readonly code: string | null;
   readonly param: string | null;
@@ -33,6 +35,7 @@ export class ApiError extends Error {
   ) {
     super(message);
     this.status = status;
+    this.statusCode = status;
     this.type = type;
     this.code = options.code ?? null;
     this.param = options.param ?? null;

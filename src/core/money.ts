@@ -70,31 +70,53 @@ export function formatForCurrency(value: Decimal.Value, currency: string): strin
   return d.toFixed(Math.max(min, decimals));
 }
 
+const DECIMAL_MESSAGE = 'must be a decimal string such as "10.00"';
+
 /**
- * A positive amount string within the currency's precision and below MAX_AMOUNT. Used for deposits and
- * manual charges.
+ * A positive amount string below MAX_AMOUNT, checked in order: the pattern (ASCII digits, one optional
+ * fraction), then `maxDecimals` when given, then the range. Each check runs only when the previous ones
+ * passed, so no malformed string ever reaches decimal.js.
+ */
+function positiveAmount(maxDecimals: number | undefined, currency: string | undefined) {
+  return z
+    .string({ message: DECIMAL_MESSAGE })
+    .trim()
+    .superRefine((v, ctx) => {
+      const fail = (message: string) => ctx.addIssue({ code: 'custom', message, input: v });
+      if (!DECIMAL_RE.test(v)) return fail(DECIMAL_MESSAGE);
+      if (maxDecimals !== undefined && (v.split('.')[1]?.length ?? 0) > maxDecimals)
+        return fail(`must have at most ${maxDecimals} decimal places for ${currency}`);
+      const d = new Money(v);
+      if (!d.gt(0)) return fail('must be greater than 0');
+      if (!d.lte(MAX_AMOUNT)) return fail(`must be at most ${MAX_AMOUNT.toFixed()}`);
+    });
+}
+
+/**
+ * A positive amount string within the currency's precision and below MAX_AMOUNT, in the currency's
+ * canonical form ("10.50" for usd). Used for deposits, manual charges and top-up links.
  */
 export function amountSchema(currency: string) {
-  const decimals = currencyDecimals(currency);
-  return z
-    .string({ message: 'must be a decimal string such as "10.00"' })
-    .trim()
-    .refine((v) => DECIMAL_RE.test(v), { message: 'must be a decimal string such as "10.00"' })
-    .refine((v) => (v.split('.')[1]?.length ?? 0) <= decimals, {
-      message: `must have at most ${decimals} decimal places for ${currency}`,
-    })
-    .refine((v) => new Money(v).gt(0), { message: 'must be greater than 0' })
-    .refine((v) => new Money(v).lte(MAX_AMOUNT), { message: `must be at most ${MAX_AMOUNT.toFixed()}` })
-    .transform((v) => formatForCurrency(v, currency));
+  return positiveAmount(currencyDecimals(currency), currency).transform((v) =>
+    formatForCurrency(v, currency),
+  );
 }
+
+/**
+ * The currency-independent part of `amountSchema` (a positive decimal string below MAX_AMOUNT), for
+ * route schemas, which are compiled before the project and its currency are known.
+ */
+export const amountInputSchema = positiveAmount(undefined, undefined);
 
 /** A non-negative price with at most PRICE_SCALE decimals (given as a string or a number in YAML). */
 export const priceSchema = z
   .union([z.string(), z.number()])
   .transform((v) => (typeof v === 'number' ? String(v) : v.trim()))
-  .refine((v) => DECIMAL_RE.test(v), { message: 'must be a non-negative decimal such as "0.15"' })
-  .refine((v) => (v.split('.')[1]?.length ?? 0) <= PRICE_SCALE, {
-    message: `must have at most ${PRICE_SCALE} decimal places`,
+  .superRefine((v, ctx) => {
+    const fail = (message: string) => ctx.addIssue({ code: 'custom', message, input: v });
+    if (!DECIMAL_RE.test(v)) return fail('must be a non-negative decimal such as "0.15"');
+    if ((v.split('.')[1]?.length ?? 0) > PRICE_SCALE)
+      return fail(`must have at most ${PRICE_SCALE} decimal places`);
+    if (!new Money(v).lte(MAX_AMOUNT)) return fail(`must be at most ${MAX_AMOUNT.toFixed()}`);
   })
-  .refine((v) => new Money(v).lte(MAX_AMOUNT), { message: `must be at most ${MAX_AMOUNT.toFixed()}` })
   .transform((v) => formatAmount(v));

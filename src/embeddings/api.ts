@@ -2,7 +2,7 @@ import type { LinkReply } from '../chat/paywall.ts';
 import { countText, type TextCounter } from '../chat/tokens.ts';
 import type { AnswerReading, MeteredApi, RefusalReply } from '../metering/api.ts';
 import { UpstreamError } from '../upstream/types.ts';
-import { type EmbeddingsRequest, parseEmbeddingsRequest } from './schema.ts';
+import { type EmbeddingsRequest, embeddingsRequestSchema } from './schema.ts';
 
 /**
  * `POST /v1/embeddings` as a metered API: per input token (a per-token price needs only
@@ -27,7 +27,7 @@ export const embeddingsApi: MeteredApi<EmbeddingsRequest> = {
   name: 'embeddings',
   title: 'Embeddings',
   upstreamPath: '/embeddings',
-  parse: parseEmbeddingsRequest,
+  schema: embeddingsRequestSchema,
   countInput: countEmbeddingInput,
   requestedBound: () => 0,
   choices: () => 1,

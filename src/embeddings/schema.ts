@@ -1,6 +1,4 @@
 import { z } from 'zod';
-import { badRequest } from '../core/errors.ts';
-import { parseInput } from '../core/validation.ts';
 import { userIdSchema } from '../users/routes.ts';
 
 /** The body of `POST /v1/embeddings`, as OpenAI defines it; unknown fields pass through as received. */
@@ -17,10 +15,3 @@ export const embeddingsRequestSchema = z.looseObject({
   user: userIdSchema.optional(),
 });
 export type EmbeddingsRequest = z.infer<typeof embeddingsRequestSchema>;
-
-export function parseEmbeddingsRequest(body: unknown): EmbeddingsRequest {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw badRequest('Request body must be a JSON object.', null, 'invalid_request');
-  }
-  return parseInput(embeddingsRequestSchema, body, 'body');
-}

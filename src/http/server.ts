@@ -5,10 +5,12 @@ import Fastify, {
   type FastifyReply,
   LogController,
 } from 'fastify';
+import { serializerCompiler } from 'fastify-type-provider-zod';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
 import { ApiError, databaseUnavailable } from '../core/errors.ts';
+import { validatorCompiler } from '../core/validation.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
@@ -17,7 +19,9 @@ import { responsesRoutes } from '../responses/routes.ts';
 import { pageRoutes } from '../users/pages.ts';
 import { userRoutes } from '../users/routes.ts';
 import { webhookRoutes } from '../webhooks/routes.ts';
+import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
+import { installJsonParser } from './json.ts';
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -42,6 +46,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     return503OnClosing: true,
     forceCloseConnections: 'idle',
     routerOptions: { ignoreTrailingSlash: true },
+    // Requests Node's HTTP parser refuses get the same error shape (./client-errors.ts).
+    clientErrorHandler,
     // Errors fastify raises before routing (a malformed URL, a bad header) get the same error shape.
     frameworkErrors: (error, _request, reply: FastifyReply) => {
       const apiError = toApiError(error);
@@ -49,6 +55,12 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     },
   });
   app.decorate('ctx', ctx);
+  // Inputs are declared on each route as zod schemas (`schema: { body, querystring, params }`, typed
+  // through `withTypeProvider<ZodTypeProvider>()`); invalid input becomes a 400 in OpenAI's shape
+  // before the handler runs (../core/validation.ts). JSON bodies are strict UTF-8 and depth-limited.
+  app.setValidatorCompiler(validatorCompiler);
+  app.setSerializerCompiler(serializerCompiler);
+  installJsonParser(app, ctx.config.JSON_MAX_DEPTH);
 
   app.setErrorHandler((error: FastifyError, request, reply) => {
     const apiError = toApiError(error);

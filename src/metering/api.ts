@@ -1,3 +1,4 @@
+import type { z } from 'zod';
 import type { Trigger } from '../billing/ledger.ts';
 import type { LinkReply } from '../chat/paywall.ts';
 import type { TextCounter } from '../chat/tokens.ts';
@@ -20,7 +21,8 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
   readonly title: string;
   /** Path under the provider's base URL. */
   readonly upstreamPath: string;
-  parse(body: unknown): B;
+  /** The request body's schema: the route validates with it before the flow runs. */
+  readonly schema: z.ZodType<B>;
   /**
    * Input tokens as Tollgate counts them (the hold; the charge when the provider reports none), every
    * text through `count` (exact by default; bounded for the hold).

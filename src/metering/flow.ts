@@ -78,11 +78,11 @@ export class MeteredFlow {
     api: MeteredApi<B>,
     request: FastifyRequest,
     reply: FastifyReply,
+    body: B,
   ): Promise<FastifyReply> {
     const started = performance.now();
     const ctx = this.#ctx;
     const project = request.project;
-    const body = api.parse(request.body);
     const model = project.models.get(body.model);
     if (!model) throw notFound(`The model '${body.model}' does not exist`, 'model_not_found', 'model');
     if (!endpointsOf(model).includes(api.name)) {

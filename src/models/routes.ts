@@ -1,5 +1,8 @@
 import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
 import { notFound } from '../core/errors.ts';
+import { textInput } from '../core/validation.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { endpointsOf, pricingOf } from './pricing.ts';
@@ -20,13 +23,16 @@ export function modelObject(project: ProjectContext, model: ModelRow) {
   };
 }
 
-export async function modelRoutes(app: FastifyInstance): Promise<void> {
+const modelParams = z.object({ '*': textInput(255, 'a model id') });
+
+export async function modelRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
   app.get('/models', async (request) => {
     const project = request.project;
     return { object: 'list', data: [...project.models.values()].map((m) => modelObject(project, m)) };
   });
 
-  app.get<{ Params: { '*': string } }>('/models/*', async (request) => {
+  app.get('/models/*', { schema: { params: modelParams } }, async (request) => {
     const id = request.params['*'];
     const model = request.project.models.get(id);
     if (!model) throw notFound(`The model '${id}' does not exist`, 'model_not_found', 'model');

@@ -12,7 +12,7 @@ import type {
 } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type SseMessage, UpstreamError } from '../upstream/types.ts';
-import { parseResponsesRequest, type ResponsesRequest } from './schema.ts';
+import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
 /**
  * `POST /v1/responses` (OpenAI's Responses API) as a metered API. The request is forwarded as received
@@ -100,7 +100,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
   name: 'responses',
   title: 'Responses',
   upstreamPath: '/responses',
-  parse: parseResponsesRequest,
+  schema: responsesRequestSchema,
   countInput: countResponsesInput,
   requestedBound: (body) => body.max_output_tokens ?? undefined,
   choices: () => 1,

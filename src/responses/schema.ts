@@ -1,6 +1,4 @@
 import { z } from 'zod';
-import { badRequest } from '../core/errors.ts';
-import { parseInput } from '../core/validation.ts';
 import { userIdSchema } from '../users/routes.ts';
 
 /**
@@ -31,10 +29,3 @@ export const responsesRequestSchema = z.looseObject({
     .optional(),
 });
 export type ResponsesRequest = z.infer<typeof responsesRequestSchema>;
-
-export function parseResponsesRequest(body: unknown): ResponsesRequest {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw badRequest('Request body must be a JSON object.', null, 'invalid_request');
-  }
-  return parseInput(responsesRequestSchema, body, 'body');
-}

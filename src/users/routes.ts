@@ -1,9 +1,10 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Transaction } from 'kysely';
 import { z } from 'zod';
 import type { Trigger } from '../billing/ledger.ts';
-import { amountSchema } from '../core/money.ts';
-import { parseInput } from '../core/validation.ts';
+import { amountInputSchema, amountSchema } from '../core/money.ts';
+import { isPlainText, isStorable, NOT_STORABLE, parseInput, textInput } from '../core/validation.ts';
 import type { DB } from '../db/index.ts';
 import {
   type IdempotentResponse,
@@ -34,8 +35,7 @@ export const userIdSchema = z
   .string({ message: 'must be a string (your end user’s id)' })
   .min(1, { message: 'must not be empty' })
   .max(256, { message: 'must be at most 256 characters' })
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: rejecting control characters is the point
-  .refine((v) => !/[\u0000-\u001f\u007f]/.test(v), { message: 'must not contain control characters' });
+  .refine(isPlainText, { message: 'must not contain control characters' });
 
 const METADATA_MAX_KEYS = 50;
 const METADATA_MAX_BYTES = 8192;
@@ -48,15 +48,21 @@ export const metadataSchema = z
   })
   .refine((v) => Buffer.byteLength(JSON.stringify(v)) <= METADATA_MAX_BYTES, {
     message: `must be at most ${METADATA_MAX_BYTES} bytes as JSON`,
-  });
+  })
+  .refine(isStorable, { message: NOT_STORABLE });
 
-const moneySchema = (currency: string) =>
-  z.strictObject({ user: userIdSchema, amount: amountSchema(currency), metadata: metadataSchema.optional() });
-
+/**
+ * Route schemas. An amount is checked for its shape here and for the currency's precision (and put in
+ * its canonical form) by `inCurrency` once the project is known.
+ */
+const moneyBody = z.strictObject({
+  user: userIdSchema,
+  amount: amountInputSchema,
+  metadata: metadataSchema.optional(),
+});
 const userBody = z.strictObject({ user: userIdSchema });
 const userQuery = z.strictObject({ user: userIdSchema });
-const topupBody = (currency: string) =>
-  z.strictObject({ user: userIdSchema, amount: amountSchema(currency).optional() });
+const topupBody = z.strictObject({ user: userIdSchema, amount: amountInputSchema.optional() });
 const activityQuery = z.strictObject({
   user: userIdSchema,
   limit: z.coerce
@@ -65,10 +71,21 @@ const activityQuery = z.strictObject({
     .min(1, { message: 'must be a whole number from 1 to 100' })
     .max(100, { message: 'must be a whole number from 1 to 100' })
     .default(20),
-  after: z.string().min(1).max(64).optional(),
+  after: textInput(64).optional(),
 });
 
-export async function userRoutes(app: FastifyInstance): Promise<void> {
+/** `preHandler` of routes taking an `amount`: the currency's precision and canonical form ("10.50"). */
+async function inCurrency(request: FastifyRequest): Promise<void> {
+  const body = request.body as { amount?: string };
+  if (body.amount === undefined) return;
+  const checked = parseInput(z.object({ amount: amountSchema(request.project.currency) }), {
+    amount: body.amount,
+  });
+  body.amount = checked.amount;
+}
+
+export async function userRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
   const links = (): LinkSettings => ({
     sealer: ctx.sealer,
@@ -107,10 +124,12 @@ export async function userRoutes(app: FastifyInstance): Promise<void> {
     return reply.status(result.status).send(result.body);
   }
 
-  app.post('/user/balance/deposit', async (request, reply) => {
+  const money = { schema: { body: moneyBody }, preHandler: inCurrency };
+
+  app.post('/user/balance/deposit', money, async (request, reply) => {
     const project = request.project;
     const key = idempotencyKeyFrom(request.headers);
-    const input = parseInput(moneySchema(project.currency), request.body);
+    const input = request.body;
     const result = await once(request, 'POST /v1/user/balance/deposit', key, async (tx) => ({
       status: 201,
       body: await depositFromApi(tx, ctx.events, project, input, triggerOf(request)),
@@ -122,10 +141,10 @@ export async function userRoutes(app: FastifyInstance): Promise<void> {
     return send(reply, result);
   });
 
-  app.post('/user/charge', async (request, reply) => {
+  app.post('/user/charge', money, async (request, reply) => {
     const project = request.project;
     const key = idempotencyKeyFrom(request.headers);
-    const input = parseInput(moneySchema(project.currency), request.body);
+    const input = request.body;
     let success = false;
     const result = await once(request, 'POST /v1/user/charge', key, async (tx) => {
       const body = await chargeFromApi(tx, ctx.events, project, input, triggerOf(request), links());
@@ -144,25 +163,25 @@ export async function userRoutes(app: FastifyInstance): Promise<void> {
     return send(reply, result);
   });
 
-  app.get('/user/balance', async (request) => {
-    const { user } = parseInput(userQuery, request.query, 'query');
+  app.get('/user/balance', { schema: { querystring: userQuery } }, async (request) => {
+    const { user } = request.query;
     return getBalance(ctx.db, request.project, user);
   });
 
-  app.get('/user/activity', async (request) => {
-    const query = parseInput(activityQuery, request.query, 'query');
+  app.get('/user/activity', { schema: { querystring: activityQuery } }, async (request) => {
+    const query = request.query;
     return listActivity(ctx.db, request.project, query.user, query);
   });
 
-  app.post('/user/connect', async (request) => {
-    const { user } = parseInput(userBody, request.body);
+  app.post('/user/connect', { schema: { body: userBody } }, async (request) => {
+    const { user } = request.body;
     const state = await getBalance(ctx.db, request.project, user);
     const link = connectLink(links(), request.project, user);
     return { object: 'user.connect_link', user, connected: state.connected, ...link };
   });
 
-  app.post('/user/disconnect', async (request) => {
-    const { user } = parseInput(userBody, request.body);
+  app.post('/user/disconnect', { schema: { body: userBody } }, async (request) => {
+    const { user } = request.body;
     const { wallet, changed } = await disconnectUser(
       ctx.db,
       ctx.events,
@@ -173,9 +192,9 @@ export async function userRoutes(app: FastifyInstance): Promise<void> {
     return { ...balanceView(request.project, user, wallet), changed };
   });
 
-  app.post('/user/topup', async (request) => {
+  app.post('/user/topup', { schema: { body: topupBody }, preHandler: inCurrency }, async (request) => {
     const project = request.project;
-    const { user, amount } = parseInput(topupBody(project.currency), request.body);
+    const { user, amount } = request.body;
     const link = topupLink(links(), project, user, amount);
     return {
       object: 'user.topup_link',

@@ -4,6 +4,7 @@ import type { AppContext } from '../app/context.ts';
 import { channels } from '../bus/index.ts';
 import { conflict, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
+import { textInput } from '../core/validation.ts';
 import type { EventEnvelope } from '../events/outbox.ts';
 import { eventObject } from './deliver.ts';
 import { getSubscription } from './subscriptions.ts';
@@ -25,13 +26,13 @@ const intParam = (min: number, max: number, fallback: number) =>
     });
 
 export const logsQuerySchema = z.strictObject({
-  subscriptionId: z.string().min(1).max(100).optional(),
+  subscriptionId: textInput(100).optional(),
   status: z
     .enum(['pending', 'success', 'error'], { error: "must be 'pending', 'success' or 'error'" })
     .optional(),
-  eventType: z.string().min(1).max(200).optional(),
+  eventType: textInput(200).optional(),
   limit: intParam(1, 100, 20),
-  starting_after: z.string().min(1).max(100).optional(),
+  starting_after: textInput(100).optional(),
 });
 
 export type LogsQuery = z.infer<typeof logsQuerySchema>;

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
 import { ApiError, badRequest, conflict, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
-import { parseInput } from '../core/validation.ts';
+import { isPlainText, isStorable, NOT_STORABLE, parseInput } from '../core/validation.ts';
 import type { WebhookSubscriptionsTable } from '../db/schema.ts';
 import { checkDestination, DestinationError } from './destination.ts';
 import { SubscriptionFilter, subscriptionsChangedChannel } from './filter.ts';
@@ -44,6 +44,10 @@ const urlSchema = z
   .min(1, 'is required')
   .max(2048, 'must be at most 2048 characters')
   .superRefine((value, issue) => {
+    if (!isPlainText(value)) {
+      issue.addIssue({ code: 'custom', message: 'must not contain control characters' });
+      return;
+    }
     let parsed: URL;
     try {
       parsed = new URL(value);
@@ -107,6 +111,7 @@ export const subscriptionInputSchema = z.strictObject({
   events: eventsSchema,
   description: z
     .string({ error: 'must be a string' })
+    .refine(isStorable, NOT_STORABLE)
     .nullish()
     .transform((d) => (d == null ? null : d.trim().slice(0, DESCRIPTION_MAX) || null)),
   customHeaders: customHeadersSchema.nullish().transform((h) => h ?? {}),
