@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the container image from the repository's Dockerfile with podman, and smoke-tests it.
 #
-#   bash scripts/image.sh [build|smoke|ci]     (default: build, then smoke)
+#   bash scripts/image.sh [build|smoke|compose|ci]     (default: build, smoke, compose)
 #     build   the image, tagged $TOLLGATE_IMAGE (default localhost/tollgate:<package.json version>)
 #     smoke   runs scripts/image-smoke.ts against that image (proxy, migrate, a chat through a mock
 #             provider, operator --help, dev) with Postgres on 127.0.0.1:5432
-#     ci      build and smoke; where the machine cannot build or run containers at all (no podman to
+#     compose runs scripts/compose-test.sh: compose.yaml with podman-compose against that image
+#     ci      build, smoke and compose; where the machine cannot build or run containers at all (no podman to
 #             be had, podman cannot start a container), it prints `image: SKIPPED: <why>` and exits 0.
 #             A broken Dockerfile, a failed build or a failed smoke test exits non-zero.
 #
@@ -24,8 +25,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=${1:-all}
-case "$mode" in build | smoke | ci | all) ;; *)
-  echo "usage: scripts/image.sh [build|smoke|ci]" >&2
+case "$mode" in build | smoke | compose | ci | all) ;; *)
+  echo "usage: scripts/image.sh [build|smoke|compose|ci]" >&2
   exit 2
   ;;
 esac
@@ -51,6 +52,9 @@ command -v podman >/dev/null 2>&1 || want+=(podman)
 command -v runc >/dev/null 2>&1 || want+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || want+=(mmdebstrap)
 command -v curl >/dev/null 2>&1 || want+=(curl)
+command -v podman-compose >/dev/null 2>&1 || want+=(podman-compose)
+# Names of compose services resolve on podman's CNI networks through the dnsname plugin.
+[ -e /usr/lib/cni/dnsname ] || want+=(golang-github-containernetworking-plugin-dnsname)
 if [ ${#want[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || unavailable "not root, and ${want[*]} missing"
   say "installing ${want[*]}"
@@ -176,11 +180,40 @@ smoke() {
   say "smoke test passed"
 }
 
+# The official postgres and redis images, else one stand-in for both made from Debian's packages.
+compose_test() {
+  local services="" key
+  if have_or_pull docker.io/library/postgres:16-bookworm && have_or_pull docker.io/library/redis:7-bookworm; then
+    say "compose: official postgres and redis images"
+  else
+    [[ "$BASE_IMAGE" == localhost/tollgate-standin/* ]] || standin_base
+    key=$(cat scripts/image/services-standin.Containerfile scripts/image/services-entrypoint.sh | sha256sum | cut -c1-12)
+    services=localhost/tollgate-standin/services:${BASE_IMAGE##*:}-$key
+    if "${pod[@]}" image exists "$services"; then
+      say "compose: $services (cached) stands in for postgres and redis"
+    else
+      say "compose: making $services (Debian's postgresql and redis-server) for postgres and redis"
+      mkdir -p "$work/services"
+      cp scripts/image/services-entrypoint.sh "$work/services/"
+      "${pod[@]}" build -q --network host "${limits[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+        -f scripts/image/services-standin.Containerfile -t "$services" "$work/services" >"$work/services.log" 2>&1 || {
+        tail -n 20 "$work/services.log" >&2
+        echo "image: the postgres/redis stand-in did not build" >&2
+        exit 1
+      }
+    fi
+  fi
+  bash scripts/compose-test.sh "$IMAGE" "$services"
+  say "compose test passed"
+}
+
 case "$mode" in
 build) build ;;
 smoke) smoke ;;
+compose) compose_test ;;
 ci | all)
   build
   smoke
+  compose_test
   ;;
 esac
