@@ -56,6 +56,8 @@ cleanup() {
   fi
   compose down -v >/dev/null 2>&1 || true
   podman volume rm -f "${project}_pgdata" >/dev/null 2>&1 || true
+  # podman-compose 1.0's `down` leaves the project's network behind.
+  podman network rm -f "${project}_default" >/dev/null 2>&1 || true
   rm -rf "$dir"
   exit $rc
 }
