@@ -1,7 +1,7 @@
 # Every target runs through scripts/with-node.sh, which provides Node 24 and the dependencies on a fresh machine.
 RUN := ./scripts/with-node.sh
 
-.PHONY: dev test lint build bench install
+.PHONY: dev test lint build bench install image
 
 dev:        ## start Tollgate on its embedded default (tollgate dev)
 	$(RUN) npm run dev
@@ -17,6 +17,9 @@ build:      ## compile to dist/
 
 bench:      ## run the benchmarks (results in docs/benchmarks.md)
 	$(RUN) npm run bench
+
+image:      ## build the container image with podman and smoke-test it (scripts/image.sh; see README "Deploying")
+	$(RUN) bash scripts/image.sh
 
 install:
 	$(RUN) true

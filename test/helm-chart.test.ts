@@ -255,6 +255,27 @@ describe.skipIf(!available)('the Helm chart', () => {
     expect(names(withoutOperator)).not.toContain('TollgateOperatorLeaderMissing');
   });
 
+  it('ships the Grafana dashboard as a ConfigMap for the sidecar, only when asked', () => {
+    const file = readFileSync(join(chart, 'dashboards/tollgate.json'), 'utf8');
+    expect(render(DB).some((d) => d.kind === 'ConfigMap' && d.metadata.name.endsWith('-dashboard'))).toBe(
+      false,
+    );
+    const docs = render([
+      ...DB,
+      '--set',
+      'metrics.grafanaDashboard.enabled=true',
+      '--set',
+      'metrics.grafanaDashboard.namespace=monitoring',
+      '--set',
+      'metrics.grafanaDashboard.annotations.grafana_folder=Tollgate',
+    ]);
+    const cm = find(docs, 'ConfigMap', 'tg-tollgate-dashboard');
+    expect(cm.metadata.namespace).toBe('monitoring');
+    expect(cm.metadata.labels.grafana_dashboard).toBe('1');
+    expect(cm.metadata.annotations).toEqual({ grafana_folder: 'Tollgate' });
+    expect(JSON.parse(cm.data['tollgate.json'])).toEqual(JSON.parse(file));
+  });
+
   it('refuses values the schema does not know', () => {
     const res = spawnSync(helm, ['template', 'tg', chart, '--set', 'config.LOG_LEVELS=debug'], {
       encoding: 'utf8',
