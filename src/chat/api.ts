@@ -1,12 +1,13 @@
 import type { ModelRow } from '../db/schema.ts';
-import type {
-  AnswerReading,
-  Exchange,
-  MeteredApi,
-  RefusalReply,
-  ReportedUsage,
-  StreamReader,
-  StreamStep,
+import {
+  type AnswerReading,
+  type Exchange,
+  type MeteredApi,
+  type RefusalReply,
+  type ReportedUsage,
+  reportedUsage,
+  type StreamReader,
+  type StreamStep,
 } from '../metering/api.ts';
 import type { TokenUsage } from '../metering/cost.ts';
 import { DONE, sseEvent } from '../metering/relay.ts';
@@ -74,14 +75,12 @@ export const chatApi: MeteredApi<ChatRequest> = {
 /** Chat usage in Tollgate's terms. */
 export function chatUsage(usage: ChatUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
-  const out: ReportedUsage = {};
-  if (typeof usage.prompt_tokens === 'number') out.input = usage.prompt_tokens;
-  if (typeof usage.completion_tokens === 'number') out.output = usage.completion_tokens;
-  const cached = usage.prompt_tokens_details?.cached_tokens;
-  if (typeof cached === 'number') out.cachedInput = cached;
-  const reasoning = usage.completion_tokens_details?.reasoning_tokens;
-  if (typeof reasoning === 'number') out.reasoning = reasoning;
-  return out;
+  return reportedUsage({
+    input: usage.prompt_tokens,
+    output: usage.completion_tokens,
+    cachedInput: usage.prompt_tokens_details?.cached_tokens,
+    reasoning: usage.completion_tokens_details?.reasoning_tokens,
+  });
 }
 
 interface StreamChunk {

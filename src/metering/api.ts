@@ -54,6 +54,15 @@ export interface MeteredBody {
 /** Usage as the provider reported it; missing fields are counted by Tollgate. */
 export type ReportedUsage = Partial<TokenUsage>;
 
+/** Usage from a provider's fields, keeping only those it reported as numbers. */
+export function reportedUsage(fields: { [K in keyof TokenUsage]?: unknown }): ReportedUsage {
+  const out: ReportedUsage = {};
+  for (const [name, value] of Object.entries(fields)) {
+    if (typeof value === 'number') out[name as keyof TokenUsage] = value;
+  }
+  return out;
+}
+
 export interface AnswerReading {
   usage: ReportedUsage | undefined;
   /** Output tokens counted by Tollgate from the answer (when the usage has none). */

@@ -1,14 +1,15 @@
 import type { LinkReply } from '../chat/paywall.ts';
 import { type AnyPart, countText, partTokens, type TextCounter } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
-import type {
-  AnswerReading,
-  Exchange,
-  MeteredApi,
-  RefusalReply,
-  ReportedUsage,
-  StreamReader,
-  StreamStep,
+import {
+  type AnswerReading,
+  type Exchange,
+  type MeteredApi,
+  type RefusalReply,
+  type ReportedUsage,
+  reportedUsage,
+  type StreamReader,
+  type StreamStep,
 } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type SseMessage, UpstreamError } from '../upstream/types.ts';
@@ -69,14 +70,12 @@ interface ResponsesUsage {
 
 export function responsesUsage(usage: ResponsesUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
-  const out: ReportedUsage = {};
-  if (typeof usage.input_tokens === 'number') out.input = usage.input_tokens;
-  if (typeof usage.output_tokens === 'number') out.output = usage.output_tokens;
-  const cached = usage.input_tokens_details?.cached_tokens;
-  if (typeof cached === 'number') out.cachedInput = cached;
-  const reasoning = usage.output_tokens_details?.reasoning_tokens;
-  if (typeof reasoning === 'number') out.reasoning = reasoning;
-  return out;
+  return reportedUsage({
+    input: usage.input_tokens,
+    output: usage.output_tokens,
+    cachedInput: usage.input_tokens_details?.cached_tokens,
+    reasoning: usage.output_tokens_details?.reasoning_tokens,
+  });
 }
 
 /** Text a response produced: output text, refusals, function call arguments, reasoning summaries. */
