@@ -4,7 +4,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { createContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { startServing } from '../src/cli/serve.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { applyPricing } from '../src/models/service.ts';
@@ -56,7 +55,7 @@ for (let i = 0; i < users; i += 20) {
     Array.from({ length: Math.min(20, users - i) }, async (_, k) => {
       const externalId = `user-${i + k}`;
       await connectUser(ctx.db, ctx.events, project, externalId, trigger);
-      await deposit(ctx.db, ctx.events, {
+      await ctx.billing.deposit({
         project,
         externalId,
         amount: '100000.00',

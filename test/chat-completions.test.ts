@@ -333,7 +333,7 @@ describe('providers', () => {
     const project = { id: seeded.projectId, owner_user_id: 'x', currency: 'usd' };
     const trigger = { source: 't', actorType: 't', actorId: 't' };
     await connectUser(f.ctx.db, f.ctx.events, project, 'demo-user', trigger);
-    await deposit(f.ctx.db, f.ctx.events, {
+    await f.ctx.billing.deposit({
       project,
       externalId: 'demo-user',
       amount: '1.00',

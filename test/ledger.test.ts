@@ -1,14 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import {
-  charge,
-  deposit,
-  findWallet,
-  placeHold,
-  releaseHold,
-  settleHold,
-  sweepExpiredHolds,
-} from '../src/billing/ledger.ts';
+import { findWallet } from '../src/billing/ledger.ts';
 import { Money } from '../src/core/money.ts';
 import type { Project } from '../src/db/schema.ts';
 import { recordEverything } from '../src/events/outbox.ts';
@@ -30,7 +22,10 @@ beforeAll(async () => {
 });
 afterAll(() => ctx.close());
 
-/** The invariant of the ledger: cached balance and held equal the sums of the user's entries. */
+/**
+ * The invariants of the ledger: the cached balance equals the sum of the user's entries, and the cached
+ * held amount the sum of the user's open holds.
+ */
 async function expectLedgerConsistent(externalId: string) {
   const wallet = (await findWallet(ctx.db, project.id, externalId))!;
   const entries = await ctx.db
@@ -39,7 +34,13 @@ async function expectLedgerConsistent(externalId: string) {
     .where('user_id', '=', wallet.userId)
     .execute();
   const sum = entries.reduce((acc, e) => acc.plus(e.amount), new Money(0));
-  const held = entries.reduce((acc, e) => acc.plus(e.held_delta), new Money(0));
+  const open = await ctx.db
+    .selectFrom('holds')
+    .select('amount')
+    .where('user_id', '=', wallet.userId)
+    .where('status', '=', 'open')
+    .execute();
+  const held = open.reduce((acc, h) => acc.plus(h.amount), new Money(0));
   expect(sum.toFixed()).toBe(new Money(wallet.balance).toFixed());
   expect(held.toFixed()).toBe(new Money(wallet.held).toFixed());
   return { wallet, entries };
@@ -48,7 +49,7 @@ async function expectLedgerConsistent(externalId: string) {
 describe('ledger', () => {
   it('deposits, charges and refuses what the wallet cannot cover', async () => {
     await connectUser(ctx.db, ctx.events, project, 'alice', trigger);
-    const dep = await deposit(ctx.db, ctx.events, {
+    const dep = await ctx.billing.deposit({
       project,
       externalId: 'alice',
       amount: '5.00',
@@ -62,7 +63,7 @@ describe('ledger', () => {
       activityId: dep.entry.id,
       externalUserId: 'alice',
     });
-    const ok = await charge(ctx.db, ctx.events, {
+    const ok = await ctx.billing.charge({
       project,
       externalId: 'alice',
       amount: '1.25',
@@ -70,7 +71,7 @@ describe('ledger', () => {
       trigger,
     });
     expect(ok.ok && ok.wallet.balance).toBe('3.75');
-    const refused = await charge(ctx.db, ctx.events, {
+    const refused = await ctx.billing.charge({
       project,
       externalId: 'alice',
       amount: '3.76',
@@ -78,7 +79,7 @@ describe('ledger', () => {
       trigger,
     });
     expect(refused).toMatchObject({ ok: false, reason: 'insufficient_balance', required: '3.76' });
-    const stranger = await charge(ctx.db, ctx.events, {
+    const stranger = await ctx.billing.charge({
       project,
       externalId: 'nobody',
       amount: '1',
@@ -91,69 +92,75 @@ describe('ledger', () => {
 
   it('holds, settles the real cost capped at the hold, and releases the rest', async () => {
     await connectUser(ctx.db, ctx.events, project, 'bob', trigger);
-    await deposit(ctx.db, ctx.events, {
+    await ctx.billing.deposit({
       project,
       externalId: 'bob',
       amount: '1.00',
       source: 'test',
       trigger,
     });
-    const hold = await placeHold(ctx.db, {
-      projectId: project.id,
+    const hold = await ctx.billing.hold({
+      project,
       externalId: 'bob',
       amount: '0.6',
       purpose: 'chat',
-      ttlSeconds: 60,
     });
     if (!hold.ok) throw new Error('hold refused');
     expect(hold.wallet.available).toBe('0.4');
-    const second = await placeHold(ctx.db, {
-      projectId: project.id,
+    const second = await ctx.billing.hold({
+      project,
       externalId: 'bob',
       amount: '0.5',
       purpose: 'chat',
-      ttlSeconds: 60,
     });
     expect(second).toMatchObject({ ok: false, reason: 'insufficient_balance' });
-    const settled = await settleHold(ctx.db, ctx.events, {
+    const settled = await ctx.billing.settle({
       project,
       hold: hold.hold,
       cost: '0.000000150001',
       source: 'chat',
       trigger,
-      subjectExternalId: 'bob',
+      externalId: 'bob',
+      model: 'm',
+      metadata: {},
+      description: 'test',
     });
     expect(settled.charged).toBe('0.000000150001');
     expect(settled.wallet).toMatchObject({ balance: '0.999999849999', held: '0' });
     // settling again changes nothing
-    const again = await settleHold(ctx.db, ctx.events, {
+    const again = await ctx.billing.settle({
       project,
       hold: hold.hold,
       cost: '0.1',
       source: 'chat',
       trigger,
-      subjectExternalId: 'bob',
+      externalId: 'bob',
+      model: 'm',
+      metadata: {},
+      description: 'test',
     });
-    expect(again.entry).toBeUndefined();
-    const capped = await placeHold(ctx.db, {
-      projectId: project.id,
+    expect(again).toEqual({ charged: '0', wallet: undefined });
+    const capped = await ctx.billing.hold({
+      project,
       externalId: 'bob',
       amount: '0.1',
       purpose: 'chat',
-      ttlSeconds: 60,
     });
     if (!capped.ok) throw new Error('hold refused');
-    const over = await settleHold(ctx.db, ctx.events, {
+    const over = await ctx.billing.settle({
       project,
       hold: capped.hold,
       cost: '5',
       source: 'chat',
       trigger,
-      subjectExternalId: 'bob',
+      externalId: 'bob',
+      model: 'm',
+      metadata: {},
+      description: 'test',
     });
     expect(over.charged).toBe('0.1');
     const { entries } = await expectLedgerConsistent('bob');
-    expect(entries.map((e) => e.kind).sort()).toEqual(['charge', 'charge', 'deposit', 'hold', 'hold']);
+    expect(entries.map((e) => e.kind).sort()).toEqual(['charge', 'charge', 'deposit']);
     const event = await ctx.db
       .selectFrom('events')
       .select('envelope')
@@ -168,7 +175,7 @@ describe('ledger', () => {
 
   it('never lets concurrent holds overspend', async () => {
     await connectUser(ctx.db, ctx.events, project, 'carol', trigger);
-    await deposit(ctx.db, ctx.events, {
+    await ctx.billing.deposit({
       project,
       externalId: 'carol',
       amount: '1.00',
@@ -177,36 +184,34 @@ describe('ledger', () => {
     });
     const results = await Promise.all(
       Array.from({ length: 25 }, () =>
-        placeHold(ctx.db, {
-          projectId: project.id,
+        ctx.billing.hold({
+          project,
           externalId: 'carol',
           amount: '0.2',
           purpose: 'chat',
-          ttlSeconds: 60,
         }),
       ),
     );
     expect(results.filter((r) => r.ok)).toHaveLength(5);
-    for (const r of results) if (r.ok) await releaseHold(ctx.db, r.hold.id, 'released');
+    for (const r of results) if (r.ok) await ctx.billing.release(r.hold);
     const { wallet } = await expectLedgerConsistent('carol');
     expect(wallet).toMatchObject({ balance: '1', held: '0' });
   });
 
   it('sweeps holds whose request died', async () => {
     await connectUser(ctx.db, ctx.events, project, 'dave', trigger);
-    await deposit(ctx.db, ctx.events, {
+    await ctx.billing.deposit({
       project,
       externalId: 'dave',
       amount: '1.00',
       source: 'test',
       trigger,
     });
-    const hold = await placeHold(ctx.db, {
-      projectId: project.id,
+    const hold = await ctx.billing.hold({
+      project,
       externalId: 'dave',
       amount: '0.7',
       purpose: 'chat',
-      ttlSeconds: 60,
     });
     if (!hold.ok) throw new Error('hold refused');
     await ctx.db
@@ -214,7 +219,12 @@ describe('ledger', () => {
       .set({ expires_at: new Date(Date.now() - 1000) })
       .where('id', '=', hold.hold.id)
       .execute();
-    expect(await sweepExpiredHolds(ctx.db)).toBeGreaterThanOrEqual(1);
+    expect(await ctx.billing.sweep()).toBeGreaterThanOrEqual(1);
+    expect(
+      await ctx.db.selectFrom('holds').select('status').where('id', '=', hold.hold.id).executeTakeFirst(),
+    ).toEqual({
+      status: 'expired',
+    });
     const { wallet } = await expectLedgerConsistent('dave');
     expect(wallet.available).toBe('1');
   });

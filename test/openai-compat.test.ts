@@ -215,9 +215,9 @@ describe('chat completions: the whole request schema', () => {
     expect(counted - textOnly).toBe(765 + 85);
     await f.settled();
     const entries = await f.ledger('viewer');
-    expect(entries[1]).toMatchObject({
-      kind: 'hold',
-      held_delta: tokenCost(price, promptTokensUpperBound(counted), 100),
+    expect((await f.holds('viewer'))[0]).toMatchObject({
+      status: 'settled',
+      amount: tokenCost(price, promptTokensUpperBound(counted), 100),
     });
     expect(chargedTotal(entries)).toBe(tokenCost(price, 12, 5));
   });
@@ -279,7 +279,7 @@ describe('chat completions: the whole request schema', () => {
     await f.settled();
     const entries = await f.ledger('twice');
     const prompt = countPromptTokens(chatRequestSchema.parse({ model: 'metered', messages, n: 2 }));
-    expect(entries[1]!.held_delta).toBe(tokenCost(price, promptTokensUpperBound(prompt), 200));
+    expect((await f.holds('twice'))[0]!.amount).toBe(tokenCost(price, promptTokensUpperBound(prompt), 200));
     expect(chargedTotal(entries)).toBe(tokenCost(price, 12, 10));
   });
 
@@ -389,7 +389,7 @@ describe('responses', () => {
     await f.settled();
     const entries = await f.ledger('resp');
     const counted = countResponsesInput(responsesRequestSchema.parse(sent));
-    expect(entries[1]!.held_delta).toBe(tokenCost(price, promptTokensUpperBound(counted), 100));
+    expect((await f.holds('resp'))[0]!.amount).toBe(tokenCost(price, promptTokensUpperBound(counted), 100));
     expect(chargedTotal(entries, 'responses')).toBe(tokenCost(price, 12, 5));
   });
 
@@ -471,7 +471,9 @@ describe('embeddings', () => {
     const entries = await f.ledger('embedder');
     const counted = countEmbeddingInput(embeddingsRequestSchema.parse(sent));
     const embedPrice = { inputPerMillion: new Money('0.02'), outputPerMillion: new Money(0) };
-    expect(entries[1]!.held_delta).toBe(tokenCost(embedPrice, promptTokensUpperBound(counted), 0));
+    expect((await f.holds('embedder'))[0]!.amount).toBe(
+      tokenCost(embedPrice, promptTokensUpperBound(counted), 0),
+    );
     expect(chargedTotal(entries, 'embeddings')).toBe(tokenCost(embedPrice, 2, 0));
     expect(chargedTotal(entries, 'embeddings')).toBe('0.00000004');
   });

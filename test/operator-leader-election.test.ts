@@ -6,7 +6,6 @@ import type { AddressInfo } from 'node:net';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/kube.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { getProject } from '../src/projects/service.ts';
@@ -189,7 +188,7 @@ const untilHolder = (identity: string, timeoutMs?: number) =>
 async function depositEvents(count: number): Promise<void> {
   const project = await getProject(ctx.db, paywallId);
   for (let i = 0; i < count; i++)
-    await deposit(ctx.db, ctx.events, {
+    await ctx.billing.deposit({
       project,
       externalId: 'user-1',
       amount: '1.00',

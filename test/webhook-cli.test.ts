@@ -2,7 +2,6 @@ import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { createSubscription, getSubscription } from '../src/webhooks/subscriptions.ts';
 import { createTestContext, realPostgres, TEST_ENCRYPTION_KEY } from './helpers/context.ts';
@@ -91,7 +90,7 @@ describe.runIf(realPostgres)('tollgate webhooks and tollgate worker', () => {
         child.once('exit', (code) => reject(new Error(`worker exited (${code}): ${output}`)));
       });
       const project = await getProject(ctx.db, p.projectId);
-      await deposit(ctx.db, ctx.events, {
+      await ctx.billing.deposit({
         project,
         externalId: 'cli',
         amount: '1',

@@ -1,7 +1,6 @@
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { deposit } from '../src/billing/ledger.ts';
 import type { Project } from '../src/db/schema.ts';
 import { getProject } from '../src/projects/service.ts';
 import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker.ts';
@@ -90,7 +89,7 @@ async function subscribe(
 
 async function depositTo(p: SeededProject, user = 'alice', amount = '1.00') {
   const project: Project = await getProject(server.ctx.db, p.projectId);
-  return deposit(server.ctx.db, server.ctx.events, {
+  return server.ctx.billing.deposit({
     project,
     externalId: user,
     amount,

@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { buildRequest, Sender, sign } from '../src/webhooks/deliver.ts';
 import { isPrivateAddress } from '../src/webhooks/destination.ts';
@@ -169,7 +168,7 @@ describe('destination checks', () => {
       { createdBy: 'test' },
     );
     const projectRow = await getProject(server.ctx.db, p.projectId);
-    await deposit(server.ctx.db, server.ctx.events, {
+    await server.ctx.billing.deposit({
       project: projectRow,
       externalId: 'u',
       amount: '1',

@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { startDeliveryWorker } from '../src/webhooks/worker.ts';
@@ -43,7 +42,7 @@ describe('embedded database', () => {
       const project = await getProject(embedded.db, p.projectId);
       const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
       for (let i = 0; i < 3; i++)
-        await deposit(embedded.db, embedded.events, {
+        await embedded.billing.deposit({
           project,
           externalId: `u${i}`,
           amount: '1',

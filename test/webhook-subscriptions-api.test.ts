@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type AppContext, createContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { SubscriptionFilter } from '../src/webhooks/filter.ts';
 import {
@@ -272,8 +271,7 @@ describe('the event filter', () => {
             .executeTakeFirstOrThrow()
         ).n,
       );
-    const dep = () =>
-      deposit(ctx.db, ctx.events, { project, externalId: 'u', amount: '1', source: 'test', trigger });
+    const dep = () => ctx.billing.deposit({ project, externalId: 'u', amount: '1', source: 'test', trigger });
 
     const filter = ctx.events.filter;
     expect(filter).toBeInstanceOf(SubscriptionFilter);

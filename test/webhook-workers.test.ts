@@ -4,7 +4,6 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type AppContext, createContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { fanOut } from '../src/webhooks/fanout.ts';
 import { claimDue, recordResult } from '../src/webhooks/queue.ts';
@@ -59,7 +58,7 @@ async function subscribeAndDeposit(c: AppContext, path: string, deposits = 1, su
   }
   const project = await getProject(c.db, p.projectId);
   for (let i = 0; i < deposits; i++)
-    await deposit(c.db, c.events, { project, externalId: `u${i}`, amount: '1', source: 'test', trigger });
+    await c.billing.deposit({ project, externalId: `u${i}`, amount: '1', source: 'test', trigger });
   return { projectId: p.projectId, subscriptionIds: ids };
 }
 

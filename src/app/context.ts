@@ -4,6 +4,7 @@ import { join, resolve } from 'node:path';
 import { sql } from 'kysely';
 import { type Logger, pino } from 'pino';
 import { KeyDirectory } from '../auth/directory.ts';
+import { BillingService } from '../billing/service.ts';
 import { type Bus, openBus } from '../bus/index.ts';
 import { type Config, ConfigError, decodeKey, publicBaseUrl } from '../config/index.ts';
 import { Sealer } from '../core/crypto.ts';
@@ -25,6 +26,8 @@ export interface AppContext {
   bus: Bus;
   sealer: Sealer;
   events: EventRecorder;
+  /** Every movement of money, and the effects after its commit. */
+  billing: BillingService;
   keys: KeyDirectory;
   projects: ProjectDirectory;
   metrics: Metrics;
@@ -182,6 +185,14 @@ export async function createContext(config: Config, options: ContextOptions = {}
     await database.close();
     throw err;
   }
+  const metrics = new Metrics();
+  const billing = new BillingService({
+    database,
+    events,
+    metrics,
+    log,
+    holdTtlSeconds: config.HOLD_TTL_SECONDS,
+  });
   return {
     config,
     log,
@@ -190,9 +201,10 @@ export async function createContext(config: Config, options: ContextOptions = {}
     bus,
     sealer,
     events,
+    billing,
     keys,
     projects,
-    metrics: new Metrics(),
+    metrics,
     publicBaseUrl: publicBaseUrl(config),
     async migrate() {
       const applied = await migrateToLatest(database);
@@ -201,6 +213,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
       return applied;
     },
     async close() {
+      await billing.idle();
       await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
       await bus.close();
       await database.close();

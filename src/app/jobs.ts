@@ -1,4 +1,3 @@
-import { sweepExpiredHolds } from '../billing/ledger.ts';
 import { deleteExpiredIdempotencyKeys } from '../idempotency/index.ts';
 import { deleteExpiredLinkNonces } from '../users/service.ts';
 import type { AppContext } from './context.ts';
@@ -17,7 +16,7 @@ export const maintenanceJobs: Job[] = [
   {
     name: 'hold-sweeper',
     intervalMs: 30_000,
-    run: (ctx) => sweepExpiredHolds(ctx.db),
+    run: (ctx) => ctx.billing.sweep(),
   },
   {
     name: 'idempotency-key-cleanup',

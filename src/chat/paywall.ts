@@ -1,8 +1,6 @@
-import { sql } from 'kysely';
 import type { AppContext } from '../app/context.ts';
-import { charge, type PaywallRefusal, type Trigger } from '../billing/ledger.ts';
-import { currencyDecimals, formatAmount, formatForCurrency, Money } from '../core/money.ts';
-import type { ModelRow } from '../db/schema.ts';
+import type { PaywallRefusal } from '../billing/ledger.ts';
+import { currencyDecimals, formatForCurrency, Money } from '../core/money.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { connectReply, topupReply } from '../users/links.ts';
 import type { ChunkMeta } from './sse.ts';
@@ -73,96 +71,4 @@ export function linkCompletion(meta: ChunkMeta, link: LinkReply) {
       ...(link.required ? { required: link.required, available: link.available } : {}),
     },
   };
-}
-
-export type SubscriptionAccess =
-  | { ok: true; userId: string; renewal?: { charged: string; entryId: string | undefined; periodEnd: Date } }
-  | PaywallRefusal;
-
-/**
- * Subscription pricing: a connected user with a current period of the model is served free; otherwise a
- * new period starts by charging its fee from the balance (a top-up link when it cannot be paid). The
- * renewal locks the user's row, so concurrent first requests charge one fee.
- */
-export async function subscriptionAccess(
-  ctx: AppContext,
-  project: ProjectContext,
-  model: ModelRow,
-  externalId: string,
-  pricing: { fee: string; periodSeconds: number },
-  trigger: Trigger,
-): Promise<SubscriptionAccess> {
-  const current = await ctx.db
-    .selectFrom('end_users as e')
-    .leftJoin('model_subscriptions as s', (join) =>
-      join.onRef('s.user_id', '=', 'e.id').on('s.model_id', '=', model.id),
-    )
-    .select(['e.id', 'e.connected', sql<boolean>`coalesce(s.period_end > now(), false)`.as('active')])
-    .where('e.project_id', '=', project.id)
-    .where('e.external_id', '=', externalId)
-    .executeTakeFirst();
-  if (!current?.connected) return { ok: false, reason: 'not_connected', wallet: undefined };
-  if (current.active) return { ok: true, userId: current.id };
-
-  const result = await ctx.db.transaction().execute(async (tx): Promise<SubscriptionAccess> => {
-    const user = await tx
-      .selectFrom('end_users')
-      .select(['id', 'connected'])
-      .where('id', '=', current.id)
-      .forUpdate()
-      .executeTakeFirstOrThrow();
-    if (!user.connected) return { ok: false, reason: 'not_connected', wallet: undefined };
-    const period = await tx
-      .selectFrom('model_subscriptions')
-      .select(sql<boolean>`period_end > now()`.as('active'))
-      .where('user_id', '=', user.id)
-      .where('model_id', '=', model.id)
-      .executeTakeFirst();
-    if (period?.active) return { ok: true, userId: user.id }; // renewed meanwhile by a concurrent request
-    let entryId: string | undefined;
-    if (new Money(pricing.fee).gt(0)) {
-      const charged = await charge(tx, ctx.events, {
-        project,
-        externalId,
-        amount: pricing.fee,
-        source: 'subscription',
-        trigger,
-        description: `subscription to ${model.id} (${model.period ?? `${pricing.periodSeconds}s`})`,
-        metadata: { model: model.id, period: model.period },
-      });
-      if (!charged.ok) return charged;
-      entryId = charged.entry.id;
-    }
-    const interval = sql`make_interval(secs => ${pricing.periodSeconds})`;
-    const row = await tx
-      .insertInto('model_subscriptions')
-      .values({
-        project_id: project.id,
-        user_id: user.id,
-        model_id: model.id,
-        fee: pricing.fee,
-        period_start: sql`now()`,
-        period_end: sql`now() + ${interval}`,
-        charge_entry_id: entryId ?? null,
-      })
-      .onConflict((oc) =>
-        oc.columns(['user_id', 'model_id']).doUpdateSet({
-          fee: pricing.fee,
-          period_start: sql`now()`,
-          period_end: sql`now() + ${interval}`,
-          charge_entry_id: entryId ?? null,
-          periods: sql`model_subscriptions.periods + 1`,
-          updated_at: sql`now()`,
-        }),
-      )
-      .returning('period_end')
-      .executeTakeFirstOrThrow();
-    return {
-      ok: true,
-      userId: user.id,
-      renewal: { charged: formatAmount(pricing.fee), entryId, periodEnd: row.period_end },
-    };
-  });
-  if (result.ok && result.renewal?.entryId) ctx.events.wake();
-  return result;
 }

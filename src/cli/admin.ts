@@ -1,7 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { type AppContext, createContext } from '../app/context.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
-import { deposit } from '../billing/ledger.ts';
 import type { Config } from '../config/index.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
@@ -193,7 +192,7 @@ export async function adminCommand(
         const project = await getProject(ctx.db, required(values, 'project'));
         const user = required(values, 'user');
         const amount = parseInput(amountSchema(project.currency), required(values, 'amount'), 'amount');
-        const result = await deposit(ctx.db, ctx.events, {
+        const result = await ctx.billing.deposit({
           project,
           externalId: user,
           amount,

@@ -3,7 +3,6 @@ import { dirname, join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { type AppContext, createContext } from '../app/context.ts';
 import { startJobs } from '../app/jobs.ts';
-import { deposit } from '../billing/ledger.ts';
 import { type Config, publicBaseUrl } from '../config/index.ts';
 import { pendingMigrations } from '../db/index.ts';
 import { buildServer } from '../http/server.ts';
@@ -172,7 +171,7 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
   });
   const trigger = { source: 'dev', actorType: 'admin', actorId: 'dev' };
   await connectUser(ctx.db, ctx.events, created.project, DEV_USER, trigger);
-  await deposit(ctx.db, ctx.events, {
+  await ctx.billing.deposit({
     project: created.project,
     externalId: DEV_USER,
     amount: '10.00',

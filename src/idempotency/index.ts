@@ -86,17 +86,16 @@ export function requestHash(body: unknown): string {
 /**
  * Runs `fn` at most once per key: in one transaction, claims the key, runs `fn(tx)` and stores its
  * response. A later (or concurrent) request with the same key and body gets the stored response with
- * `replayed: true`; one with a different body gets 409. `fn` gets the transaction to move money in;
- * after it returns, the caller is responsible for post-commit work (event wake-ups, metrics) only when
- * `replayed` is false.
+ * `replayed: true`; one with a different body gets 409. `fn` gets the transaction to move money in
+ * (a billing transaction: the effects of what moved run after it commits, and never for a replay).
  */
 export async function withIdempotency(
-  ctx: Pick<AppContext, 'db'>,
+  ctx: Pick<AppContext, 'billing'>,
   scope: IdempotencyScope,
   fn: (tx: Transaction<DB>) => Promise<IdempotentResponse>,
   ttlSeconds = IDEMPOTENCY_KEY_TTL_SECONDS,
 ): Promise<IdempotentResult> {
-  return ctx.db.transaction().execute(async (tx) => {
+  return ctx.billing.transaction(async (tx) => {
     // Claims the key; an expired row is taken over. When another transaction holds an uncommitted row
     // for the key, this statement waits for it to end.
     const claimed = await tx

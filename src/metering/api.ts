@@ -1,5 +1,6 @@
 import type { z } from 'zod';
 import type { Trigger } from '../billing/ledger.ts';
+import type { Hold } from '../billing/service.ts';
 import type { LinkReply } from '../chat/paywall.ts';
 import type { TextCounter } from '../chat/tokens.ts';
 import type { ModelEndpoint, ModelRow } from '../db/schema.ts';
@@ -87,7 +88,7 @@ export interface Exchange<B extends MeteredBody = MeteredBody> {
   started: number;
   /** Completions asked for (chat's `n`). */
   choices: number;
-  hold: { id: string; amount: string } | undefined;
+  hold: Hold | undefined;
   /** Input tokens counted by Tollgate (per-token pricing). */
   inputCount: number | undefined;
   /** Output tokens the hold pays for, per choice (per-token pricing). */

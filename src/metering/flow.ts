@@ -27,7 +27,6 @@ import {
   sendStream,
   sseMessage,
 } from './relay.ts';
-import { release, settle } from './settlement.ts';
 import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
 
 /**
@@ -38,12 +37,14 @@ import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
  * 2. Otherwise the most the request can cost is held (per request: the price; per token: the input
  *    counted with a margin plus the output bound, which is also sent to the provider), the request is
  *    forwarded, and the answer relayed (relay.ts).
- * 3. settlement (settlement.ts): the hold is settled at the real cost from the provider's `usage`
- *    (counted with gpt-tokenizer when missing); the rest is released.
+ * 3. settlement: the billing service settles the hold at the real cost from the provider's `usage`
+ *    (counted with gpt-tokenizer when missing) and releases the rest.
  * Subscription models need no hold: a current period serves free, else its fee starts a new one.
  *
- * Settles run right after the last byte is handed to the client, off the response's critical path;
- * `idle()` waits for those in flight (tests, shutdown).
+ * Read-your-writes: the settle commits before the end of the response is written (the last byte of a
+ * JSON body; a stream's final event and `[DONE]`), so a client that has the whole answer and then reads
+ * the balance, or sends its next request, sees the charge. Time to first byte is untouched. A request
+ * whose client left is settled in the background; `idle()` waits for those (tests, shutdown).
  */
 export class MeteredFlow {
   readonly #ctx: AppContext;
@@ -216,15 +217,15 @@ export class MeteredFlow {
       watch.stop();
     }
     const upstreamMs = performance.now() - upstreamStarted;
-    sendJsonText(reply, text);
-    this.#observe(x, upstreamMs);
-    this.#finish(x, {
+    await this.#finish(x, {
       outcome: 'success',
       usage: reading.usage,
       produced: reading.produced,
       finishReason: reading.finishReason,
       charge: true,
     });
+    this.#observe(x, upstreamMs);
+    sendJsonText(reply, text);
     return reply;
   }
 
@@ -300,14 +301,14 @@ export class MeteredFlow {
       return reply;
     }
     const usage = cut ? undefined : reader.usage;
-    sink.end(reader.tail(cut, usageOf(x, usage, produced)));
-    this.#finish(x, {
+    await this.#finish(x, {
       outcome: cut ? 'bound_reached' : 'success',
       usage,
       produced,
       finishReason: cut ? 'length' : reader.finishReason,
       charge: true,
     });
+    sink.end(reader.tail(cut, usageOf(x, usage, produced)));
     return reply;
   }
 
@@ -392,11 +393,14 @@ export class MeteredFlow {
     const hold = x.hold;
     if (!hold) return;
     x.hold = undefined;
-    this.#track(release(this.#ctx, x.project, hold), x, 'release');
+    this.#track(this.#ctx.billing.release(hold), x, 'release');
   }
 
-  /** Charges a served request (off the response path) and records its metrics and completion event. */
-  #finish<B extends MeteredBody>(x: Exchange<B>, end: Ending): void {
+  /**
+   * Charges a served request and records its metrics and completion event. Resolves once the charge
+   * committed (or failed and was logged: the hold is then left to the sweeper); never rejects.
+   */
+  #finish<B extends MeteredBody>(x: Exchange<B>, end: Ending): Promise<unknown> {
     const ctx = this.#ctx;
     const labels = { project: x.project.id, model: x.model.id };
     ctx.metrics.requests.inc({
@@ -407,7 +411,7 @@ export class MeteredFlow {
     });
     if (!end.charge) {
       this.#release(x);
-      return;
+      return Promise.resolve();
     }
     const usage = usageOf(x, end.usage, end.produced);
     ctx.metrics.inputTokens.inc(labels, usage.input);
@@ -435,11 +439,12 @@ export class MeteredFlow {
         if (wantsCompleted) await this.#record(x, 'proxy.request.completed', completed('0'));
         return;
       }
-      const charged = await settle(ctx, {
+      await ctx.billing.settle({
         project: x.project,
         hold,
         cost,
         source: x.api.name,
+        model: x.model.id,
         trigger: x.trigger,
         externalId: x.externalId,
         metadata: {
@@ -453,17 +458,11 @@ export class MeteredFlow {
         },
         description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens`,
         ...(wantsCompleted
-          ? { completed: { type: 'proxy.request.completed' as const, userId: x.userId, data: completed } }
+          ? { completed: { type: 'proxy.request.completed' as const, data: completed } }
           : {}),
       });
-      if (charged !== '0') {
-        ctx.metrics.charged.inc(
-          { ...labels, currency: x.project.currency, source: x.api.name },
-          Number(charged),
-        );
-      }
     };
-    this.#track(work(), x, 'settle');
+    return this.#track(work(), x, 'settle');
   }
 
   #observe<B extends MeteredBody>(x: Exchange<B>, upstreamMs: number, stream = false): void {

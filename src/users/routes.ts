@@ -106,7 +106,7 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     fn: (tx: Transaction<DB>) => Promise<IdempotentResponse>,
   ): Promise<IdempotentResult> {
     if (key === undefined) {
-      const response = await ctx.db.transaction().execute(fn);
+      const response = await ctx.billing.transaction(fn);
       return { ...response, replayed: false };
     }
     return withIdempotency(
@@ -132,12 +132,8 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     const input = request.body;
     const result = await once(request, 'POST /v1/user/balance/deposit', key, async (tx) => ({
       status: 201,
-      body: await depositFromApi(tx, ctx.events, project, input, triggerOf(request)),
+      body: await depositFromApi(tx, ctx.billing, project, input, triggerOf(request)),
     }));
-    if (!result.replayed) {
-      ctx.events.wake();
-      ctx.metrics.deposited.inc({ project: project.id, currency: project.currency }, Number(input.amount));
-    }
     return send(reply, result);
   });
 
@@ -145,21 +141,10 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     const project = request.project;
     const key = idempotencyKeyFrom(request.headers);
     const input = request.body;
-    let success = false;
-    const result = await once(request, 'POST /v1/user/charge', key, async (tx) => {
-      const body = await chargeFromApi(tx, ctx.events, project, input, triggerOf(request), links());
-      success = body.success;
-      return { status: 200, body };
-    });
-    if (!result.replayed) {
-      ctx.events.wake();
-      if (success) {
-        ctx.metrics.charged.inc(
-          { project: project.id, model: '', currency: project.currency, source: 'api' },
-          Number(input.amount),
-        );
-      }
-    }
+    const result = await once(request, 'POST /v1/user/charge', key, async (tx) => ({
+      status: 200,
+      body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, triggerOf(request), links()),
+    }));
     return send(reply, result);
   });
 

@@ -1,13 +1,12 @@
 import { type Kysely, sql, type Transaction } from 'kysely';
 import {
-  charge,
-  deposit,
   ensureUser,
   findWallet,
   type LedgerProject,
   type Trigger,
   type WalletState,
 } from '../billing/ledger.ts';
+import type { BillingService } from '../billing/service.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { formatForCurrency } from '../core/money.ts';
 import type { Database, DB } from '../db/index.ts';
@@ -174,24 +173,27 @@ export interface MoneyRequest {
 }
 
 /**
- * Credits a wallet from the API (source `api`) inside the caller's transaction; the response body of
- * `POST /v1/user/balance/deposit`. The caller wakes the event fan-out after committing.
+ * Credits a wallet from the API (source `api`) inside the caller's billing transaction; the response
+ * body of `POST /v1/user/balance/deposit`.
  */
 export async function depositFromApi(
   tx: Transaction<DB>,
-  events: EventRecorder,
+  billing: BillingService,
   project: ApiProject,
   input: MoneyRequest,
   trigger: Trigger,
 ) {
-  const result = await deposit(tx, events, {
-    project: ledgerProject(project),
-    externalId: input.user,
-    amount: input.amount,
-    source: 'api',
-    trigger,
-    metadata: input.metadata,
-  });
+  const result = await billing.deposit(
+    {
+      project: ledgerProject(project),
+      externalId: input.user,
+      amount: input.amount,
+      source: 'api',
+      trigger,
+      metadata: input.metadata,
+    },
+    tx,
+  );
   return {
     id: result.entry.id,
     object: 'deposit' as const,
@@ -218,6 +220,7 @@ export interface LinkSettings {
  */
 export async function chargeFromApi(
   tx: Transaction<DB>,
+  billing: BillingService,
   events: EventRecorder,
   project: ApiProject,
   input: MoneyRequest,
@@ -225,14 +228,17 @@ export async function chargeFromApi(
   links: LinkSettings,
 ) {
   const money = (v: string) => formatForCurrency(v, project.currency);
-  const result = await charge(tx, events, {
-    project: ledgerProject(project),
-    externalId: input.user,
-    amount: input.amount,
-    source: 'api',
-    trigger,
-    metadata: input.metadata,
-  });
+  const result = await billing.charge(
+    {
+      project: ledgerProject(project),
+      externalId: input.user,
+      amount: input.amount,
+      source: 'api',
+      trigger,
+      metadata: input.metadata,
+    },
+    tx,
+  );
   if (result.ok) {
     return {
       success: true as const,
@@ -282,6 +288,7 @@ export async function chargeFromApi(
       metadata: input.metadata,
     });
   }
+  billing.afterCommit(tx, () => events.wake());
   return {
     success: false as const,
     reason: result.reason,

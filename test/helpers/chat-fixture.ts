@@ -1,6 +1,6 @@
 import OpenAI from 'openai';
 import type { AppContext } from '../../src/app/context.ts';
-import { deposit, findWallet, type WalletState } from '../../src/billing/ledger.ts';
+import { findWallet, type WalletState } from '../../src/billing/ledger.ts';
 import { chatServiceOf } from '../../src/chat/routes.ts';
 import { Money } from '../../src/core/money.ts';
 import type { Project } from '../../src/db/schema.ts';
@@ -28,8 +28,10 @@ export interface ChatFixture {
   wallet(user: string): Promise<WalletState | undefined>;
   /** Waits until every settle and event write after a response has finished. */
   settled(): Promise<void>;
-  /** Checks the ledger invariant (balance = Σ amounts, held = Σ held deltas); returns the entries. */
+  /** Checks the ledger invariants (balance = Σ amounts, held = Σ open holds); returns the entries. */
   ledger(user: string): Promise<Array<{ kind: string; amount: string; source: string; held_delta: string }>>;
+  /** The user's holds, oldest first. */
+  holds(user: string): Promise<Array<{ amount: string; status: string; purpose: string }>>;
   close(): Promise<void>;
 }
 
@@ -65,12 +67,12 @@ export async function startChatFixture(options: {
     client,
     async fund(user, amount) {
       await connectUser(ctx.db, ctx.events, project, user, trigger);
-      if (amount)
-        await deposit(ctx.db, ctx.events, { project, externalId: user, amount, source: 'test', trigger });
+      if (amount) await ctx.billing.deposit({ project, externalId: user, amount, source: 'test', trigger });
     },
     wallet: (user) => findWallet(ctx.db, project.id, user),
     async settled() {
       await chatServiceOf(ctx)?.idle();
+      await ctx.billing.idle();
     },
     async ledger(user) {
       const wallet = (await findWallet(ctx.db, project.id, user))!;
@@ -81,13 +83,29 @@ export async function startChatFixture(options: {
         .orderBy('id')
         .execute();
       const balance = entries.reduce((sum, e) => sum.plus(e.amount), new Money(0));
-      const held = entries.reduce((sum, e) => sum.plus(e.held_delta), new Money(0));
+      const open = await ctx.db
+        .selectFrom('holds')
+        .select('amount')
+        .where('user_id', '=', wallet.userId)
+        .where('status', '=', 'open')
+        .execute();
+      const held = open.reduce((sum, h) => sum.plus(h.amount), new Money(0));
       if (!balance.eq(wallet.balance) || !held.eq(wallet.held)) {
         throw new Error(
           `ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${wallet.held}`,
         );
       }
       return entries;
+    },
+    async holds(user) {
+      const wallet = (await findWallet(ctx.db, project.id, user))!;
+      return ctx.db
+        .selectFrom('holds')
+        .select(['amount', 'status', 'purpose'])
+        .where('user_id', '=', wallet.userId)
+        .orderBy('created_at')
+        .orderBy('id')
+        .execute();
     },
     async close() {
       await server.close();

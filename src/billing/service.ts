@@ -1,0 +1,458 @@
+import type { Transaction } from 'kysely';
+import type { Logger } from 'pino';
+import { newId } from '../core/ids.ts';
+import { formatAmount, Money } from '../core/money.ts';
+import type { Database, DatabaseHandle } from '../db/index.ts';
+import type { DB, ModelRow } from '../db/schema.ts';
+import type { EventType } from '../events/catalog.ts';
+import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
+import type { Metrics } from '../metrics/registry.ts';
+import { GroupCommit } from './group-commit.ts';
+import {
+  type ChargeInput,
+  type ChargeResult,
+  charge,
+  type DepositInput,
+  type DepositResult,
+  deposit,
+  type LedgerProject,
+  moneyEventData,
+  type PaywallRefusal,
+  refusal,
+  type Trigger,
+  type WalletState,
+  walletOf,
+} from './ledger.ts';
+import { closeHolds, placeHolds } from './statements.ts';
+import { type SubscriptionAccess, subscriptionAccess } from './subscriptions.ts';
+
+/**
+ * The billing service: the one owner of every movement of money — holds, settles, releases, the
+ * sweeper, deposits, charges and subscription fees — and of the effects that must follow a commit (the
+ * event fan-out's wake-up, the money metrics), which run only after the change committed.
+ *
+ * The metered hot path goes through group commit (group-commit.ts): holds that arrive while a hold
+ * batch of their project is in flight leave together in the next one, as one prepared statement; the
+ * same for settles. Holds commit asynchronously (a hold lost in a database crash is a lost reservation
+ * only: its settle then finds no open hold and charges nothing, so nothing is ever overspent); charges
+ * and deposits commit durably.
+ */
+export class BillingService {
+  readonly #database: DatabaseHandle;
+  readonly #events: EventRecorder;
+  readonly #metrics: Metrics;
+  readonly #log: Logger;
+  readonly #holdTtlSeconds: number;
+  readonly #holdQueues = new Map<string, GroupCommit<HoldItem, HoldRow | undefined>>();
+  readonly #closeQueues = new Map<string, GroupCommit<CloseItem, CloseRow | undefined>>();
+  /** Effects waiting for the commit of a transaction opened by `transaction()`. */
+  readonly #afterCommit = new WeakMap<Transaction<DB>, Array<() => void>>();
+
+  constructor(options: {
+    database: DatabaseHandle;
+    events: EventRecorder;
+    metrics: Metrics;
+    log: Logger;
+    holdTtlSeconds: number;
+  }) {
+    this.#database = options.database;
+    this.#events = options.events;
+    this.#metrics = options.metrics;
+    this.#log = options.log;
+    this.#holdTtlSeconds = options.holdTtlSeconds;
+  }
+
+  get #db(): Database {
+    return this.#database.db;
+  }
+
+  // ---- the metered hot path ----
+
+  /**
+   * Reserves `amount` of a connected wallet's available balance for one request, or says why not (not
+   * connected, or cannot pay). Joins the project's next hold batch.
+   */
+  async hold(input: HoldInput): Promise<HoldResult> {
+    const amount = formatAmount(input.amount);
+    const row = await this.#holdQueue(input.project.id).submit({
+      externalId: input.externalId,
+      amount,
+      holdId: newId('hold'),
+      purpose: input.purpose,
+    });
+    if (!row) return refusal(this.#db, input.project.id, input.externalId, amount);
+    this.#metrics.holdsOpen.inc({ project: input.project.id });
+    return {
+      ok: true,
+      hold: { id: row.hold_id, amount, userId: row.user_id, projectId: input.project.id },
+      wallet: walletOf({ id: row.user_id, external_id: input.externalId, connected: true, ...row }),
+    };
+  }
+
+  /**
+   * Closes a hold at the real cost (capped at the hold; the rest is released), with its ledger entry and
+   * its events (`balance.charge.created` when wanted, and `completed` when given) in the same
+   * transaction. Joins the project's next settle batch; resolves once it committed, so a read that
+   * follows sees the charge. Retried after a transient failure: closing is idempotent (a hold no longer
+   * open is left alone), so a retry after an ambiguous failure cannot charge twice.
+   */
+  async settle(input: SettleInput): Promise<SettleResult> {
+    const { project, hold } = input;
+    const cost = Money.min(new Money(input.cost), new Money(hold.amount));
+    const charged = cost.gt(0) ? formatAmount(cost) : '0';
+    const entryId = newId('act');
+    const envelopes: EventEnvelope[] = [];
+    const subject = { type: 'user', id: hold.userId, externalId: input.externalId };
+    if (charged !== '0' && this.#events.wants(project.id, 'balance.charge.created')) {
+      envelopes.push(
+        this.#events.build({
+          project,
+          type: 'balance.charge.created',
+          trigger: input.trigger,
+          subject,
+          data: {
+            ...moneyEventData(
+              project,
+              { userId: hold.userId, externalId: input.externalId },
+              charged,
+              input.source,
+              entryId,
+            ),
+            balance: '',
+          },
+          metadata: input.metadata,
+        }),
+      );
+    }
+    const completed = input.completed;
+    if (completed && this.#events.wants(project.id, completed.type)) {
+      envelopes.push(
+        this.#events.build({
+          project,
+          type: completed.type,
+          trigger: input.trigger,
+          subject,
+          data: completed.data(charged),
+        }),
+      );
+    }
+    const row = await retrying(() =>
+      this.#closeQueue(project.id).submit({
+        holdId: hold.id,
+        userId: hold.userId,
+        charged,
+        entryId,
+        source: input.source,
+        description: input.description,
+        metadata: JSON.stringify(input.metadata),
+        events: envelopes.length ? JSON.stringify(envelopes) : null,
+        zeroStatus: 'released',
+      }),
+    );
+    if (!row) return { charged: '0', wallet: undefined };
+    this.#metrics.holdsOpen.dec({ project: project.id });
+    if (envelopes.length) this.#events.wake();
+    if (row.charged !== '0' && new Money(row.charged).gt(0)) {
+      this.#metrics.charged.inc(
+        { project: project.id, model: input.model, currency: project.currency, source: input.source },
+        Number(row.charged),
+      );
+    }
+    return {
+      charged: formatAmount(row.charged),
+      wallet: walletOf({ ...row, id: row.user_id, connected: true }),
+    };
+  }
+
+  /** Releases a hold in full (nothing was served, or the provider failed). */
+  async release(hold: Hold): Promise<void> {
+    const row = await retrying(() => this.#closeQueue(hold.projectId).submit(zeroClose(hold, 'released')));
+    if (row) this.#metrics.holdsOpen.dec({ project: hold.projectId });
+  }
+
+  /** Releases every open hold past its expiry (its request's process died). Returns how many. */
+  async sweep(limit = 500): Promise<number> {
+    const expired = await this.#db
+      .selectFrom('holds')
+      .select(['id', 'project_id', 'user_id', 'amount'])
+      .where('status', '=', 'open')
+      .where('expires_at', '<', new Date())
+      .orderBy('expires_at')
+      .limit(limit)
+      .execute();
+    const closed = await Promise.all(
+      expired.map((h) =>
+        this.#closeQueue(h.project_id).submit(
+          zeroClose({ id: h.id, amount: h.amount, userId: h.user_id, projectId: h.project_id }, 'expired'),
+        ),
+      ),
+    );
+    let released = 0;
+    for (const [i, row] of closed.entries()) {
+      if (!row) continue;
+      released++;
+      this.#metrics.holdsOpen.dec({ project: expired[i]!.project_id });
+    }
+    return released;
+  }
+
+  /** Resolves when no batch is queued or in flight (tests, shutdown). */
+  async idle(): Promise<void> {
+    const queues = () => [...this.#holdQueues.values(), ...this.#closeQueues.values()];
+    while (!queues().every((q) => q.idle)) await new Promise((resolve) => setImmediate(resolve));
+  }
+
+  // ---- deposits, charges, subscription fees ----
+
+  /**
+   * Runs `fn` in one transaction; the effects of the money moved inside it (through `deposit`, `charge`
+   * and `subscription` given the transaction) run after it committed, never after a rollback.
+   */
+  async transaction<T>(fn: (tx: Transaction<DB>) => Promise<T>): Promise<T> {
+    const effects: Array<() => void> = [];
+    const result = await this.#db.transaction().execute((tx) => {
+      effects.length = 0; // a fresh list per attempt
+      this.#afterCommit.set(tx, effects);
+      return fn(tx);
+    });
+    this.#runEffects(effects);
+    return result;
+  }
+
+  /** Credits a wallet (creating the user when unknown); in `within` when given (see `transaction`). */
+  async deposit(input: DepositInput, within?: Transaction<DB>): Promise<DepositResult> {
+    return this.#moving(within, async (tx, after) => {
+      const result = await deposit(tx, this.#events, input);
+      after(() => {
+        if (result.event) this.#events.wake();
+        this.#metrics.deposited.inc(
+          { project: input.project.id, currency: input.project.currency },
+          Number(input.amount),
+        );
+      });
+      return result;
+    });
+  }
+
+  /** Debits a connected wallet that can pay, or says why not; in `within` when given. */
+  async charge(input: ChargeInput & { model?: string }, within?: Transaction<DB>): Promise<ChargeResult> {
+    return this.#moving(within, async (tx, after) => {
+      const result = await charge(tx, this.#events, input);
+      if (result.ok) {
+        after(() => {
+          if (result.event) this.#events.wake();
+          this.#metrics.charged.inc(
+            {
+              project: input.project.id,
+              model: input.model ?? '',
+              currency: input.project.currency,
+              source: input.source,
+            },
+            Number(input.amount),
+          );
+        });
+      }
+      return result;
+    });
+  }
+
+  /**
+   * Subscription pricing: a connected user with a current period of the model is served free;
+   * otherwise a new period starts by charging its fee (a top-up refusal when it cannot be paid).
+   */
+  async subscription(input: {
+    project: LedgerProject;
+    model: ModelRow;
+    externalId: string;
+    pricing: { fee: string; periodSeconds: number };
+    trigger: Trigger;
+  }): Promise<SubscriptionAccess> {
+    return subscriptionAccess(this, this.#db, input);
+  }
+
+  /** Registers an effect of `tx` (a transaction of `transaction()`), run after it commits. */
+  afterCommit(tx: Transaction<DB>, effect: () => void): void {
+    const effects = this.#afterCommit.get(tx);
+    if (!effects) throw new Error('money moved in a transaction not opened by the billing service');
+    effects.push(effect);
+  }
+
+  async #moving<T>(
+    within: Transaction<DB> | undefined,
+    work: (tx: Transaction<DB>, after: (effect: () => void) => void) => Promise<T>,
+  ): Promise<T> {
+    if (within) return work(within, (effect) => this.afterCommit(within, effect));
+    return this.transaction((tx) => work(tx, (effect) => this.afterCommit(tx, effect)));
+  }
+
+  #runEffects(effects: Array<() => void>): void {
+    for (const effect of effects) {
+      try {
+        effect();
+      } catch (err) {
+        this.#log.error({ err }, 'an effect after a money commit failed');
+      }
+    }
+  }
+
+  // ---- the batches ----
+
+  #holdQueue(projectId: string): GroupCommit<HoldItem, HoldRow | undefined> {
+    let queue = this.#holdQueues.get(projectId);
+    if (!queue) {
+      queue = new GroupCommit(
+        async (items) => {
+          const rows = await this.#database.run<HoldRow>(
+            placeHolds,
+            [
+              projectId,
+              items.map((i) => i.externalId),
+              items.map((i) => i.amount),
+              items.map((i) => i.holdId),
+              items.map((i) => i.purpose),
+              this.#holdTtlSeconds,
+            ],
+            'async',
+          );
+          const byId = new Map(rows.map((r) => [r.hold_id, r]));
+          return items.map((i) => byId.get(i.holdId));
+        },
+        (item) => item.externalId,
+      );
+      this.#holdQueues.set(projectId, queue);
+    }
+    return queue;
+  }
+
+  #closeQueue(projectId: string): GroupCommit<CloseItem, CloseRow | undefined> {
+    let queue = this.#closeQueues.get(projectId);
+    if (!queue) {
+      queue = new GroupCommit(
+        async (items) => {
+          const rows = await this.#database.run<CloseRow>(closeHolds, [
+            projectId,
+            items.map((i) => i.holdId),
+            items.map((i) => i.charged),
+            items.map((i) => i.entryId),
+            items.map((i) => i.source),
+            items.map((i) => i.description),
+            items.map((i) => i.metadata),
+            items.map((i) => i.events),
+            items.map((i) => i.zeroStatus),
+          ]);
+          const byId = new Map(rows.map((r) => [r.hold_id, r]));
+          return items.map((i) => byId.get(i.holdId));
+        },
+        (item) => item.userId,
+      );
+      this.#closeQueues.set(projectId, queue);
+    }
+    return queue;
+  }
+}
+
+/** An open hold: what a request reserved. */
+export interface Hold {
+  id: string;
+  amount: string;
+  userId: string;
+  projectId: string;
+}
+
+export interface HoldInput {
+  project: Pick<LedgerProject, 'id'>;
+  externalId: string;
+  amount: string;
+  /** The API (`chat`, `responses`, `embeddings`). */
+  purpose: string;
+}
+
+export type HoldResult = { ok: true; hold: Hold; wallet: WalletState } | PaywallRefusal;
+
+export interface SettleInput {
+  project: LedgerProject;
+  hold: Hold;
+  /** The real cost; above the hold it is capped at the hold (never spend more than was reserved). */
+  cost: string;
+  /** The ledger entry's source (the API). */
+  source: string;
+  /** The model, for the money metrics. */
+  model: string;
+  trigger: Trigger;
+  externalId: string;
+  metadata: Record<string, unknown>;
+  description: string;
+  /** An event recorded with the charge, built from the amount charged. */
+  completed?: { type: EventType; data: (charged: string) => Record<string, unknown> };
+}
+
+export interface SettleResult {
+  /** The amount charged ('0' when the hold was no longer open, or nothing was due). */
+  charged: string;
+  /** The wallet after the charge, when this call closed the hold. */
+  wallet: WalletState | undefined;
+}
+
+interface HoldItem {
+  externalId: string;
+  amount: string;
+  holdId: string;
+  purpose: string;
+}
+
+interface HoldRow {
+  hold_id: string;
+  user_id: string;
+  balance: string;
+  held: string;
+}
+
+interface CloseItem {
+  holdId: string;
+  userId: string;
+  charged: string;
+  entryId: string;
+  source: string;
+  description: string | null;
+  metadata: string;
+  events: string | null;
+  zeroStatus: 'released' | 'expired';
+}
+
+interface CloseRow {
+  hold_id: string;
+  user_id: string;
+  external_id: string;
+  charged: string;
+  balance: string;
+  held: string;
+}
+
+function zeroClose(hold: Hold, status: 'released' | 'expired'): CloseItem {
+  return {
+    holdId: hold.id,
+    userId: hold.userId,
+    charged: '0',
+    entryId: newId('act'),
+    source: '',
+    description: null,
+    metadata: '{}',
+    events: null,
+    zeroStatus: status,
+  };
+}
+
+/**
+ * Retries a close after a transient database failure. A close that still fails leaves the hold to the
+ * sweeper: the request is then not charged (never charged twice).
+ */
+async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await work();
+    } catch (err) {
+      if (attempt >= attempts) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 200 * attempt * attempt));
+    }
+  }
+}
