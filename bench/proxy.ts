@@ -458,7 +458,7 @@ function render(
     ...(ledger
       ? [
           '',
-          `Ledger after the run: ${ledger.users} wallets, ${ledger.charges} charges totalling ${ledger.charged} usd, ${ledger.bad} wallets whose balance differs from the sum of their entries, ${Number(ledger.held)} held.`,
+          `Ledger after the run: ${ledger.users} wallets, ${ledger.charges} charges totalling ${ledger.charged} usd, ${ledger.bad} wallets whose balance differs from the sum of their entries or whose held amount differs from their open holds, ${Number(ledger.held)} held.`,
         ]
       : []),
   ].join('\n');

@@ -78,15 +78,17 @@ process.on('SIGUSR2', () => {
 process.on('SIGTERM', async () => {
   const { chatServiceOf } = await import('../src/chat/routes.ts');
   await chatServiceOf(ctx)?.idle();
+  await ctx.billing.idle();
   const { rows } = await sql<{ users: string; bad: string; held: string; charges: string; charged: string }>`
     SELECT count(*) AS users,
-           count(*) FILTER (WHERE e.balance <> coalesce(l.sum, 0) OR e.held <> coalesce(l.held, 0)) AS bad,
+           count(*) FILTER (WHERE e.balance <> coalesce(l.sum, 0) OR e.held <> coalesce(h.held, 0)) AS bad,
            sum(e.held) AS held,
            (SELECT count(*) FROM ledger_entries WHERE kind = 'charge') AS charges,
            (SELECT coalesce(-sum(amount), 0) FROM ledger_entries WHERE kind = 'charge') AS charged
     FROM end_users e
-    LEFT JOIN (SELECT user_id, sum(amount) AS sum, sum(held_delta) AS held FROM ledger_entries GROUP BY user_id) l
-      ON l.user_id = e.id
+    LEFT JOIN (SELECT user_id, sum(amount) AS sum FROM ledger_entries GROUP BY user_id) l ON l.user_id = e.id
+    LEFT JOIN (SELECT user_id, sum(amount) AS held FROM holds WHERE status = 'open' GROUP BY user_id) h
+      ON h.user_id = e.id
   `.execute(ctx.db);
   process.stdout.write(`${JSON.stringify({ ledger: rows[0] })}\n`);
   await running.stop().catch(() => {});
