@@ -6,7 +6,8 @@ import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat
 
 /**
  * No overspend, ever: a balance that covers exactly N requests, 5×N concurrent requests → at most N are
- * served, the rest get the top-up link, and the ledger adds up to the balance to the last decimal.
+ * served, the rest get the top-up link, and the ledger adds up to the balance to the last decimal. The
+ * requests meet in group-commit batches; on Postgres and on the embedded database.
  */
 let f: ChatFixture;
 const N = 5;
@@ -15,8 +16,9 @@ const price = { inputPerMillion: new Money('0.15'), outputPerMillion: new Money(
 const MAX = 5;
 const promptUpper = promptTokensUpperBound(countPromptTokens({ model: 'x', messages }));
 
-beforeAll(async () => {
+async function start(env: Record<string, string>) {
   f = await startChatFixture({
+    env,
     models: [
       { id: 'per-request', upstreamModel: 'quick', pricing: { mode: 'per_request', perRequest: '0.07' } },
       {
@@ -29,8 +31,7 @@ beforeAll(async () => {
   f.mock.behaviors.set('quick', { chunkDelayMs: 5 });
   // The provider uses exactly what the hold pays for, so the real cost of a request equals its hold.
   f.mock.behaviors.set('exact', { promptTokens: promptUpper, tokens: MAX, chunkDelayMs: 5 });
-});
-afterAll(() => f.close());
+}
 
 async function race(model: string, user: string, perRequestCost: string) {
   const balance = new Money(perRequestCost).times(N).toFixed();
@@ -63,7 +64,7 @@ async function race(model: string, user: string, perRequestCost: string) {
   expect(served).toBeGreaterThan(0);
   expect(f.mock.requests.length - before).toBe(served);
 
-  const entries = await f.ledger(user); // checks balance = Σ entries and held = Σ held deltas
+  const entries = await f.ledger(user); // checks balance = Σ entries and held = Σ open holds
   const wallet = (await f.wallet(user))!;
   expect(wallet.held).toBe('0');
   const charged = chargedTotal(entries);
@@ -72,7 +73,13 @@ async function race(model: string, user: string, perRequestCost: string) {
   return { served, wallet };
 }
 
-describe('no overspend under concurrency', () => {
+describe.each([
+  ['Postgres', {}],
+  ['the embedded database', { DATABASE_URL: '' }],
+])('no overspend under concurrency, on %s', (_name, env: Record<string, string>) => {
+  beforeAll(() => start(env));
+  afterAll(() => f.close());
+
   it('per request: exactly N of 5×N concurrent requests are served, to the last decimal', async () => {
     const { served, wallet } = await race('per-request', 'racer-pr', '0.07');
     expect(served).toBe(N);
