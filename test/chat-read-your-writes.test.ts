@@ -94,7 +94,7 @@ describe('a balance read right after a response', () => {
     // back-to-back requests is admitted only if the previous one's hold is already settled.
     await f.fund('probe', '1');
     await f.client.chat.completions.create({ model: 'm', user: 'probe', messages });
-    const [{ amount: hold }] = (await f.holds('probe')) as [{ amount: string }];
+    const hold = (await f.holds('probe'))[0]!.amount;
     await f.fund('edge', new Money(hold).plus(new Money(PER_REQUEST).times(4)).toFixed());
     for (let i = 0; i < 5; i++) {
       const reply = await f.client.chat.completions.create({ model: 'm', user: 'edge', messages });

@@ -15,6 +15,8 @@ const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_charged_amount_total: ['counter', ['project', 'model', 'currency', 'source']],
   tollgate_deposited_amount_total: ['counter', ['project', 'currency']],
   tollgate_holds_open: ['gauge', ['project']],
+  tollgate_billing_batch_size: ['histogram', ['statement']],
+  tollgate_billing_batch_duration_seconds: ['histogram', ['statement']],
   tollgate_upstream_latency_seconds: ['histogram', ['project', 'model', 'stream']],
   tollgate_time_to_first_token_seconds: ['histogram', ['project', 'model']],
   tollgate_overhead_latency_seconds: ['histogram', ['project', 'model']],

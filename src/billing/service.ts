@@ -297,11 +297,18 @@ export class BillingService {
 
   // ---- the batches ----
 
+  /** Observes a batch's size now and its duration when the returned function is called. */
+  #batchStarted(statement: 'hold' | 'close', size: number): () => void {
+    this.#metrics.billingBatchSize.observe({ statement }, size);
+    return this.#metrics.billingBatchDuration.startTimer({ statement });
+  }
+
   #holdQueue(projectId: string): GroupCommit<HoldItem, HoldRow | undefined> {
     let queue = this.#holdQueues.get(projectId);
     if (!queue) {
       queue = new GroupCommit(
         async (items) => {
+          const done = this.#batchStarted('hold', items.length);
           const rows = await this.#database.run<HoldRow>(
             placeHolds,
             [
@@ -314,6 +321,7 @@ export class BillingService {
             ],
             'async',
           );
+          done();
           const byId = new Map(rows.map((r) => [r.hold_id, r]));
           return items.map((i) => byId.get(i.holdId));
         },
@@ -329,6 +337,7 @@ export class BillingService {
     if (!queue) {
       queue = new GroupCommit(
         async (items) => {
+          const done = this.#batchStarted('close', items.length);
           const rows = await this.#database.run<CloseRow>(closeHolds, [
             projectId,
             items.map((i) => i.holdId),
@@ -340,6 +349,7 @@ export class BillingService {
             items.map((i) => i.events),
             items.map((i) => i.zeroStatus),
           ]);
+          done();
           const byId = new Map(rows.map((r) => [r.hold_id, r]));
           return items.map((i) => byId.get(i.holdId));
         },

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomFillSync } from 'node:crypto';
 
 /**
  * Identifiers are `<prefix>_<time><random>`: 10 Crockford base32 characters of milliseconds followed by
@@ -20,6 +20,20 @@ function encodeTime(ms: number): string {
   return out;
 }
 
+/** Random bytes are drawn from the kernel a page at a time, then handed out 16 by 16. */
+const pool = Buffer.alloc(4096);
+let poolOffset = pool.length;
+
+function randomChunk(): Buffer {
+  if (poolOffset + 16 > pool.length) {
+    randomFillSync(pool);
+    poolOffset = 0;
+  }
+  const chunk = pool.subarray(poolOffset, poolOffset + 16);
+  poolOffset += 16;
+  return chunk;
+}
+
 function nextRandom(now: number): number[] {
   if (now === lastTime) {
     const r = lastRandom.slice();
@@ -33,7 +47,7 @@ function nextRandom(now: number): number[] {
     lastRandom = r;
     return r;
   }
-  const bytes = randomBytes(16);
+  const bytes = randomChunk();
   lastTime = now;
   lastRandom = Array.from(bytes, (b) => b % 32);
   lastRandom[0] = lastRandom[0]! % 16; // leave headroom for increments

@@ -71,6 +71,20 @@ export class Metrics {
     labelNames: ['project'] as const,
     registers: [this.registry],
   });
+  readonly billingBatchSize = new Histogram({
+    name: 'tollgate_billing_batch_size',
+    help: 'Requests per group-committed billing statement (statement: hold, close).',
+    labelNames: ['statement'] as const,
+    buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+    registers: [this.registry],
+  });
+  readonly billingBatchDuration = new Histogram({
+    name: 'tollgate_billing_batch_duration_seconds',
+    help: 'Time of one group-committed billing statement, round trip and commit included (statement: hold, close).',
+    labelNames: ['statement'] as const,
+    buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
+    registers: [this.registry],
+  });
   readonly upstreamLatency = new Histogram({
     name: 'tollgate_upstream_latency_seconds',
     help: 'Time from sending a request upstream to its last byte.',

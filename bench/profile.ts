@@ -1,0 +1,144 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { Pool } from 'undici';
+
+/**
+ * `npm run bench:profile`: where a Tollgate process spends its CPU on charged requests. Starts the
+ * benchmark's provider and Tollgate (bench/upstream.ts, bench/tollgate.ts) with `--cpu-prof`, sends
+ * PROFILE_REQUESTS (default 20000) per-token chat requests at concurrency 16 — half streamed — then
+ * stops Tollgate and prints the self time by function and by module (a package of node_modules, a
+ * folder of src/, or Node's own), heaviest first.
+ */
+const here = dirname(fileURLToPath(import.meta.url));
+const REQUESTS = Number(process.env.PROFILE_REQUESTS ?? 20_000);
+const CONCURRENCY = 16;
+
+async function start(script: string, env: Record<string, string>, args: string[] = []) {
+  const child = spawn(process.execPath, [...args, join(here, script)], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const reader = createInterface({ input: child.stdout! });
+  const first = await new Promise<string>((resolve, reject) => {
+    reader.once('line', resolve);
+    child.once('exit', (code) => reject(new Error(`${script} exited with ${code}`)));
+  });
+  return { child, info: JSON.parse(first) as Record<string, string> };
+}
+
+function stop(child: ReturnType<typeof spawn>): Promise<void> {
+  return new Promise((resolve) => {
+    child.once('exit', () => resolve());
+    child.kill('SIGTERM');
+  });
+}
+
+interface ProfileNode {
+  id: number;
+  callFrame: { functionName: string; url: string; lineNumber: number };
+  hitCount?: number;
+  children?: number[];
+}
+
+function moduleOf(url: string, name: string): string {
+  if (!url) return name.startsWith('(') ? name : '(native)';
+  const nm = url.lastIndexOf('node_modules/');
+  if (nm >= 0) {
+    const rest = url.slice(nm + 13).split('/');
+    return rest[0]!.startsWith('@') ? `${rest[0]}/${rest[1]}` : rest[0]!;
+  }
+  const src = url.indexOf('/src/');
+  if (src >= 0) return `src/${url.slice(src + 5).split('/')[0]}`;
+  if (url.startsWith('node:')) return url;
+  return url.split('/').slice(-2).join('/');
+}
+
+async function main() {
+  const profDir = mkdtempSync(join(tmpdir(), 'tollgate-profile-'));
+  const upstream = await start('upstream.ts', {});
+  const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200' }, [
+    '--cpu-prof',
+    `--cpu-prof-dir=${profDir}`,
+  ]);
+  const pool = new Pool(tollgate.info.url!, { connections: CONCURRENCY, pipelining: 1 });
+  let sent = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: CONCURRENCY }, async () => {
+      while (sent < REQUESTS) {
+        const i = sent++;
+        const res = await pool.request({
+          method: 'POST',
+          path: '/v1/chat/completions',
+          headers: { authorization: `Bearer ${tollgate.info.apiKey}`, 'content-type': 'application/json' },
+          body: JSON.stringify({
+            model: 'bench-model',
+            user: `user-${i % 200}`,
+            stream: i % 2 === 1,
+            messages: [{ role: 'user', content: 'Say hello to the benchmark' }],
+          }),
+        });
+        await res.body.text();
+      }
+    }),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  const metrics = await (await fetch(`${tollgate.info.url}/metrics`)).text();
+  const sample = (name: string, statement: string) =>
+    Number(metrics.match(new RegExp(`^${name}\\{statement="${statement}"\\} (\\S+)`, 'm'))?.[1] ?? 0);
+  const batches = ['hold', 'close'].map((statement) => {
+    const count = sample('tollgate_billing_batch_size_count', statement);
+    const size = sample('tollgate_billing_batch_size_sum', statement) / count;
+    const ms = (1000 * sample('tollgate_billing_batch_duration_seconds_sum', statement)) / count;
+    return `${statement}: ${count} batches, ${size.toFixed(1)} requests and ${ms.toFixed(2)} ms each on average`;
+  });
+  await pool.close();
+  await stop(tollgate.child);
+  await stop(upstream.child);
+
+  const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
+  if (!file) throw new Error('no profile was written');
+  const profile = JSON.parse(readFileSync(join(profDir, file), 'utf8')) as {
+    nodes: ProfileNode[];
+    startTime: number;
+    endTime: number;
+    samples: number[];
+  };
+  const total = profile.samples.length;
+  const byFunction = new Map<string, number>();
+  const byModule = new Map<string, number>();
+  for (const node of profile.nodes) {
+    const hits = node.hitCount ?? 0;
+    if (!hits) continue;
+    const { functionName, url, lineNumber } = node.callFrame;
+    const name = functionName || '(anonymous)';
+    const where = url
+      ? `${url.replace(/^file:\/\/.*?\/(node_modules|src|bench|test)\//, '$1/')}:${lineNumber + 1}`
+      : '';
+    const key = `${name} ${where}`.trim();
+    byFunction.set(key, (byFunction.get(key) ?? 0) + hits);
+    const mod = moduleOf(url, name);
+    byModule.set(mod, (byModule.get(mod) ?? 0) + hits);
+  }
+  const idle = (byFunction.get('(idle)') ?? 0) / total;
+  const pct = (n: number) => `${((100 * n) / total).toFixed(1)} %`;
+  console.log(
+    `${REQUESTS} requests in ${seconds.toFixed(1)} s at concurrency ${CONCURRENCY} (half streamed); ${total} samples, idle ${(100 * idle).toFixed(1)} %`,
+  );
+  console.log(`Billing statements: ${batches.join('; ')}`);
+  console.log('\nSelf time by module (share of all samples):');
+  for (const [mod, hits] of [...byModule].sort((a, b) => b[1] - a[1]).slice(0, 20)) {
+    console.log(`  ${pct(hits).padStart(7)}  ${mod}`);
+  }
+  console.log('\nSelf time by function:');
+  for (const [fn, hits] of [...byFunction].sort((a, b) => b[1] - a[1]).slice(0, 30)) {
+    console.log(`  ${pct(hits).padStart(7)}  ${fn}`);
+  }
+  console.log(`\nProfile: ${join(profDir, file)}`);
+}
+
+await main();
