@@ -319,7 +319,6 @@ export class BillingService {
               items.map((i) => i.purpose),
               this.#holdTtlSeconds,
             ],
-            'async',
           );
           done();
           const byId = new Map(rows.map((r) => [r.hold_id, r]));

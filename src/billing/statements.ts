@@ -17,14 +17,20 @@ import type { Statement } from '../db/index.ts';
  * row is its record (open, then settled, released or expired). Returns one row per hold placed; a
  * request without a row was refused.
  *
+ * Its transaction commits asynchronously (`synchronous_commit` off for this transaction only, set by the
+ * statement itself, so it holds behind PgBouncer in transaction mode too): a hold lost in a database
+ * crash is a lost reservation only — its settle then finds no open hold and charges nothing.
+ *
  * $1 project id · $2 external ids · $3 amounts · $4 hold ids · $5 purposes · $6 time to live (s)
  */
 export const placeHolds: Statement = {
   name: 'tollgate_place_holds_v1',
   text: `
     WITH r AS (
-      SELECT * FROM unnest($2::text[], $3::numeric[], $4::text[], $5::text[])
+      SELECT r.* FROM unnest($2::text[], $3::numeric[], $4::text[], $5::text[])
         AS r(external_id, amount, hold_id, purpose)
+      -- this statement's transaction commits without waiting for the WAL flush
+      CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
     ), w AS (
       SELECT e.id FROM end_users e
       WHERE e.project_id = $1 AND e.external_id = ANY($2::text[])

@@ -25,12 +25,10 @@ export interface DatabaseHandle {
   schema?: string | undefined;
   /**
    * Runs one hot-path statement of the billing service as a prepared statement (named, so each
-   * connection parses and plans it once) in its own transaction. `commit: 'async'` commits without
-   * waiting for the WAL flush (`synchronous_commit = off`, on a pool of its own): for rows whose loss
-   * in a database crash loses nothing of value (holds). On the embedded database both run in order
-   * with every other statement.
+   * connection parses and plans it once) in its own transaction. On the embedded database it runs in
+   * order with every other statement.
    */
-  run<R>(statement: Statement, values: unknown[], commit?: 'durable' | 'async'): Promise<R[]>;
+  run<R>(statement: Statement, values: unknown[]): Promise<R[]>;
   close(): Promise<void>;
 }
 
@@ -48,52 +46,41 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
   if (options.url) {
     const schema = options.schema;
     if (schema && !/^[a-z_][a-z0-9_]*$/.test(schema)) throw new Error(`invalid schema name ${schema}`);
-    const url = options.url;
-    const newPool = (max: number, settings: string[]) => {
-      const pool = new pg.Pool({
-        connectionString: url,
-        max,
-        // Shown in pg_stat_activity; an `application_name` in DATABASE_URL wins.
-        application_name: 'tollgate',
-        // While Postgres is unreachable a request waits this long for a connection, then gets 503.
-        connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
-        ...(settings.length ? { options: settings.map((x) => `-c ${x}`).join(' ') } : {}),
-      });
-      pool.on('error', () => {
-        // An idle client lost its connection; the pool replaces it. Queries report their own errors.
-      });
-      pool.on('connect', (client) => {
-        // A client checked out (inside a transaction, between two statements) has no listener of the
-        // pool's: without this one, Postgres ending the connection (a restart, pg_terminate_backend)
-        // would be an unhandled 'error' event that ends the process. The statement running on it, or
-        // the next one, fails instead, and the pool drops the client when it is released.
-        client.on('error', () => {});
-      });
-      return pool;
-    };
-    const searchPath = schema ? [`search_path=${schema}`] : [];
-    const pool = newPool(options.poolSize ?? 10, searchPath);
+    const pool = new pg.Pool({
+      connectionString: options.url,
+      max: options.poolSize ?? 10,
+      // Shown in pg_stat_activity; an `application_name` in DATABASE_URL wins.
+      application_name: 'tollgate',
+      // While Postgres is unreachable a request waits this long for a connection, then gets 503.
+      connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
+      ...(schema ? { options: `-c search_path=${schema}` } : {}),
+    });
+    pool.on('error', () => {
+      // An idle client lost its connection; the pool replaces it. Queries report their own errors.
+    });
+    pool.on('connect', (client) => {
+      // A client checked out (inside a transaction, between two statements) has no listener of the
+      // pool's: without this one, Postgres ending the connection (a restart, pg_terminate_backend) would
+      // be an unhandled 'error' event that ends the process. The statement running on it, or the next
+      // one, fails instead, and the pool drops the client when it is released.
+      client.on('error', () => {});
+    });
     try {
       await pool.query(schema ? `CREATE SCHEMA IF NOT EXISTS ${schema}` : 'SELECT 1');
     } catch (err) {
       await pool.end().catch(() => {});
-      throw connectError(err, url);
+      throw connectError(err, options.url);
     }
-    // Group commit keeps few statements in flight: a handful of connections serve every async commit.
-    const asyncPool = newPool(ASYNC_POOL_SIZE, [...searchPath, 'synchronous_commit=off']);
     const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
     return {
       db,
       kind: 'postgres',
       schema,
-      async run<R>(statement: Statement, values: unknown[], commit: 'durable' | 'async' = 'durable') {
-        const target = commit === 'async' ? asyncPool : pool;
-        const result = await target.query({ name: statement.name, text: statement.text, values });
+      async run<R>(statement: Statement, values: unknown[]) {
+        const result = await pool.query({ name: statement.name, text: statement.text, values });
         return result.rows as R[];
       },
-      async close() {
-        await Promise.allSettled([db.destroy(), asyncPool.end()]);
-      },
+      close: () => db.destroy(),
     };
   }
   const { PGlite } = await import('@electric-sql/pglite');
@@ -116,7 +103,6 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
 }
 
 const CONNECT_TIMEOUT_MS = 5000;
-const ASYNC_POOL_SIZE = 4;
 
 /** Node's codes for a connection that could not be made or was lost. */
 const NETWORK_CODES = new Set([
