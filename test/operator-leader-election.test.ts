@@ -7,7 +7,7 @@ import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
 import { deposit } from '../src/billing/ledger.ts';
-import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/kube.ts';
+import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/runtime/kube.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { getProject } from '../src/projects/service.ts';
 import { subscriptionsChanged } from '../src/webhooks/subscriptions.ts';

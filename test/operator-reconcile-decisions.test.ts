@@ -10,8 +10,8 @@ import {
   secretNeedsPush,
   secretSourceOf,
 } from '../src/operator/reconciler.ts';
+import { WorkQueue } from '../src/operator/runtime/workqueue.ts';
 import { setCondition, statusPatch } from '../src/operator/status.ts';
-import { WorkQueue } from '../src/operator/workqueue.ts';
 
 const spec: {
   paywallId: string;

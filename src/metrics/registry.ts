@@ -139,7 +139,7 @@ export class Metrics {
   // ---- operator ----
   readonly reconciles = new Counter({
     name: 'tollgate_operator_reconcile_total',
-    help: 'Reconciles of WebhookSubscription resources by result (success, error, requeue).',
+    help: 'Reconciles of WebhookSubscription resources by result (success, error, requeue, terminal).',
     labelNames: ['result'] as const,
     registers: [this.registry],
   });

@@ -1,4 +1,4 @@
-import type { KubeObject } from './kube.ts';
+import type { KubeObject } from './runtime/kube.ts';
 
 /** `spec` of a WebhookSubscription as the API server stores it. */
 export interface WebhookSubscriptionSpec {

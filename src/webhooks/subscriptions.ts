@@ -218,6 +218,15 @@ function assertManager(row: { managed_by: string | null }, managedBy: string | u
   }
 }
 
+/**
+ * Refuses what createSubscription would refuse (shape, scheme, destination, headers) without writing
+ * anything: the operator checks a spec before it generates a Secret for it.
+ */
+export async function validateSubscriptionInput(ctx: AppContext, input: SubscriptionInput): Promise<void> {
+  const parsed = parseInput(subscriptionInputSchema, input);
+  await checkUrl(ctx, parsed.url);
+}
+
 export async function createSubscription(
   ctx: AppContext,
   projectId: string,
