@@ -71,6 +71,8 @@ beforeAll(async () => {
     startWorker: () => {
       workerStarts++;
       return {
+        ready: Promise.resolve(),
+        wake: () => {},
         stop: async (graceMs?: number) => {
           workerStops.push(graceMs ?? -1);
           onWorkerStop();

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { deposit } from '../src/billing/ledger.ts';
 import type { Project } from '../src/db/schema.ts';
 import { getProject } from '../src/projects/service.ts';
-import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import {
   makeTestCa,
   type Received,

@@ -130,6 +130,12 @@ export class Metrics {
     help: 'Age of the oldest pending delivery (refreshed by the delivery worker).',
     registers: [this.registry],
   });
+  readonly subscriptionsDisabled = new Counter({
+    name: 'tollgate_webhook_subscriptions_disabled_total',
+    help: 'Subscriptions disabled because their endpoint failed continuously for WEBHOOK_DISABLE_AFTER_HOURS.',
+    labelNames: ['project'] as const,
+    registers: [this.registry],
+  });
   readonly eventsFannedOut = new Counter({
     name: 'tollgate_events_fanned_out_total',
     help: 'Outbox events turned into deliveries.',

@@ -12,7 +12,7 @@ import {
   updateSubscription,
   validateSubscriptionInput,
 } from '../webhooks/subscriptions.ts';
-import { startDeliveryWorker } from '../webhooks/worker.ts';
+import { type DeliveryWorker, startDeliveryWorker } from '../webhooks/worker/index.ts';
 import { Controller } from './controller.ts';
 import type { SubscriptionStore } from './reconciler.ts';
 import { type KubeClients, loadKubeConfig, makeClients } from './runtime/kube.ts';
@@ -31,10 +31,6 @@ export function subscriptionStore(ctx: AppContext): SubscriptionStore {
     setActive: (projectId, id, active, opts) => setSubscriptionActive(ctx, projectId, id, active, opts),
     validate: (input) => validateSubscriptionInput(ctx, input),
   };
-}
-
-export interface DeliveryWorker {
-  stop(graceMs?: number): Promise<void>;
 }
 
 export interface OperatorOptions {
