@@ -16,6 +16,7 @@ import {
 } from '../src/operator/runtime/kube.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { subscriptionsChangedChannel } from '../src/webhooks/filter.ts';
+import { disableFailingSubscriptions } from '../src/webhooks/health.ts';
 import {
   setSubscriptionActive,
   subscriptionsChanged,
@@ -366,6 +367,42 @@ describe('WebhookSubscription reconcile', () => {
     await kube.custom.deleteNamespacedCustomObject(ref('audit'));
     await target.until(async () => !(await read('audit')), 'audit to be gone');
     expect(await row(managedBy)).toMatchObject({ is_active: false });
+  });
+
+  it('shows a subscription disabled by endpoint health as Ready=False/EndpointDisabled until the spec changes', async () => {
+    await apply('unhealthy', { paywallId, url: HOOK, events: ['*'] });
+    const synced = await untilReady('unhealthy');
+    const id = synced.status!.subscriptionId!;
+    await ctx.db
+      .updateTable('webhook_subscriptions')
+      .set({ failing_since: new Date(Date.now() - 200 * 3600_000), consecutive_failures: 40 })
+      .where('id', '=', id)
+      .execute();
+    expect(await disableFailingSubscriptions(ctx)).toBe(1);
+    // The change notice brings the resource back at once; the condition says why, and the row stays off.
+    const r = await untilReady('unhealthy', 'EndpointDisabled');
+    expect(ready(r)).toMatchObject({
+      status: 'False',
+      message: expect.stringMatching(/was disabled: every delivery attempt failed for 120 hours/),
+    });
+    expect(r.status?.consecutiveFailures).toBe(40);
+    const warning = (await eventsFor('unhealthy')).find((e) => e.reason === 'EndpointDisabled');
+    expect(warning?.type).toBe('Warning');
+    // Later passes (status sync every second here) leave it disabled.
+    const passes = async () =>
+      (await ctx.metrics.reconciles.get()).values.find((v) => v.labels.result === 'success')?.value ?? 0;
+    const seen = await passes();
+    await target.until(async () => (await passes()) >= seen + 3, 'three more reconciles');
+    expect(await row(`WebhookSubscription ${ns}/unhealthy`)).toMatchObject({ is_active: false });
+    // A spec change re-enables it, and clears the reason.
+    await patchSpec('unhealthy', { description: 'endpoint fixed' });
+    await untilReady('unhealthy');
+    expect(await row(`WebhookSubscription ${ns}/unhealthy`)).toMatchObject({
+      is_active: true,
+      disabled_reason: null,
+      failing_since: null,
+      consecutive_failures: 0,
+    });
   });
 
   it('reports DatabaseUnavailable with a retry when the database cannot be reached', async () => {

@@ -47,6 +47,7 @@ export type SubscriptionRow = Pick<
   | 'consecutiveFailures'
   | 'lastDeliveredAt'
   | 'managedBy'
+  | 'disabledReason'
 >;
 
 export interface DesiredInput {
@@ -149,6 +150,24 @@ export function secretSourceOf(resource: WebhookSubscription): {
   const ref = resource.spec?.secretRef;
   if (ref?.name) return { name: ref.name, key: ref.key || GENERATED_SECRET_KEY, generated: false };
   return { name: generatedSecretName(resource.metadata.name), key: GENERATED_SECRET_KEY, generated: true };
+}
+
+/**
+ * Whether the row stays disabled by endpoint health: it was, the spec wants it active, and the spec has
+ * not changed since the operator last looked (a spec change re-enables it, as an API update does).
+ */
+export function disabledByHealth(
+  row: SubscriptionRow,
+  active: boolean,
+  resource: WebhookSubscription,
+): boolean {
+  return (
+    !row.isActive &&
+    active &&
+    row.disabledReason !== null &&
+    row.disabledReason !== undefined &&
+    resource.status?.observedGeneration === resource.metadata.generation
+  );
 }
 
 /** The fields of the row that differ from the spec (empty: nothing to write). */
@@ -360,6 +379,9 @@ export class Reconciler {
         );
         events.push(['Created', `Created webhook subscription ${row.id} in ${row.paywallId}`]);
         if (!check.active) row = await this.#d.store.setActive(row.paywallId, row.id, false, { managedBy });
+      } else if (disabledByHealth(row, check.active, resource)) {
+        // Endpoint health disabled it and the spec has not changed since: leave it disabled, say so.
+        return this.#endpointDisabled(resource, row, secret.observed);
       } else {
         const drift = rowDrift(check.input, check.active, row);
         const pushSecret = secretNeedsPush(resource.status, secret.observed, secret.value, row);
@@ -398,6 +420,29 @@ export class Reconciler {
           ? `Subscription ${row.id} is active`
           : `Subscription ${row.id} is inactive (spec.active is false)`,
       },
+    });
+    return {
+      outcome: 'synced',
+      ...(this.#d.statusSyncMs !== undefined ? { requeueAfterMs: this.#d.statusSyncMs } : {}),
+    };
+  }
+
+  async #endpointDisabled(
+    resource: WebhookSubscription,
+    row: SubscriptionRow,
+    observedSecret: string,
+  ): Promise<ReconcileResult> {
+    const message = `Subscription ${row.id} was disabled: ${row.disabledReason}. Change the spec (or set spec.active to false and back) to enable it again`;
+    const previous = readyCondition(resource);
+    if (previous?.reason !== 'EndpointDisabled')
+      await this.#event(resource, 'Warning', 'EndpointDisabled', message);
+    await this.#writeStatus(resource, {
+      subscriptionId: row.id,
+      secretSuffix: row.secretSuffix,
+      observedSecret,
+      consecutiveFailures: row.consecutiveFailures,
+      lastDeliveredAt: row.lastDeliveredAt,
+      ready: { status: 'False', reason: 'EndpointDisabled', message },
     });
     return {
       outcome: 'synced',

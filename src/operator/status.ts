@@ -42,7 +42,8 @@ export type ReadyReason =
   | 'SecretNotFound'
   | 'DatabaseUnavailable'
   | 'PaywallNotFound'
-  | 'ReconcileError';
+  | 'ReconcileError'
+  | 'EndpointDisabled';
 
 /**
  * Sets a condition the Kubernetes way: lastTransitionTime moves only when the status flips; reason,
