@@ -26,6 +26,7 @@ const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_webhook_oldest_pending_age_seconds: ['gauge', []],
   tollgate_webhook_subscriptions_disabled_total: ['counter', ['project']],
   tollgate_events_fanned_out_total: ['counter', []],
+  tollgate_retention_pruned_rows_total: ['counter', ['kind']],
   tollgate_operator_reconcile_total: ['counter', ['result']],
   tollgate_operator_reconcile_duration_seconds: ['histogram', []],
   tollgate_operator_leader: ['gauge', []],

@@ -136,6 +136,12 @@ export class Metrics {
     labelNames: ['project'] as const,
     registers: [this.registry],
   });
+  readonly pruned = new Counter({
+    name: 'tollgate_retention_pruned_rows_total',
+    help: 'Rows deleted by retention, by kind (deliveries, events, idempotencyKeys, holds).',
+    labelNames: ['kind'] as const,
+    registers: [this.registry],
+  });
   readonly eventsFannedOut = new Counter({
     name: 'tollgate_events_fanned_out_total',
     help: 'Outbox events turned into deliveries.',

@@ -9,7 +9,8 @@ import { runStatements } from './run-statements.ts';
  *   across all workers. A trigger makes the row with the subscription.
  * - endpoint health: `failing_since` (first failed attempt since the last success), `disabled_at` and
  *   `disabled_reason` (set when a subscription was disabled for failing too long; cleared on re-enable).
- * - retention: indexes for pruning by age; `ledger_entries.hold_id` stops being a foreign key (closed
+ * - retention: indexes for pruning by age (and `webhook_deliveries (event_id)`, which deleting an event
+ *   needs for its cascade); `ledger_entries.hold_id` stops being a foreign key (closed
  *   holds are pruned, the ledger never is: the column keeps the id of the hold it moved money for).
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
@@ -35,6 +36,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
 
     ALTER TABLE ledger_entries DROP CONSTRAINT IF EXISTS ledger_entries_hold_id_fkey;
     CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (finished_at) WHERE status <> 'pending';
+    CREATE INDEX webhook_deliveries_event ON webhook_deliveries (event_id);
     CREATE INDEX events_created ON events (created_at);
     CREATE INDEX holds_closed ON holds (closed_at) WHERE status <> 'open';
     CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at);
@@ -49,6 +51,7 @@ export async function down(db: Kysely<unknown>): Promise<void> {
     DROP INDEX idempotency_keys_created;
     DROP INDEX holds_closed;
     DROP INDEX events_created;
+    DROP INDEX webhook_deliveries_event;
     DROP INDEX webhook_deliveries_finished;
     ALTER TABLE ledger_entries ADD CONSTRAINT ledger_entries_hold_id_fkey FOREIGN KEY (hold_id) REFERENCES holds(id) NOT VALID;
     DROP INDEX webhook_subscriptions_failing;
