@@ -6,7 +6,8 @@ import type { DB } from '../db/schema.ts';
  * Retention: pruning by age, in small batches that never block the hot path. Each batch is one
  * `DELETE … WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED)` in its own transaction: rows another
  * transaction holds (a delivery being claimed, an event being fanned out) are skipped, not waited for,
- * and no lock is held between batches. Any number of pods may run it at once.
+ * and no lock is held between batches. Between batches it pauses at least as long as the batch took, so
+ * pruning never takes more than half of one connection's time. Any number of pods may run it at once.
  *
  * - webhook deliveries finished (`success`/`error`) more than RETENTION_DELIVERIES_DAYS ago, with their
  *   attempts (ON DELETE CASCADE);
@@ -31,6 +32,11 @@ export interface PruneOptions {
   now?: Date;
   /** Stops between batches when aborted. */
   signal?: AbortSignal;
+  /**
+   * Pause after each batch at least this long (default 20 ms), and at least as long as the batch took:
+   * pruning uses at most half of one database connection's time, leaving the rest to the hot path.
+   */
+  minPauseMs?: number;
 }
 
 type Statement = (db: Kysely<DB>, cutoff: string, limit: number) => Promise<number>;
@@ -93,7 +99,7 @@ export function retentionAges(config: AppContext['config']): Record<PrunedKind, 
   };
 }
 
-const yieldToOthers = () => new Promise<void>((resolve) => setImmediate(resolve));
+const pause = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /**
  * One retention pass: each kind in turn, batch after batch until a batch comes back short (or
@@ -102,6 +108,7 @@ const yieldToOthers = () => new Promise<void>((resolve) => setImmediate(resolve)
 export async function pruneOnce(ctx: AppContext, options: PruneOptions = {}): Promise<PruneCounts> {
   const limit = options.batchSize ?? ctx.config.RETENTION_BATCH_SIZE;
   const maxBatches = options.maxBatches ?? 1000;
+  const minPauseMs = options.minPauseMs ?? 20;
   const now = (options.now ?? new Date()).getTime();
   const ages = retentionAges(ctx.config);
   const counts: PruneCounts = { deliveries: 0, events: 0, idempotencyKeys: 0, holds: 0 };
@@ -110,11 +117,12 @@ export async function pruneOnce(ctx: AppContext, options: PruneOptions = {}): Pr
     if (age === undefined) continue;
     const cutoff = new Date(now - age).toISOString();
     for (let batch = 0; batch < maxBatches && !options.signal?.aborted; batch++) {
+      const started = performance.now();
       const deleted = await statements[kind](ctx.db, cutoff, limit);
       counts[kind] += deleted;
       if (deleted > 0) ctx.metrics.pruned.inc({ kind }, deleted);
       if (deleted < limit) break;
-      await yieldToOthers();
+      await pause(Math.max(minPauseMs, performance.now() - started));
     }
   }
   return counts;
