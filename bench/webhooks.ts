@@ -10,7 +10,7 @@ import { loadConfig } from '../src/config/index.ts';
 import { newId } from '../src/core/ids.ts';
 import { createProject } from '../src/projects/service.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
-import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import { writeResultsBlock } from './report.ts';
 
 /**

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ECHO_UPSTREAM } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
-import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**

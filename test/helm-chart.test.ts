@@ -352,3 +352,13 @@ describe('the image and the chart agree', () => {
     expect(values.config.TOLLGATE_DATA_DIR).toBe('/tmp/tollgate');
   });
 });
+
+describe('the chart metadata', () => {
+  it('states the Kubernetes floor the CRD needs: CEL rules with fieldPath are accepted from 1.28', () => {
+    const meta = parse(readFileSync(join(chart, 'Chart.yaml'), 'utf8')) as Obj;
+    const crds = readdirSync(join(root, 'crds')).map((f) => readFileSync(join(root, 'crds', f), 'utf8'));
+    expect(crds.some((text) => /fieldPath:/.test(text))).toBe(true);
+    expect(meta.kubeVersion).toBe('>=1.28.0-0');
+    expect(readFileSync(join(root, 'README.md'), 'utf8')).toContain('It needs Kubernetes 1.28 or later');
+  });
+});

@@ -6,7 +6,7 @@ import type { AddressInfo } from 'node:net';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/kube.ts';
+import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/runtime/kube.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { getProject } from '../src/projects/service.ts';
 import { subscriptionsChanged } from '../src/webhooks/subscriptions.ts';

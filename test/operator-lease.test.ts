@@ -6,8 +6,8 @@ import { createInterface } from 'node:readline';
 import { V1MicroTime } from '@kubernetes/client-node';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/kube.ts';
-import { LeaderElector } from '../src/operator/leader-election.ts';
+import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/runtime/kube.ts';
+import { LeaderElector } from '../src/operator/runtime/leader-election.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from './helpers/context.ts';
 import { type KubeTarget, kubeTarget, realCluster } from './helpers/fake-kube-apiserver.ts';
@@ -157,6 +157,26 @@ describe('leader election', () => {
     expect(Date.now() - stoppedAt).toBeLessThan(2000);
     expect((await readLease('handover')).spec).toMatchObject({ holderIdentity: 'b', leaseTransitions: 1 });
     await b.elector.stop();
+  });
+
+  it.skipIf(realCluster)('keeps leading through a 409 on renewal: reads again and retries', async () => {
+    const a = candidate('conflict', 'a', { lease: 3000, deadline: 2000, retry: 200 });
+    a.elector.start();
+    await a.started;
+    const fake = target.fake!;
+    const puts = () => fake.requests.filter((r) => r.method === 'PUT' && r.path.endsWith('/leases/conflict'));
+    const before = puts().length;
+    fake.failNext('PUT', /\/leases\/conflict$/, 409, 2);
+    // Two refused replaces, then the retry within the same round succeeds.
+    const renewed = await target.until(() => {
+      const after = puts().slice(before);
+      return after.length >= 3 ? after : undefined;
+    }, 'the renewal after two conflicts');
+    expect(renewed.slice(0, 3).map((r) => r.status)).toEqual([409, 409, 200]);
+    expect(a.elector.isLeader).toBe(true);
+    expect(a.transitions).toEqual(['started']);
+    expect((await readLease('conflict')).spec?.holderIdentity).toBe('a');
+    await a.elector.stop();
   });
 
   it.skipIf(realCluster)('steps down when it cannot renew within the renew deadline', async () => {

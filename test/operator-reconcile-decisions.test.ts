@@ -4,14 +4,15 @@ import {
   checkSpec,
   classifyServiceError,
   createdByOf,
+  disabledByHealth,
   managedByOf,
   rowDrift,
   type SubscriptionRow,
   secretNeedsPush,
   secretSourceOf,
 } from '../src/operator/reconciler.ts';
-import { setCondition, statusPatch } from '../src/operator/status.ts';
-import { WorkQueue } from '../src/operator/workqueue.ts';
+import { WorkQueue } from '../src/operator/runtime/workqueue.ts';
+import { setCondition, statusPatch, type WebhookSubscription } from '../src/operator/status.ts';
 
 const spec: {
   paywallId: string;
@@ -39,6 +40,7 @@ const row: SubscriptionRow = {
   consecutiveFailures: 0,
   lastDeliveredAt: null,
   managedBy: 'WebhookSubscription ns/a',
+  disabledReason: null,
 };
 
 describe('spec checks', () => {
@@ -148,6 +150,25 @@ describe('drift', () => {
     expect(secretNeedsPush(status, 's/k@6', 'whsec_xxxxabcd', row)).toBe(true);
     expect(secretNeedsPush(status, 's/k@5', 'whsec_xxxxzzzz', row)).toBe(true);
     expect(secretNeedsPush(undefined, 's/k@5', 'whsec_xxxxabcd', row)).toBe(true);
+  });
+});
+
+describe('endpoint health', () => {
+  const resource = (generation: number, observed: number | undefined) =>
+    ({
+      metadata: { name: 'a', namespace: 'ns', generation },
+      status: observed === undefined ? {} : { observedGeneration: observed },
+    }) as WebhookSubscription;
+  const disabled = { ...row, isActive: false, disabledReason: 'every delivery attempt failed for 120 hours' };
+
+  it('keeps a row disabled by endpoint health off until the spec changes', () => {
+    expect(disabledByHealth(disabled, true, resource(3, 3))).toBe(true);
+    // A spec change (a new generation not yet observed) re-enables it.
+    expect(disabledByHealth(disabled, true, resource(4, 3))).toBe(false);
+    // Paused by the spec, or deactivated out of band without a reason: the usual rules apply.
+    expect(disabledByHealth(disabled, false, resource(3, 3))).toBe(false);
+    expect(disabledByHealth({ ...disabled, disabledReason: null }, true, resource(3, 3))).toBe(false);
+    expect(disabledByHealth(row, true, resource(3, 3))).toBe(false);
   });
 });
 

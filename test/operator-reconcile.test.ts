@@ -3,6 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
 import { buildServer } from '../src/http/server.ts';
 import { Controller } from '../src/operator/controller.ts';
+import { type RunningOperator, startOperator, subscriptionStore } from '../src/operator/main.ts';
+import { Reconciler } from '../src/operator/reconciler.ts';
 import {
   FINALIZER,
   GROUP,
@@ -11,18 +13,22 @@ import {
   mergePatch,
   PLURAL,
   VERSION,
-} from '../src/operator/kube.ts';
-import { type RunningOperator, startOperator, subscriptionStore } from '../src/operator/main.ts';
-import { Reconciler } from '../src/operator/reconciler.ts';
+} from '../src/operator/runtime/kube.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { subscriptionsChangedChannel } from '../src/webhooks/filter.ts';
+import { disableFailingSubscriptions } from '../src/webhooks/health.ts';
 import {
   setSubscriptionActive,
   subscriptionsChanged,
   updateSubscription,
 } from '../src/webhooks/subscriptions.ts';
 import { createTestContext } from './helpers/context.ts';
-import { type KubeTarget, kubeTarget, realCluster } from './helpers/fake-kube-apiserver.ts';
+import {
+  type KubeTarget,
+  kubeTarget,
+  realCluster,
+  releaseFinalizers,
+} from './helpers/fake-kube-apiserver.ts';
 import { seedProject } from './helpers/server.ts';
 
 /**
@@ -66,6 +72,8 @@ beforeAll(async () => {
     startWorker: () => {
       workerStarts++;
       return {
+        ready: Promise.resolve(),
+        wake: () => {},
         stop: async (graceMs?: number) => {
           workerStops.push(graceMs ?? -1);
           onWorkerStop();
@@ -248,6 +256,10 @@ describe('WebhookSubscription reconcile', () => {
     expect(ready(r)?.status).toBe('False');
     expect(ready(r)?.message).toMatch(/customHeaders/);
     expect(await row(`WebhookSubscription ${ns}/bad-headers`)).toBeUndefined();
+    // The spec was checked before anything was made for it: no generated Secret is left behind.
+    await expect(
+      kube.core.readNamespacedSecret({ name: 'bad-headers-webhook-secret', namespace: ns }),
+    ).rejects.toMatchObject({ code: 404 });
     const warning = (await eventsFor('bad-headers')).find((e) => e.reason === 'InvalidSpec');
     expect(warning).toMatchObject({
       type: 'Warning',
@@ -357,6 +369,42 @@ describe('WebhookSubscription reconcile', () => {
     expect(await row(managedBy)).toMatchObject({ is_active: false });
   });
 
+  it('shows a subscription disabled by endpoint health as Ready=False/EndpointDisabled until the spec changes', async () => {
+    await apply('unhealthy', { paywallId, url: HOOK, events: ['*'] });
+    const synced = await untilReady('unhealthy');
+    const id = synced.status!.subscriptionId!;
+    await ctx.db
+      .updateTable('webhook_subscriptions')
+      .set({ failing_since: new Date(Date.now() - 200 * 3600_000), consecutive_failures: 40 })
+      .where('id', '=', id)
+      .execute();
+    expect(await disableFailingSubscriptions(ctx)).toBe(1);
+    // The change notice brings the resource back at once; the condition says why, and the row stays off.
+    const r = await untilReady('unhealthy', 'EndpointDisabled');
+    expect(ready(r)).toMatchObject({
+      status: 'False',
+      message: expect.stringMatching(/was disabled: every delivery attempt failed for 120 hours/),
+    });
+    expect(r.status?.consecutiveFailures).toBe(40);
+    const warning = (await eventsFor('unhealthy')).find((e) => e.reason === 'EndpointDisabled');
+    expect(warning?.type).toBe('Warning');
+    // Later passes (status sync every second here) leave it disabled.
+    const passes = async () =>
+      (await ctx.metrics.reconciles.get()).values.find((v) => v.labels.result === 'success')?.value ?? 0;
+    const seen = await passes();
+    await target.until(async () => (await passes()) >= seen + 3, 'three more reconciles');
+    expect(await row(`WebhookSubscription ${ns}/unhealthy`)).toMatchObject({ is_active: false });
+    // A spec change re-enables it, and clears the reason.
+    await patchSpec('unhealthy', { description: 'endpoint fixed' });
+    await untilReady('unhealthy');
+    expect(await row(`WebhookSubscription ${ns}/unhealthy`)).toMatchObject({
+      is_active: true,
+      disabled_reason: null,
+      failing_since: null,
+      consecutive_failures: 0,
+    });
+  });
+
   it('reports DatabaseUnavailable with a retry when the database cannot be reached', async () => {
     await apply('db-down', { paywallId, url: HOOK, events: ['*'] });
     await untilReady('db-down');
@@ -371,7 +419,7 @@ describe('WebhookSubscription reconcile', () => {
       getResource: () => resource,
     });
     const result = await reconciler.reconcile(`${ns}/db-down`);
-    expect(result).toEqual({ outcome: 'failed', retry: true });
+    expect(result).toEqual({ outcome: 'failed', requeue: true });
     // The running operator may already have put Ready back (its next resync finds the database fine);
     // the Warning event and the status write stay.
     const warning = (await eventsFor('db-down')).find((e) => e.reason === 'DatabaseUnavailable');
@@ -420,7 +468,8 @@ describe.skipIf(realCluster)('against the fake API server only', () => {
 
   it('requeues a failed reconcile with backoff until it succeeds', async () => {
     const fake = target.fake!;
-    fake.failNext('PATCH', /\/flaky\/status$/, 500, 2);
+    // Four refusals: each failed pass tries the Synced status, then the ReconcileError status.
+    fake.failNext('PATCH', /\/flaky\/status$/, 500, 4);
     const errorsBefore =
       (await ctx.metrics.reconciles.get()).values.find((v) => v.labels.result === 'error')?.value ?? 0;
     await apply('flaky', { paywallId, url: HOOK, events: ['*'] });
@@ -428,7 +477,7 @@ describe.skipIf(realCluster)('against the fake API server only', () => {
     const statusWrites = fake.requests.filter(
       (r) => r.method === 'PATCH' && r.path.endsWith('/flaky/status'),
     );
-    expect(statusWrites.map((w) => w.status).slice(0, 3)).toEqual([500, 500, 200]);
+    expect(statusWrites.map((w) => w.status).slice(0, 5)).toEqual([500, 500, 500, 500, 200]);
     const errorsAfter =
       (await ctx.metrics.reconciles.get()).values.find((v) => v.labels.result === 'error')?.value ?? 0;
     expect(errorsAfter - errorsBefore).toBeGreaterThanOrEqual(2);
@@ -439,6 +488,33 @@ describe.skipIf(realCluster)('against the fake API server only', () => {
       .where('managed_by', '=', `WebhookSubscription ${ns}/flaky`)
       .execute();
     expect(rows).toHaveLength(1);
+  });
+
+  it('turns a Kubernetes API error into Ready=False/ReconcileError and a Warning Event, then recovers', async () => {
+    const fake = target.fake!;
+    // The API server refuses to create the generated Secret (RBAC, say), twice.
+    fake.failNext('POST', /\/namespaces\/[^/]+\/secrets$/, 403, 2);
+    await apply('forbidden', { paywallId, url: HOOK, events: ['*'] });
+    const failed = await target.until(() => {
+      const write = fake.requests.find(
+        (w) =>
+          w.method === 'PATCH' &&
+          w.path.endsWith('/forbidden/status') &&
+          JSON.stringify(w.body).includes('ReconcileError'),
+      );
+      return write?.body as { status: { conditions: Array<Record<string, unknown>> } } | undefined;
+    }, 'the ReconcileError status');
+    expect(failed.status.conditions[0]).toMatchObject({
+      type: 'Ready',
+      status: 'False',
+      reason: 'ReconcileError',
+      message: expect.stringContaining('403'),
+    });
+    const warning = (await eventsFor('forbidden')).find((e) => e.reason === 'ReconcileError');
+    expect(warning).toMatchObject({ type: 'Warning', message: expect.stringContaining('403') });
+    // Retried with backoff: once the API server lets it, the resource becomes Ready.
+    await untilReady('forbidden');
+    expect(await row(`WebhookSubscription ${ns}/forbidden`)).toMatchObject({ is_active: true });
   });
 
   it('garbage-collects the generated Secret with its resource', async () => {
@@ -452,12 +528,21 @@ describe.skipIf(realCluster)('against the fake API server only', () => {
 describe('losing the lease', () => {
   it('stops the controller and the delivery worker at once, without grace', async () => {
     expect(workerStarts).toBe(1);
-    const lease = await kube.coordination.readNamespacedLease({ name: 'tollgate-operator', namespace: ns });
-    await kube.coordination.replaceNamespacedLease({
-      name: 'tollgate-operator',
-      namespace: ns,
-      body: { ...lease, spec: { ...lease.spec, holderIdentity: 'another-replica' } },
-    });
+    // The leader renews meanwhile: a replace carrying the resourceVersion read may meet a 409, so read
+    // again and retry (as any Lease writer must).
+    for (let tries = 1; ; tries++) {
+      const lease = await kube.coordination.readNamespacedLease({ name: 'tollgate-operator', namespace: ns });
+      try {
+        await kube.coordination.replaceNamespacedLease({
+          name: 'tollgate-operator',
+          namespace: ns,
+          body: { ...lease, spec: { ...lease.spec, holderIdentity: 'another-replica' } },
+        });
+        break;
+      } catch (err) {
+        if ((err as { code?: number }).code !== 409 || tries >= 10) throw err;
+      }
+    }
     await workerStopped;
     expect(workerStops).toEqual([0]);
     expect(operator.isLeader()).toBe(false);
@@ -478,7 +563,7 @@ describe('change notices from the database', () => {
       metrics: ctx.metrics,
       namespaces: [ns2],
       identity: 'notices',
-      resyncMs: 3_600_000,
+      statusSyncMs: 3_600_000,
       watchRows: (onPaywall) => ctx.bus.subscribe(subscriptionsChangedChannel, onPaywall),
     });
     try {
@@ -514,7 +599,10 @@ describe('change notices from the database', () => {
       expect(await row(managedBy)).toMatchObject({ is_active: true });
     } finally {
       await controller.stop();
-      if (!target.fake) await kube.core.deleteNamespace({ name: ns2 }).catch(() => {});
+      if (!target.fake) {
+        await releaseFinalizers(kube.config, ns2);
+        await kube.core.deleteNamespace({ name: ns2 }).catch(() => {});
+      }
     }
   });
 });

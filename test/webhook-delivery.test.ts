@@ -3,7 +3,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Project } from '../src/db/schema.ts';
 import { getProject } from '../src/projects/service.ts';
-import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import {
   makeTestCa,
   type Received,

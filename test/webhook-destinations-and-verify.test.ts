@@ -5,7 +5,7 @@ import { buildRequest, Sender, sign } from '../src/webhooks/deliver.ts';
 import { isPrivateAddress } from '../src/webhooks/destination.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { verifyWebhook } from '../src/webhooks/verify.ts';
-import { startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import { makeTestCa, type Receiver, startReceiver, type TestCa } from './helpers/https-receiver.ts';
 import { type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
 import { getProject } from '../src/projects/service.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
-import { startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import { createTestContext } from './helpers/context.ts';
 import { makeTestCa, type Receiver, startReceiver, type TestCa } from './helpers/https-receiver.ts';
 import { seedProject } from './helpers/server.ts';

@@ -8,7 +8,7 @@ import { getProject } from '../src/projects/service.ts';
 import { fanOut } from '../src/webhooks/fanout.ts';
 import { claimDue, recordResult } from '../src/webhooks/queue.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
-import { startDeliveryWorker } from '../src/webhooks/worker.ts';
+import { startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import { createTestContext, realPostgres } from './helpers/context.ts';
 import { makeTestCa, type Receiver, startReceiver, type TestCa } from './helpers/https-receiver.ts';
 import { seedProject } from './helpers/server.ts';
@@ -20,6 +20,8 @@ let ctx: AppContext;
 let receiver: Receiver;
 const hangOnce = new Set<string>();
 const hung = new Set<string>();
+const SLOW = '/slow-receiver';
+const slow = { now: 0, max: 0 };
 
 beforeAll(async () => {
   ca = makeTestCa();
@@ -29,7 +31,15 @@ beforeAll(async () => {
     WEBHOOK_POLL_INTERVAL_MS: '50',
     WEBHOOK_BACKOFF_BASE_MS: '50',
   });
-  receiver = await startReceiver(ca, (r) => {
+  receiver = await startReceiver(ca, async (r) => {
+    if (r.path === SLOW) {
+      // A slow receiver that counts the requests it holds at once.
+      slow.now++;
+      slow.max = Math.max(slow.max, slow.now);
+      await new Promise((resolve) => setTimeout(resolve, 15));
+      slow.now--;
+      return { status: 200 };
+    }
     if (hangOnce.has(r.path) && !hung.has(r.path)) {
       hung.add(r.path);
       return { status: 200, hang: true };
@@ -140,6 +150,42 @@ describe.runIf(realPostgres)('workers in separate processes', () => {
     }
   });
 
+  it('keeps the per-subscription limit across workers: one subscription, three workers, at most 2 at once', async () => {
+    const other = await createContext(ctx.config, {
+      schema: ctx.database.schema!,
+      busPrefix: 'limit-other:',
+    });
+    const options = { concurrency: 16, perSubscription: 2, leaseMs: 60_000 };
+    const workers = [
+      startDeliveryWorker(ctx, options),
+      startDeliveryWorker(ctx, options),
+      startDeliveryWorker(other, options),
+    ];
+    try {
+      await Promise.all(workers.map((w) => w.ready));
+      const { subscriptionIds } = await subscribeAndDeposit(ctx, SLOW, 60);
+      await receiver.waitFor((rs) => rs.filter((r) => r.path === SLOW).length >= 60, 25_000);
+      // Each worker alone keeps 2 in flight; without one owner per subscription, three would reach 6.
+      expect(slow.max).toBe(2);
+      const owners = await ctx.db
+        .selectFrom('webhook_subscription_owners')
+        .selectAll()
+        .where('subscription_id', 'in', subscriptionIds)
+        .execute();
+      expect(owners).toHaveLength(1);
+    } finally {
+      await Promise.all(workers.map((w) => w.stop(1000)));
+      await other.close();
+    }
+    // Stopped workers give their ownership up at once.
+    const held = await ctx.db
+      .selectFrom('webhook_subscription_owners')
+      .select('owner')
+      .where('owner', 'is not', null)
+      .execute();
+    expect(held).toEqual([]);
+  });
+
   it('never sends an attempt twice with three workers on two connection pools racing', async () => {
     const path = '/race';
     const other = await createContext(ctx.config, { schema: ctx.database.schema!, busPrefix: 'race-other:' });
@@ -178,19 +224,27 @@ describe.runIf(realPostgres)('workers in separate processes', () => {
   });
 });
 
+const claimOptions = {
+  limit: 10,
+  leaseMs: 60_000,
+  perSubscription: 4,
+  owner: 'fence-worker',
+  ownerLeaseMs: 60_000,
+};
+
 describe('claims and fences', () => {
   it('a worker whose lease ran out cannot record over the next claimant', async () => {
     const { subscriptionIds } = await subscribeAndDeposit(ctx, '/fence');
     await fanOut(ctx);
-    const [first] = await claimDue(ctx.db, { limit: 10, leaseMs: 60_000, perSubscription: 4 });
+    const [first] = await claimDue(ctx.db, claimOptions);
     expect(first).toBeDefined();
     expect(first!.subscription_id).toBe(subscriptionIds[0]);
     // Not due while the lease holds.
-    expect(await claimDue(ctx.db, { limit: 10, leaseMs: 60_000, perSubscription: 4 })).toHaveLength(0);
+    expect(await claimDue(ctx.db, claimOptions)).toHaveLength(0);
     await sql`UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second' WHERE id = ${first!.id}`.execute(
       ctx.db,
     );
-    const [second] = await claimDue(ctx.db, { limit: 10, leaseMs: 60_000, perSubscription: 4 });
+    const [second] = await claimDue(ctx.db, claimOptions);
     expect(second).toMatchObject({ id: first!.id, attempts: 2 });
     expect(second!.claim_id).not.toBe(first!.claim_id);
     const startedAt = new Date();

@@ -1,4 +1,5 @@
 import { deleteExpiredIdempotencyKeys } from '../idempotency/index.ts';
+import { pruneOnce } from '../retention/index.ts';
 import { deleteExpiredLinkNonces } from '../users/service.ts';
 import type { AppContext } from './context.ts';
 
@@ -9,6 +10,8 @@ import type { AppContext } from './context.ts';
 export interface Job {
   name: string;
   intervalMs: number;
+  /** The interval from the configuration, when it is a setting (else intervalMs). */
+  intervalOf?: (ctx: AppContext) => number;
   run(ctx: AppContext): Promise<number | undefined>;
 }
 
@@ -22,6 +25,16 @@ export const maintenanceJobs: Job[] = [
     name: 'idempotency-key-cleanup',
     intervalMs: 10 * 60_000,
     run: (ctx) => deleteExpiredIdempotencyKeys(ctx.db),
+  },
+  {
+    // Pruning by age (src/retention): small SKIP LOCKED batches, safe on every pod at once.
+    name: 'retention',
+    intervalMs: 300_000,
+    intervalOf: (ctx) => ctx.config.RETENTION_INTERVAL_SECONDS * 1000,
+    run: async (ctx) => {
+      const counts = await pruneOnce(ctx);
+      return Object.values(counts).reduce((a, b) => a + b, 0);
+    },
   },
   {
     name: 'link-nonce-cleanup',
@@ -50,7 +63,7 @@ export function startJobs(ctx: AppContext, jobs: Job[] = maintenanceJobs): () =>
         });
       running.add(run);
     };
-    const timer = setInterval(tick, job.intervalMs);
+    const timer = setInterval(tick, job.intervalOf?.(ctx) ?? job.intervalMs);
     timer.unref();
     return timer;
   });

@@ -9,7 +9,7 @@ import { buildServer } from '../http/server.ts';
 import { applyPricing } from '../models/service.ts';
 import { createProject, ECHO_UPSTREAM } from '../projects/service.ts';
 import { connectUser } from '../users/service.ts';
-import { startDeliveryWorker } from '../webhooks/worker.ts';
+import { startDeliveryWorker } from '../webhooks/worker/index.ts';
 
 export interface Running {
   ctx: AppContext;

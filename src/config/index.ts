@@ -60,6 +60,13 @@ export const configSchema = z.object({
   WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY: int(1, 100).default(4),
   WEBHOOK_CLAIM_LEASE_MS: int(1000, 3_600_000).default(60_000),
   WEBHOOK_POLL_INTERVAL_MS: int(10, 600_000).default(1000),
+  WEBHOOK_DISABLE_AFTER_HOURS: int(0, 24 * 365).default(120),
+  RETENTION_DELIVERIES_DAYS: int(0, 3650).default(30),
+  RETENTION_EVENTS_DAYS: int(0, 3650).default(30),
+  RETENTION_IDEMPOTENCY_HOURS: int(0, 24 * 3650).default(24),
+  RETENTION_HOLDS_DAYS: int(0, 3650).default(30),
+  RETENTION_INTERVAL_SECONDS: int(10, 24 * 3600).default(300),
+  RETENTION_BATCH_SIZE: int(10, 100_000).default(1000),
   OPERATOR_PORT: int(0, 65535).default(8081),
   OPERATOR_LEASE_NAME: z.string().min(1).default('tollgate-operator'),
   OPERATOR_LEASE_NAMESPACE: z.string().min(1).optional(),
@@ -107,6 +114,17 @@ export const configDocs: Record<keyof Config, string> = {
   WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY: 'Deliveries in flight per subscription per worker.',
   WEBHOOK_CLAIM_LEASE_MS: 'A claimed delivery whose worker died becomes due again after this long.',
   WEBHOOK_POLL_INTERVAL_MS: 'Polling interval of the delivery worker when no wake-up arrives.',
+  WEBHOOK_DISABLE_AFTER_HOURS:
+    'A subscription whose deliveries have all failed for this long is disabled (event `webhook.subscription.disabled`); 0: never.',
+  RETENTION_DELIVERIES_DAYS:
+    'Finished webhook deliveries (and their attempts) older than this are pruned; 0: kept forever.',
+  RETENTION_EVENTS_DAYS:
+    'Outbox events older than this are pruned once none of their deliveries is left; 0: kept forever.',
+  RETENTION_IDEMPOTENCY_HOURS: 'Expired idempotency keys older than this are pruned; 0: kept forever.',
+  RETENTION_HOLDS_DAYS:
+    'Closed (settled, released, expired) holds older than this are pruned; ledger entries never are. 0: kept forever.',
+  RETENTION_INTERVAL_SECONDS: 'How often each serving process runs the retention pass.',
+  RETENTION_BATCH_SIZE: 'Rows deleted per statement (and per transaction) by the retention pass.',
   OPERATOR_PORT: 'Port of the operator’s `/healthz`, `/readyz` and `/metrics`.',
   OPERATOR_LEASE_NAME: 'Name of the leader-election Lease.',
   OPERATOR_LEASE_NAMESPACE: 'Namespace of the Lease (default: the pod’s namespace, else `default`).',

@@ -194,8 +194,17 @@ export interface WebhookSubscriptionsTable {
   managed_by: string | null;
   consecutive_failures: Default<number>;
   last_delivered_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  failing_since: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  disabled_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  disabled_reason: string | null;
   created_at: Timestamp;
   updated_at: Timestamp;
+}
+
+export interface WebhookSubscriptionOwnersTable {
+  subscription_id: string;
+  owner: string | null;
+  expires_at: ColumnType<Date, Date | string | undefined, Date | string>;
 }
 
 export type DeliveryStatus = 'pending' | 'success' | 'error';
@@ -245,6 +254,7 @@ export interface DB {
   model_subscriptions: ModelSubscriptionsTable;
   events: EventsTable;
   webhook_subscriptions: WebhookSubscriptionsTable;
+  webhook_subscription_owners: WebhookSubscriptionOwnersTable;
   webhook_deliveries: WebhookDeliveriesTable;
   webhook_attempts: WebhookAttemptsTable;
   system_settings: SystemSettingsTable;

@@ -105,6 +105,18 @@ export const eventCatalog = {
     description: 'A user was disconnected from the paywall.',
     data: { walletUserId: 'Tollgate user id', externalUserId: 'the developer’s user id' },
   },
+  'webhook.subscription.disabled': {
+    version: '1.0',
+    description:
+      'A subscription was disabled because every delivery attempt to its endpoint failed for `WEBHOOK_DISABLE_AFTER_HOURS`; re-enable it (`isActive: true`, or a spec change of its resource) once the endpoint works.',
+    data: {
+      subscriptionId: 'the subscription disabled',
+      url: 'its endpoint',
+      reason: 'why, in words',
+      failingSince: 'ISO time of the first failure after the last success',
+      consecutiveFailures: 'integer',
+    },
+  },
   'webhook.test': {
     version: '1.0',
     description:

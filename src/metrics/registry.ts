@@ -144,6 +144,18 @@ export class Metrics {
     help: 'Age of the oldest pending delivery (refreshed by the delivery worker).',
     registers: [this.registry],
   });
+  readonly subscriptionsDisabled = new Counter({
+    name: 'tollgate_webhook_subscriptions_disabled_total',
+    help: 'Subscriptions disabled because their endpoint failed continuously for WEBHOOK_DISABLE_AFTER_HOURS.',
+    labelNames: ['project'] as const,
+    registers: [this.registry],
+  });
+  readonly pruned = new Counter({
+    name: 'tollgate_retention_pruned_rows_total',
+    help: 'Rows deleted by retention, by kind (deliveries, events, idempotencyKeys, holds).',
+    labelNames: ['kind'] as const,
+    registers: [this.registry],
+  });
   readonly eventsFannedOut = new Counter({
     name: 'tollgate_events_fanned_out_total',
     help: 'Outbox events turned into deliveries.',
@@ -153,7 +165,7 @@ export class Metrics {
   // ---- operator ----
   readonly reconciles = new Counter({
     name: 'tollgate_operator_reconcile_total',
-    help: 'Reconciles of WebhookSubscription resources by result (success, error, requeue).',
+    help: 'Reconciles of WebhookSubscription resources by result (success, error, requeue, terminal).',
     labelNames: ['result'] as const,
     registers: [this.registry],
   });

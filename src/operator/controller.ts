@@ -1,11 +1,12 @@
 import type { V1Secret } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics/registry.ts';
-import { Informer, type InformerEvent } from './informer.ts';
-import { GROUP, type KubeClients, keyOf, kubeErrorMessage, PLURAL, VERSION } from './kube.ts';
 import { Reconciler, type SubscriptionStore, secretSourceOf } from './reconciler.ts';
+import { Informer, type InformerEvent } from './runtime/informer.ts';
+import { GROUP, type KubeClients, keyOf, kubeErrorMessage, PLURAL, VERSION } from './runtime/kube.ts';
+import { isTerminal } from './runtime/reconcile.ts';
+import { WorkQueue } from './runtime/workqueue.ts';
 import type { WebhookSubscription } from './status.ts';
-import { WorkQueue } from './workqueue.ts';
 
 export interface ControllerOptions {
   kube: KubeClients;
@@ -15,22 +16,26 @@ export interface ControllerOptions {
   /** Namespaces to watch; empty: all namespaces. */
   namespaces: string[];
   identity: string;
-  /** Every resource is reconciled again this often (delivery stats, drift). */
-  resyncMs: number;
+  /**
+   * A synced resource asks to be reconciled again after this long (its Result's requeueAfter): delivery
+   * stats mirrored into status, drift of the row put back. Undefined: only on changes and notices.
+   */
+  statusSyncMs?: number;
   workers?: number;
   baseBackoffMs?: number;
   maxBackoffMs?: number;
   /**
    * Subscribes to "the subscriptions of this paywall changed" notices (the bus); the resources of that
-   * paywall are reconciled at once instead of at the next resync. Returns the unsubscribe function.
+   * paywall are reconciled at once instead of at their next requeue. Returns the unsubscribe function.
    */
   watchRows?: (onPaywall: (paywallId: string) => void) => Promise<() => Promise<void>>;
 }
 
 /**
  * The WebhookSubscription controller: informers on the resources and on Secrets feed a keyed work queue,
- * workers drain it through the reconciler; failures come back with exponential backoff, and every key is
- * re-queued each resync period.
+ * workers drain it through the reconciler. What happens next is the reconcile's Result: a requeue-after
+ * (status mirroring), a retry with exponential backoff (a result asking for it, or an error), or nothing
+ * (a TerminalError, until the resource changes).
  */
 export class Controller {
   readonly #o: ControllerOptions;
@@ -39,7 +44,6 @@ export class Controller {
   readonly #secrets: Informer<V1Secret & { metadata: { name: string } }>[];
   readonly #reconciler: Reconciler;
   #workers: Promise<void>[] = [];
-  #resync: NodeJS.Timeout | undefined;
   #unwatchRows: (() => Promise<void>) | undefined;
   #running = false;
 
@@ -98,6 +102,7 @@ export class Controller {
       store: options.store,
       log,
       identity: options.identity,
+      ...(options.statusSyncMs !== undefined ? { statusSyncMs: options.statusSyncMs } : {}),
       getResource: (key) => this.#getResource(key),
       getSecret: (namespace, name) => {
         for (const informer of this.#secrets) {
@@ -113,7 +118,7 @@ export class Controller {
     return this.#queue;
   }
 
-  /** Starts the informers, waits for their first list, then the workers and the resync timer. */
+  /** Starts the informers, waits for their first list (every key is queued from it), then the workers. */
   async start(): Promise<void> {
     if (this.#running) return;
     this.#running = true;
@@ -122,13 +127,14 @@ export class Controller {
     if (!this.#running) return;
     const count = this.#o.workers ?? 2;
     for (let i = 0; i < count; i++) this.#workers.push(this.#work());
-    this.#resync = setInterval(() => this.#enqueueAll(), this.#o.resyncMs);
-    this.#resync.unref();
     if (this.#o.watchRows) {
       try {
         this.#unwatchRows = await this.#o.watchRows((paywallId) => this.#enqueuePaywall(paywallId));
       } catch (err) {
-        this.#o.log.warn({ err }, 'controller: no change notices from the database; relying on the resync');
+        this.#o.log.warn(
+          { err },
+          'controller: no change notices from the database; relying on the status sync',
+        );
       }
     }
     this.#o.log.info(
@@ -140,7 +146,6 @@ export class Controller {
   async stop(): Promise<void> {
     if (!this.#running) return;
     this.#running = false;
-    clearInterval(this.#resync);
     await this.#unwatchRows?.().catch(() => {});
     this.#unwatchRows = undefined;
     this.#queue.shutDown();
@@ -161,10 +166,6 @@ export class Controller {
     for (const informer of this.#resources)
       for (const resource of informer.list())
         if (resource.spec?.paywallId === paywallId) this.#queue.add(keyOf(resource));
-  }
-
-  #enqueueAll(): void {
-    for (const informer of this.#resources) for (const key of informer.keys()) this.#queue.add(key);
   }
 
   #onResource(event: InformerEvent, object: WebhookSubscription, old?: WebhookSubscription): void {
@@ -199,18 +200,25 @@ export class Controller {
       let result: string;
       try {
         const outcome = await this.#reconciler.reconcile(key);
-        if (outcome.retry) {
+        if (outcome.requeue) {
           const delay = this.#queue.addRateLimited(key);
           this.#o.log.info(`${key}: ${outcome.outcome}; retrying in ${delay} ms`);
-          result = 'requeue';
+          result = outcome.outcome === 'error' ? 'error' : 'requeue';
         } else {
           this.#queue.forget(key);
+          if (outcome.requeueAfterMs !== undefined) this.#queue.addAfter(key, outcome.requeueAfterMs);
           result = 'success';
         }
       } catch (err) {
-        const delay = this.#queue.addRateLimited(key);
-        this.#o.log.warn(`${key}: reconcile failed (${kubeErrorMessage(err)}); retrying in ${delay} ms`);
-        result = 'error';
+        if (isTerminal(err)) {
+          this.#queue.forget(key);
+          this.#o.log.info(`${key}: not retried until the resource changes: ${err.message}`);
+          result = 'terminal';
+        } else {
+          const delay = this.#queue.addRateLimited(key);
+          this.#o.log.warn(`${key}: reconcile failed (${kubeErrorMessage(err)}); retrying in ${delay} ms`);
+          result = 'error';
+        }
       } finally {
         this.#queue.done(key);
       }

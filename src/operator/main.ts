@@ -10,12 +10,13 @@ import {
   findSubscriptionByManager,
   setSubscriptionActive,
   updateSubscription,
+  validateSubscriptionInput,
 } from '../webhooks/subscriptions.ts';
-import { startDeliveryWorker } from '../webhooks/worker.ts';
+import { type DeliveryWorker, startDeliveryWorker } from '../webhooks/worker/index.ts';
 import { Controller } from './controller.ts';
-import { type KubeClients, loadKubeConfig, makeClients } from './kube.ts';
-import { LeaderElector } from './leader-election.ts';
 import type { SubscriptionStore } from './reconciler.ts';
+import { type KubeClients, loadKubeConfig, makeClients } from './runtime/kube.ts';
+import { LeaderElector } from './runtime/leader-election.ts';
 import { startHealthServer } from './server.ts';
 
 const SERVICE_ACCOUNT_NAMESPACE = '/var/run/secrets/kubernetes.io/serviceaccount/namespace';
@@ -28,11 +29,8 @@ export function subscriptionStore(ctx: AppContext): SubscriptionStore {
       (await createSubscription(ctx, projectId, input, opts)).subscription,
     update: (projectId, id, input, opts) => updateSubscription(ctx, projectId, id, input, opts),
     setActive: (projectId, id, active, opts) => setSubscriptionActive(ctx, projectId, id, active, opts),
+    validate: (input) => validateSubscriptionInput(ctx, input),
   };
-}
-
-export interface DeliveryWorker {
-  stop(graceMs?: number): Promise<void>;
 }
 
 export interface OperatorOptions {
@@ -110,7 +108,7 @@ export function startOperator(ctx: AppContext, options: OperatorOptions): Runnin
           metrics: ctx.metrics,
           namespaces: options.namespaces,
           identity,
-          resyncMs: config.OPERATOR_STATUS_SYNC_SECONDS * 1000,
+          statusSyncMs: config.OPERATOR_STATUS_SYNC_SECONDS * 1000,
           watchRows: (onPaywall) => ctx.bus.subscribe(subscriptionsChangedChannel, onPaywall),
         });
         const starting = controller;

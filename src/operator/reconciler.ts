@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { CoreV1Event, V1Secret } from '@kubernetes/client-node';
+import { ApiException, type CoreV1Event, type V1Secret } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { ApiError } from '../core/errors.ts';
 import { DESCRIPTION_MAX, MAX_CUSTOM_HEADERS, type SubscriptionView } from '../webhooks/subscriptions.ts';
@@ -17,7 +17,8 @@ import {
   splitKey,
   statusOf,
   VERSION,
-} from './kube.ts';
+} from './runtime/kube.ts';
+import { type Result, TerminalError } from './runtime/reconcile.ts';
 import {
   type Condition,
   type ReadyReason,
@@ -46,6 +47,7 @@ export type SubscriptionRow = Pick<
   | 'consecutiveFailures'
   | 'lastDeliveredAt'
   | 'managedBy'
+  | 'disabledReason'
 >;
 
 export interface DesiredInput {
@@ -74,6 +76,8 @@ export interface SubscriptionStore {
     active: boolean,
     opts: { managedBy: string },
   ): Promise<SubscriptionRow>;
+  /** Refuses (with the service's 400) what create or update would refuse, writing nothing. */
+  validate(input: DesiredInput): Promise<void>;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -148,6 +152,24 @@ export function secretSourceOf(resource: WebhookSubscription): {
   return { name: generatedSecretName(resource.metadata.name), key: GENERATED_SECRET_KEY, generated: true };
 }
 
+/**
+ * Whether the row stays disabled by endpoint health: it was, the spec wants it active, and the spec has
+ * not changed since the operator last looked (a spec change re-enables it, as an API update does).
+ */
+export function disabledByHealth(
+  row: SubscriptionRow,
+  active: boolean,
+  resource: WebhookSubscription,
+): boolean {
+  return (
+    !row.isActive &&
+    active &&
+    row.disabledReason !== null &&
+    row.disabledReason !== undefined &&
+    resource.status?.observedGeneration === resource.metadata.generation
+  );
+}
+
 /** The fields of the row that differ from the spec (empty: nothing to write). */
 export function rowDrift(desired: DesiredInput, active: boolean, row: SubscriptionRow): string[] {
   const drift: string[] = [];
@@ -178,7 +200,14 @@ export function secretNeedsPush(
   return status?.observedSecret !== observedSecret || !secret.endsWith(row.secretSuffix);
 }
 
+const isKubeError = (err: unknown) => statusOf(err) !== undefined || err instanceof ApiException;
+
 export type Failure = { reason: ReadyReason; message: string; retry: boolean };
+
+/** A Kubernetes API call failed during the reconcile (a 403, a 500, a conflict): retried with backoff. */
+export function kubeFailure(err: unknown): Failure {
+  return { reason: 'ReconcileError', message: `Kubernetes API: ${kubeErrorMessage(err)}`, retry: true };
+}
 
 const DB_ERROR_CODES = new Set([
   'ECONNREFUSED',
@@ -218,11 +247,9 @@ export function classifyServiceError(err: unknown): Failure {
 // ---------------------------------------------------------------------------------------------------
 // The effectful reconcile.
 
-export interface ReconcileResult {
-  /** Retry with the queue's exponential backoff. */
-  retry?: boolean;
+export interface ReconcileResult extends Result {
   /** What happened, for logs and metrics. */
-  outcome: 'synced' | 'finalized' | 'gone' | 'invalid' | 'failed';
+  outcome: 'synced' | 'finalized' | 'gone' | 'failed' | 'error';
 }
 
 export interface ReconcilerDeps {
@@ -235,6 +262,11 @@ export interface ReconcilerDeps {
   getSecret?(namespace: string, name: string): V1Secret | undefined;
   /** Reporting instance in Events (the pod name). */
   identity: string;
+  /**
+   * A synced resource is reconciled again after this long, so that its status mirrors the row's delivery
+   * stats and drift of the row is put back (undefined: only on changes).
+   */
+  statusSyncMs?: number;
   now?: () => Date;
 }
 
@@ -276,18 +308,49 @@ export class Reconciler {
     return this.#d.now?.() ?? new Date();
   }
 
-  /** Level-triggered and idempotent: makes the row, the Secret and the status agree with the resource. */
+  /**
+   * Level-triggered and idempotent: makes the row, the Secret and the status agree with the resource.
+   * Resolves with what to do next (see Result); throws a TerminalError for a spec that no retry can fix
+   * (its status says why). A failed Kubernetes API call shows as Ready=False/ReconcileError with a
+   * Warning Event, and is retried.
+   */
   async reconcile(key: string): Promise<ReconcileResult> {
     const { namespace, name } = splitKey(key);
     const managedBy = managedByOf(namespace, name);
     let resource = this.#current(key);
     if (!resource) return this.#orphan(managedBy);
-    if (resource.metadata.deletionTimestamp) return this.#finalize(resource, managedBy);
-    if (!resource.metadata.finalizers?.includes(FINALIZER)) resource = await this.#addFinalizer(resource);
+    try {
+      if (resource.metadata.deletionTimestamp) return await this.#finalize(resource, managedBy);
+      return await this.#sync(resource, namespace, name, managedBy, (next) => {
+        resource = next;
+      });
+    } catch (err) {
+      if (err instanceof TerminalError || !isKubeError(err)) throw err;
+      return this.#fail(resource, kubeFailure(err));
+    }
+  }
 
+  async #sync(
+    resource: WebhookSubscription,
+    namespace: string,
+    name: string,
+    managedBy: string,
+    seen: (resource: WebhookSubscription) => void,
+  ): Promise<ReconcileResult> {
+    if (!resource.metadata.finalizers?.includes(FINALIZER)) {
+      resource = await this.#addFinalizer(resource);
+      seen(resource);
+    }
+
+    // Validate everything before creating anything (the generated Secret included).
     const check = checkSpec(resource.spec);
     if (!check.ok)
       return this.#fail(resource, { reason: 'InvalidSpec', message: check.message, retry: false });
+    try {
+      await this.#d.store.validate(check.input);
+    } catch (err) {
+      return this.#fail(resource, classifyServiceError(err));
+    }
 
     let row: SubscriptionRow | undefined;
     try {
@@ -316,6 +379,9 @@ export class Reconciler {
         );
         events.push(['Created', `Created webhook subscription ${row.id} in ${row.paywallId}`]);
         if (!check.active) row = await this.#d.store.setActive(row.paywallId, row.id, false, { managedBy });
+      } else if (disabledByHealth(row, check.active, resource)) {
+        // Endpoint health disabled it and the spec has not changed since: leave it disabled, say so.
+        return this.#endpointDisabled(resource, row, secret.observed);
       } else {
         const drift = rowDrift(check.input, check.active, row);
         const pushSecret = secretNeedsPush(resource.status, secret.observed, secret.value, row);
@@ -355,7 +421,33 @@ export class Reconciler {
           : `Subscription ${row.id} is inactive (spec.active is false)`,
       },
     });
-    return { outcome: 'synced' };
+    return {
+      outcome: 'synced',
+      ...(this.#d.statusSyncMs !== undefined ? { requeueAfterMs: this.#d.statusSyncMs } : {}),
+    };
+  }
+
+  async #endpointDisabled(
+    resource: WebhookSubscription,
+    row: SubscriptionRow,
+    observedSecret: string,
+  ): Promise<ReconcileResult> {
+    const message = `Subscription ${row.id} was disabled: ${row.disabledReason}. Change the spec (or set spec.active to false and back) to enable it again`;
+    const previous = readyCondition(resource);
+    if (previous?.reason !== 'EndpointDisabled')
+      await this.#event(resource, 'Warning', 'EndpointDisabled', message);
+    await this.#writeStatus(resource, {
+      subscriptionId: row.id,
+      secretSuffix: row.secretSuffix,
+      observedSecret,
+      consecutiveFailures: row.consecutiveFailures,
+      lastDeliveredAt: row.lastDeliveredAt,
+      ready: { status: 'False', reason: 'EndpointDisabled', message },
+    });
+    return {
+      outcome: 'synced',
+      ...(this.#d.statusSyncMs !== undefined ? { requeueAfterMs: this.#d.statusSyncMs } : {}),
+    };
   }
 
   /** The resource is gone without passing the finalizer (removed by hand): its row must not stay active. */
@@ -382,7 +474,7 @@ export class Reconciler {
       this.#d.log.warn(
         `${managedBy} is being deleted but its row could not be deactivated: ${failure.message}`,
       );
-      return { outcome: 'failed', retry: true };
+      return { outcome: 'failed', requeue: true };
     }
     const finalizers = resource.metadata.finalizers.filter((f) => f !== FINALIZER);
     await this.#patchMeta(resource, { finalizers });
@@ -479,21 +571,27 @@ export class Reconciler {
     }
   }
 
+  /**
+   * Reports a failure on the resource: Ready=False with the reason, and a Warning Event when the reason or
+   * message is new. A status write that fails in turn (the API server refusing it too) is logged; the
+   * retry comes from the result. A failure that no retry fixes ends in a TerminalError.
+   */
   async #fail(resource: WebhookSubscription, failure: Failure): Promise<ReconcileResult> {
     const previous = readyCondition(resource);
     const changed = previous?.reason !== failure.reason || previous?.message !== failure.message;
-    this.#d.log.warn(
-      `${KIND} ${resource.metadata.namespace}/${resource.metadata.name}: ${failure.reason}: ${failure.message}`,
-    );
+    const what = `${KIND} ${resource.metadata.namespace}/${resource.metadata.name}`;
+    this.#d.log.warn(`${what}: ${failure.reason}: ${failure.message}`);
     if (changed) await this.#event(resource, 'Warning', failure.reason, failure.message);
     try {
       await this.#writeStatus(resource, {
         ready: { status: 'False', reason: failure.reason, message: failure.message },
       });
     } catch (err) {
-      if (!isNotFound(err)) throw err;
+      if (!isNotFound(err))
+        this.#d.log.warn(`${what}: could not write status ${failure.reason}: ${kubeErrorMessage(err)}`);
     }
-    return { outcome: failure.reason === 'InvalidSpec' ? 'invalid' : 'failed', retry: failure.retry };
+    if (!failure.retry) throw new TerminalError(`${failure.reason}: ${failure.message}`);
+    return { outcome: failure.reason === 'ReconcileError' ? 'error' : 'failed', requeue: true };
   }
 
   async #writeStatus(

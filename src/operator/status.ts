@@ -1,4 +1,4 @@
-import type { KubeObject } from './kube.ts';
+import type { KubeObject } from './runtime/kube.ts';
 
 /** `spec` of a WebhookSubscription as the API server stores it. */
 export interface WebhookSubscriptionSpec {
@@ -42,7 +42,8 @@ export type ReadyReason =
   | 'SecretNotFound'
   | 'DatabaseUnavailable'
   | 'PaywallNotFound'
-  | 'ReconcileError';
+  | 'ReconcileError'
+  | 'EndpointDisabled';
 
 /**
  * Sets a condition the Kubernetes way: lastTransitionTime moves only when the status flips; reason,

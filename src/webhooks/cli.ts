@@ -2,7 +2,7 @@ import { type AppContext, createContext } from '../app/context.ts';
 import type { Output } from '../cli/output.ts';
 import type { Config } from '../config/index.ts';
 import { projectOfSubscription, setSubscriptionActive } from './subscriptions.ts';
-import { startDeliveryWorker } from './worker.ts';
+import { startDeliveryWorker } from './worker/index.ts';
 
 /** `tollgate webhooks enable|disable ID`: the re-enable operation the REST surface does not expose. */
 export async function webhooksCommand(

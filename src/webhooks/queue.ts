@@ -9,6 +9,11 @@ import type { EventEnvelope } from '../events/outbox.ts';
  * workers never claim the same attempt, and a claim whose worker died simply falls due again when the
  * lease runs out. A result is written only while the row still carries the claim id (a fence): a worker
  * whose lease ran out cannot overwrite the next claimant's result.
+ *
+ * Each subscription has one owning worker at a time (`webhook_subscription_owners`): a worker claims
+ * deliveries only of the subscriptions it owns, or whose ownership ran out (then it takes it over), and
+ * renews ownership while it holds deliveries of them. So the per-subscription concurrency limit each
+ * worker keeps is a limit across all workers: a receiver never sees more requests at once than it.
  */
 
 export interface ClaimedDelivery {
@@ -37,6 +42,10 @@ export interface ClaimOptions {
   limit: number;
   leaseMs: number;
   perSubscription: number;
+  /** The claiming worker: it takes ownership of the subscriptions it claims for. */
+  owner: string;
+  /** How long ownership lasts unless renewed. */
+  ownerLeaseMs: number;
   /** Subscriptions this worker already has at its per-subscription bound. */
   excludeSubscriptions?: string[];
 }
@@ -86,17 +95,35 @@ export async function claimDue(
   const claimId = newClaimId();
   const exclude = JSON.stringify(options.excludeSubscriptions ?? []);
   const scan = Math.max(options.limit * 4, 100);
+  // Ownership rows are locked in id order with SKIP LOCKED before they are updated: a claim never waits
+  // for another worker's claim or result write, so none can deadlock against it.
   const { rows } = await sql<Omit<ClaimedDelivery, 'envelope'>>`
-    WITH ranked AS MATERIALIZED (
+    WITH due AS MATERIALIZED (
+      SELECT d.id, d.subscription_id, d.next_attempt_at FROM webhook_deliveries d
+      WHERE d.status = 'pending' AND d.next_attempt_at <= now() AND d.attempts < d.attempt_limit
+        AND d.subscription_id NOT IN (SELECT jsonb_array_elements_text(${exclude}::jsonb))
+        AND NOT EXISTS (
+          SELECT 1 FROM webhook_subscription_owners o
+          WHERE o.subscription_id = d.subscription_id AND o.owner <> ${options.owner} AND o.expires_at > now())
+      ORDER BY d.next_attempt_at
+      LIMIT ${scan}
+    ),
+    owned AS MATERIALIZED (
+      SELECT o.subscription_id FROM webhook_subscription_owners o
+      WHERE o.subscription_id IN (SELECT subscription_id FROM due)
+        AND (o.owner = ${options.owner} OR o.owner IS NULL OR o.expires_at <= now())
+      ORDER BY o.subscription_id
+      FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    taken AS (
+      UPDATE webhook_subscription_owners o
+      SET owner = ${options.owner}, expires_at = now() + ${options.ownerLeaseMs}::float8 * interval '1 millisecond'
+      WHERE o.subscription_id IN (SELECT subscription_id FROM owned)
+    ),
+    ranked AS MATERIALIZED (
       SELECT id FROM (
         SELECT id, row_number() OVER (PARTITION BY subscription_id ORDER BY next_attempt_at, id) AS rn
-        FROM (
-          SELECT id, subscription_id, next_attempt_at FROM webhook_deliveries
-          WHERE status = 'pending' AND next_attempt_at <= now() AND attempts < attempt_limit
-            AND subscription_id NOT IN (SELECT jsonb_array_elements_text(${exclude}::jsonb))
-          ORDER BY next_attempt_at
-          LIMIT ${scan}
-        ) due
+        FROM due WHERE subscription_id IN (SELECT subscription_id FROM owned)
       ) numbered
       WHERE rn <= ${options.perSubscription}
     ),
@@ -154,7 +181,7 @@ export interface RecordItem {
  * Records the results of attempts under their claims, many in one statement: each delivery's state
  * and its attempt's row together, only where the row still carries the claim id and attempt number
  * (a fence). Returns the ids recorded; a missing id lost its claim (the next claimant owns the attempt).
- * Then the subscriptions' health (consecutive failures, last delivery) follows in one more statement,
+ * Then the subscriptions' health (consecutive failures, last delivery, failing since) follows in one more statement,
  * in the same transaction.
  */
 export async function recordResults(db: Kysely<DB>, items: RecordItem[]): Promise<Set<string>> {
@@ -228,13 +255,18 @@ export async function recordResults(db: Kysely<DB>, items: RecordItem[]): Promis
       locked AS MATERIALIZED (
         SELECT s.id FROM webhook_subscriptions s JOIN y ON y.id = s.id
         WHERE NOT y.reset OR y.fails > 0 OR s.consecutive_failures <> 0 OR s.last_delivered_at IS NULL
-          OR s.last_delivered_at < now() - interval '1 second'
+          OR s.failing_since IS NOT NULL OR s.last_delivered_at < now() - interval '1 second'
         ORDER BY s.id
         FOR UPDATE OF s
       )
       UPDATE webhook_subscriptions s
       SET consecutive_failures = CASE WHEN y.reset THEN y.fails ELSE s.consecutive_failures + y.fails END,
-          last_delivered_at = CASE WHEN y.reset THEN now() ELSE s.last_delivered_at END
+          last_delivered_at = CASE WHEN y.reset THEN now() ELSE s.last_delivered_at END,
+          -- Endpoint health: failing since the first failure after the last success.
+          failing_since = CASE
+            WHEN y.reset AND y.fails = 0 THEN NULL
+            WHEN y.reset THEN now()
+            ELSE coalesce(s.failing_since, now()) END
       FROM y
       WHERE s.id = y.id AND s.id IN (SELECT id FROM locked)`.execute(db);
   }
@@ -261,6 +293,39 @@ export async function releaseClaim(
     WHERE id = ${delivery.id} AND claim_id = ${delivery.claim_id} AND attempts = ${delivery.attempts}`.execute(
     db,
   );
+}
+
+/** Extends this worker's ownership of the subscriptions it still holds deliveries of. */
+export async function renewOwnership(
+  db: Kysely<DB>,
+  owner: string,
+  subscriptionIds: string[],
+  ownerLeaseMs: number,
+): Promise<void> {
+  if (subscriptionIds.length === 0) return;
+  await sql`
+    WITH mine AS MATERIALIZED (
+      SELECT subscription_id FROM webhook_subscription_owners
+      WHERE owner = ${owner}
+        AND subscription_id = ANY (ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(subscriptionIds)}::jsonb)))
+      ORDER BY subscription_id
+      FOR NO KEY UPDATE SKIP LOCKED
+    )
+    UPDATE webhook_subscription_owners o
+    SET expires_at = now() + ${ownerLeaseMs}::float8 * interval '1 millisecond'
+    WHERE o.subscription_id IN (SELECT subscription_id FROM mine)`.execute(db);
+}
+
+/** Gives up this worker's ownerships (a worker stopping): another worker may take them at once. */
+export async function releaseOwnership(db: Kysely<DB>, owner: string): Promise<void> {
+  await sql`
+    WITH mine AS MATERIALIZED (
+      SELECT subscription_id FROM webhook_subscription_owners WHERE owner = ${owner}
+      ORDER BY subscription_id
+      FOR NO KEY UPDATE
+    )
+    UPDATE webhook_subscription_owners o SET owner = NULL, expires_at = '-infinity'
+    WHERE o.subscription_id IN (SELECT subscription_id FROM mine)`.execute(db);
 }
 
 /**

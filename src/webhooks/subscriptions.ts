@@ -139,6 +139,9 @@ export interface SubscriptionView {
   consecutiveFailures: number;
   lastDeliveredAt: string | null;
   managedBy: string | null;
+  /** Set when endpoint health disabled the subscription (failing for WEBHOOK_DISABLE_AFTER_HOURS). */
+  disabledReason: string | null;
+  disabledAt: string | null;
 }
 
 type Row = {
@@ -165,8 +168,18 @@ export function toView(row: Row): SubscriptionView {
     consecutiveFailures: row.consecutive_failures as number,
     lastDeliveredAt: row.last_delivered_at ? iso(row.last_delivered_at as Date) : null,
     managedBy: row.managed_by,
+    disabledReason: row.disabled_reason ?? null,
+    disabledAt: row.disabled_at ? iso(row.disabled_at as Date) : null,
   };
 }
+
+/** Column values that put a subscription's endpoint health back to new: re-enabling clears the reason. */
+const healthReset = {
+  consecutive_failures: 0,
+  failing_since: null,
+  disabled_at: null,
+  disabled_reason: null,
+} as const;
 
 export function generateSecret(): string {
   return `whsec_${randomBytes(32).toString('base64url')}`;
@@ -216,6 +229,15 @@ function assertManager(row: { managed_by: string | null }, managedBy: string | u
       'not_managed_by_resource',
     );
   }
+}
+
+/**
+ * Refuses what createSubscription would refuse (shape, scheme, destination, headers) without writing
+ * anything: the operator checks a spec before it generates a Secret for it.
+ */
+export async function validateSubscriptionInput(ctx: AppContext, input: SubscriptionInput): Promise<void> {
+  const parsed = parseInput(subscriptionInputSchema, input);
+  await checkUrl(ctx, parsed.url);
 }
 
 export async function createSubscription(
@@ -296,7 +318,7 @@ export async function updateSubscription(
         ? { secret_sealed: ctx.sealer.seal(parsed.secret), secret_suffix: suffixOf(parsed.secret) }
         : {}),
       ...(parsed.isActive !== undefined ? { is_active: parsed.isActive } : {}),
-      ...(parsed.isActive === true && !current.is_active ? { consecutive_failures: 0 } : {}),
+      ...(parsed.isActive === true && !current.is_active ? healthReset : {}),
       updated_at: sql`now()`,
     })
     .where('id', '=', id)
@@ -321,7 +343,7 @@ export async function setSubscriptionActive(
     .updateTable('webhook_subscriptions')
     .set({
       is_active: active,
-      ...(active ? { consecutive_failures: 0 } : {}),
+      ...(active ? healthReset : { disabled_at: null, disabled_reason: null }),
       updated_at: sql`now()`,
     })
     .where('id', '=', id)

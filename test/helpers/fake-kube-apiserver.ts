@@ -4,8 +4,11 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import {
   ApiextensionsV1Api,
   CoreV1Api,
+  CustomObjectsApi,
   KubeConfig,
   loadYaml,
+  PatchStrategy,
+  setHeaderOptions,
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
 import { parse as parseYaml } from 'yaml';
@@ -994,9 +997,34 @@ export async function kubeTarget(name: string): Promise<KubeTarget> {
     namespace,
     until: (check, what, timeoutMs = 30_000) => untilPolled(check, what, timeoutMs),
     close: async () => {
+      await releaseFinalizers(kubeConfig, namespace);
       await core.deleteNamespace({ name: namespace }).catch(() => {});
     },
   };
+}
+
+/**
+ * Takes the operator's finalizer off every WebhookSubscription left in the namespace. The operator under
+ * test may have stopped before the resource was deleted: without this the namespace stays Terminating.
+ */
+export async function releaseFinalizers(kubeConfig: KubeConfig, namespace: string): Promise<void> {
+  const custom = kubeConfig.makeApiClient(CustomObjectsApi);
+  const ref = { group: 'tollgate.dev', version: 'v1alpha1', namespace, plural: 'webhooksubscriptions' };
+  const list = (await custom.listNamespacedCustomObject(ref).catch(() => ({ items: [] }))) as {
+    items: Array<{ metadata: { name: string; finalizers?: string[] } }>;
+  };
+  await Promise.all(
+    list.items
+      .filter((o) => o.metadata.finalizers?.length)
+      .map((o) =>
+        custom
+          .patchNamespacedCustomObject(
+            { ...ref, name: o.metadata.name, body: { metadata: { finalizers: null } } },
+            setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+          )
+          .catch(() => {}),
+      ),
+  );
 }
 
 async function installCrd(kubeConfig: KubeConfig): Promise<void> {

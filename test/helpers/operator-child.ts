@@ -7,8 +7,8 @@
  */
 import { createContext } from '../../src/app/context.ts';
 import { loadConfig } from '../../src/config/index.ts';
-import { kubeConfigForServer, loadKubeConfig, makeClients } from '../../src/operator/kube.ts';
 import { startOperator } from '../../src/operator/main.ts';
+import { kubeConfigForServer, loadKubeConfig, makeClients } from '../../src/operator/runtime/kube.ts';
 
 const id = process.env.TEST_ID;
 if (!id) throw new Error('TEST_ID is required');

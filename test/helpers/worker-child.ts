@@ -4,7 +4,7 @@
  */
 import { createContext } from '../../src/app/context.ts';
 import { loadConfig } from '../../src/config/index.ts';
-import { startDeliveryWorker } from '../../src/webhooks/worker.ts';
+import { startDeliveryWorker } from '../../src/webhooks/worker/index.ts';
 
 const config = loadConfig(process.env);
 const ctx = await createContext(config, {

@@ -6,6 +6,7 @@ import * as webhooks from './0004_webhooks.ts';
 import * as runtimeChecks from './0005_runtime_checks.ts';
 import * as openaiCompat from './0006_openai_compat.ts';
 import * as metering from './0007_metering.ts';
+import * as webhooksProduction from './0008_webhooks_production.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -19,4 +20,5 @@ export const migrations: Record<string, Migration> = {
   '0005_runtime_checks': runtimeChecks,
   '0006_openai_compat': openaiCompat,
   '0007_metering': metering,
+  '0008_webhooks_production': webhooksProduction,
 };

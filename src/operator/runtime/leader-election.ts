@@ -2,6 +2,9 @@ import { type CoordinationV1Api, type V1Lease, V1MicroTime } from '@kubernetes/c
 import type { Logger } from 'pino';
 import { FIELD_MANAGER, isConflict, isNotFound, kubeErrorMessage } from './kube.ts';
 
+/** Replaces refused with 409 retried (after a fresh read) within one acquire/renew round. */
+const CONFLICT_RETRIES = 3;
+
 export interface LeaderElectionOptions {
   api: CoordinationV1Api;
   name: string;
@@ -123,7 +126,20 @@ export class LeaderElector {
     this.#observed = record;
   }
 
+  /**
+   * One round: read, then create or replace conditionally. A replace refused with 409 (the record
+   * changed between our read and our write: another writer, or a write of ours the read had not seen)
+   * is not a verdict on who leads: read again and retry, a bounded number of times in this round.
+   */
   async #tryAcquireOrRenew(): Promise<boolean> {
+    for (let attempt = 1; ; attempt++) {
+      const outcome = await this.#tryOnce();
+      if (outcome !== 'conflict') return outcome;
+      if (attempt >= CONFLICT_RETRIES || this.#stopped) return false;
+    }
+  }
+
+  async #tryOnce(): Promise<boolean | 'conflict'> {
     const { api, name, namespace, identity } = this.#o;
     const now = new V1MicroTime(this.#now());
     const durationSeconds = Math.max(1, Math.round(this.#o.leaseDurationMs / 1000));
@@ -185,7 +201,7 @@ export class LeaderElector {
       this.#observe(updated);
       return true;
     } catch (err) {
-      if (isConflict(err)) return false;
+      if (isConflict(err)) return 'conflict';
       throw err;
     }
   }
@@ -204,32 +220,42 @@ export class LeaderElector {
   }
 
   async #release(): Promise<void> {
-    const { api, name, namespace, identity } = this.#o;
-    try {
-      const lease = await api.readNamespacedLease({ name, namespace });
-      if (lease.spec?.holderIdentity !== identity) return;
-      const now = new V1MicroTime(this.#now());
-      await api.replaceNamespacedLease({
-        name,
-        namespace,
-        fieldManager: FIELD_MANAGER,
-        body: {
-          ...lease,
-          spec: {
-            ...lease.spec,
-            holderIdentity: '',
-            leaseDurationSeconds: 1,
-            renewTime: now,
-            acquireTime: now,
-          },
-        },
-      });
-      this.#o.log.info(`leader election: ${identity} released lease ${namespace}/${name}`);
-    } catch (err) {
-      this.#o.log.warn(
-        `leader election: could not release lease ${namespace}/${name}: ${kubeErrorMessage(err)}`,
-      );
+    const { name, namespace } = this.#o;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.#releaseOnce();
+        return;
+      } catch (err) {
+        if (isConflict(err) && attempt < CONFLICT_RETRIES) continue;
+        this.#o.log.warn(
+          `leader election: could not release lease ${namespace}/${name}: ${kubeErrorMessage(err)}`,
+        );
+        return;
+      }
     }
+  }
+
+  async #releaseOnce(): Promise<void> {
+    const { api, name, namespace, identity } = this.#o;
+    const lease = await api.readNamespacedLease({ name, namespace });
+    if (lease.spec?.holderIdentity !== identity) return;
+    const now = new V1MicroTime(this.#now());
+    await api.replaceNamespacedLease({
+      name,
+      namespace,
+      fieldManager: FIELD_MANAGER,
+      body: {
+        ...lease,
+        spec: {
+          ...lease.spec,
+          holderIdentity: '',
+          leaseDurationSeconds: 1,
+          renewTime: now,
+          acquireTime: now,
+        },
+      },
+    });
+    this.#o.log.info(`leader election: ${identity} released lease ${namespace}/${name}`);
   }
 }
 
