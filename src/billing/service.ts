@@ -309,17 +309,14 @@ export class BillingService {
       queue = new GroupCommit(
         async (items) => {
           const done = this.#batchStarted('hold', items.length);
-          const rows = await this.#database.run<HoldRow>(
-            placeHolds,
-            [
-              projectId,
-              items.map((i) => i.externalId),
-              items.map((i) => i.amount),
-              items.map((i) => i.holdId),
-              items.map((i) => i.purpose),
-              this.#holdTtlSeconds,
-            ],
-          );
+          const rows = await this.#database.run<HoldRow>(placeHolds, [
+            projectId,
+            items.map((i) => i.externalId),
+            items.map((i) => i.amount),
+            items.map((i) => i.holdId),
+            items.map((i) => i.purpose),
+            this.#holdTtlSeconds,
+          ]);
           done();
           const byId = new Map(rows.map((r) => [r.hold_id, r]));
           return items.map((i) => byId.get(i.holdId));
