@@ -8,9 +8,11 @@ import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount } from '../core/money.ts';
 import type { EventType } from '../events/catalog.ts';
+import { type LimitRequest, Limits, rateLimitHeaders, spendCapMessage } from '../limits/index.ts';
 import { endpointsOf } from '../models/pricing.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { ECHO_UPSTREAM } from '../projects/service.ts';
+import { Router, routingReported } from '../routing/router.ts';
 import { EchoProvider } from '../upstream/echo.ts';
 import { createUpstreamAgent, OpenAICompatibleProvider } from '../upstream/openai-compatible.ts';
 import { isAbort, type Provider, type SseMessage, UpstreamError } from '../upstream/types.ts';
@@ -51,6 +53,9 @@ export class MeteredFlow {
   readonly #echo = new EchoProvider();
   readonly #providers = new WeakMap<object, Provider>();
   readonly #pending = new Set<Promise<unknown>>();
+  /** Routing with fallback (src/routing) and rate limits / spend caps (src/limits). */
+  readonly #router: Router;
+  readonly #limits: Limits;
   #closed: Promise<void> | undefined;
 
   constructor(ctx: AppContext) {
@@ -59,6 +64,8 @@ export class MeteredFlow {
       connectMs: ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS,
       responseMs: ctx.config.UPSTREAM_RESPONSE_TIMEOUT_MS,
     });
+    this.#router = new Router(ctx, this.#agent);
+    this.#limits = new Limits(ctx);
   }
 
   /** Resolves when every settle, release and event write started so far has finished. */
@@ -69,7 +76,7 @@ export class MeteredFlow {
   close(): Promise<void> {
     this.#closed ??= (async () => {
       await this.idle();
-      await this.#agent.close();
+      await Promise.all([this.#agent.close(), this.#router.close(), this.#limits.close()]);
     })();
     return this.#closed;
   }
@@ -94,7 +101,7 @@ export class MeteredFlow {
     }
     const externalId = resolveEndUser(body, request.headers[END_USER_HEADER]);
     const upstream = project.upstream;
-    if (!upstream) {
+    if (!upstream && !model.routes?.length) {
       throw new ApiError(
         503,
         'service_unavailable',
@@ -137,6 +144,11 @@ export class MeteredFlow {
     } else if (pricing.mode === 'per_request') {
       amount = formatAmount(pricing.perRequest);
     }
+    // ---- limits (src/limits): rate limits and spend caps, checked before any money moves ----
+    if (this.#limits.applies(project)) {
+      const limited = await this.#checkLimits(x, request, reply, amount);
+      if (limited) return limited;
+    }
     const admission = await admit(ctx, {
       project,
       model,
@@ -146,7 +158,10 @@ export class MeteredFlow {
       purpose: api.name,
       trigger: x.trigger,
     });
-    if (!admission.ok) return this.#refuse(x, admission, reply);
+    if (!admission.ok) {
+      this.#limits.charged(x, '0'); // limits: a refused request spends nothing
+      return this.#refuse(x, admission, reply);
+    }
     x.userId = admission.userId;
     x.hold = admission.hold;
     x.startedEvent = this.#event(x, 'proxy.request.started', {
@@ -159,7 +174,10 @@ export class MeteredFlow {
 
     // ---- forward ----
     const upstreamBody = api.upstreamBody(body, model, x.bound);
-    const provider = this.#provider(upstream);
+    // routing (src/routing): the model's routes, with fallback, behind one Provider
+    const provider = this.#router.provider(project, model, (type, data) => {
+      this.#event(x, type, { requestId: x.requestId, ...data });
+    });
     reply.header('x-tollgate-request-id', x.requestId);
     if (stream) return this.#stream(x, provider, upstreamBody, reply);
     return this.#complete(x, provider, upstreamBody, reply);
@@ -249,13 +267,17 @@ export class MeteredFlow {
       throw this.#failed(x, err);
     }
     const reader = x.api.streamReader!(x);
-    const sink = new SseSink(reply, { 'x-tollgate-request-id': x.requestId }, () => {
-      this.#ctx.metrics.timeToFirstToken.observe(
-        { project: x.project.id, model: x.model.id },
-        (performance.now() - x.started) / 1000,
-      );
-      this.#observe(x, performance.now() - upstreamStarted, true);
-    });
+    const sink = new SseSink(
+      reply,
+      { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId },
+      () => {
+        this.#ctx.metrics.timeToFirstToken.observe(
+          { project: x.project.id, model: x.model.id },
+          (performance.now() - x.started) / 1000,
+        );
+        this.#observe(x, performance.now() - upstreamStarted, true);
+      },
+    );
     const limit = x.bound === undefined || !reader.canCut ? undefined : x.bound * x.choices;
     let produced = 0;
     let forwarded = 0;
@@ -309,6 +331,78 @@ export class MeteredFlow {
       charge: true,
     });
     return reply;
+  }
+
+  /**
+   * Rate limits (429 in OpenAI's shape) and spend caps (an assistant message, like the paywall's) of a
+   * request, before its hold; the rate limit headers go on every answer. Undefined: go on.
+   */
+  async #checkLimits<B extends MeteredBody>(
+    x: Exchange<B>,
+    request: FastifyRequest,
+    reply: FastifyReply,
+    amount: string,
+  ): Promise<FastifyReply | undefined> {
+    const ctx = this.#ctx;
+    const req: LimitRequest = {
+      project: x.project,
+      apiKeyId: request.apiKeyId,
+      externalId: x.externalId,
+      model: x.model.id,
+      operation: x.api.name,
+      estimateTokens: () => {
+        if (x.inputCount !== undefined) return x.inputCount;
+        const counted = holdInputTokens(x.api.countInput, x.body);
+        return counted.exact ?? counted.bound;
+      },
+    };
+    const rate = await this.#limits.rate(x, req);
+    if (!rate.ok) {
+      ctx.metrics.requests.inc({
+        project: x.project.id,
+        model: x.model.id,
+        decision: 'rate_limited',
+        outcome: 'refused',
+        stream: String(x.stream),
+      });
+      this.#event(x, 'limits.rate.exceeded', {
+        model: x.model.id,
+        operation: x.api.name,
+        scope: rate.scope,
+        limit: rate.limit,
+        value: rate.value,
+        retryAfterSeconds: rate.retryAfterSeconds,
+      });
+      throw rate.error;
+    }
+    for (const [name, value] of Object.entries(rate.headers)) reply.header(name, value);
+    const spend = await this.#limits.reserveSpend(x, req, amount);
+    if (spend.ok) return undefined;
+    this.#limits.tokensUsed(x, 0);
+    ctx.metrics.requests.inc({
+      project: x.project.id,
+      model: x.model.id,
+      decision: 'spend_cap_reached',
+      outcome: 'link',
+      stream: String(x.stream),
+    });
+    this.#event(x, 'limits.spend.exceeded', {
+      model: x.model.id,
+      operation: x.api.name,
+      period: spend.period,
+      cap: spend.cap,
+      spent: spend.spent,
+      required: spend.required,
+      currency: x.project.currency,
+      resetsAt: spend.resetsAt.toISOString(),
+    });
+    reply.header('x-tollgate-paywall', 'spend_cap_reached');
+    const answer = x.api.refusal(
+      { decision: 'spend_cap_reached', url: '', message: spendCapMessage(x.project, spend) },
+      x,
+    );
+    if (answer.kind === 'stream') return sendStream(reply, answer.body);
+    return reply.code(answer.status).send(answer.body);
   }
 
   /** The client left before anything reached it: nothing is charged, there is no one to answer. */
@@ -375,20 +469,27 @@ export class MeteredFlow {
         'proxy.request.failed',
         { requestId: x.requestId, model: x.model.id, status: error.status, code: error.code },
       ],
-      [
-        'routing.upstream.failed',
-        {
-          requestId: x.requestId,
-          model: x.model.id,
-          upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
-          reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
-        },
-      ],
+      // routing: the router already reported each failed attempt of a routed request
+      ...(routingReported(err)
+        ? []
+        : [
+            [
+              'routing.upstream.failed',
+              {
+                requestId: x.requestId,
+                model: x.model.id,
+                upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
+                reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
+              },
+            ] as [EventType, Record<string, unknown>],
+          ]),
     ]);
     return error;
   }
 
   #release<B extends MeteredBody>(x: Exchange<B>): void {
+    this.#limits.tokensUsed(x, 0); // limits: nothing was served
+    this.#limits.charged(x, '0');
     const hold = x.hold;
     if (!hold) return;
     x.hold = undefined;
@@ -413,6 +514,7 @@ export class MeteredFlow {
     ctx.metrics.inputTokens.inc(labels, usage.input);
     ctx.metrics.outputTokens.inc(labels, usage.output);
     const cost = requestCost(x.pricing, usage);
+    this.#limits.tokensUsed(x, usage.input + usage.output); // limits: the estimate becomes the real count
     const hold = x.hold;
     x.hold = undefined;
     const completed = (amount: string) => ({
@@ -456,6 +558,7 @@ export class MeteredFlow {
           ? { completed: { type: 'proxy.request.completed' as const, userId: x.userId, data: completed } }
           : {}),
       });
+      this.#limits.charged(x, charged); // limits: the reservation becomes the charge
       if (charged !== '0') {
         ctx.metrics.charged.inc(
           { ...labels, currency: x.project.currency, source: x.api.name },
