@@ -147,7 +147,7 @@ export class MeteredFlow {
     // ---- limits (src/limits): rate limits and spend caps, checked before any money moves ----
     if (this.#limits.applies(project)) {
       const limited = await this.#checkLimits(x, request, reply, amount);
-      if (limited) return limited;
+      if (limited) return limited.answered;
     }
     const admission = await admit(ctx, {
       project,
@@ -335,14 +335,15 @@ export class MeteredFlow {
 
   /**
    * Rate limits (429 in OpenAI's shape) and spend caps (an assistant message, like the paywall's) of a
-   * request, before its hold; the rate limit headers go on every answer. Undefined: go on.
+   * request, before its hold; the rate limit headers go on every answer. Undefined: go on. (The reply
+   * is wrapped: a FastifyReply is a thenable, awaiting it would wait for the response.)
    */
   async #checkLimits<B extends MeteredBody>(
     x: Exchange<B>,
     request: FastifyRequest,
     reply: FastifyReply,
     amount: string,
-  ): Promise<FastifyReply | undefined> {
+  ): Promise<{ answered: FastifyReply } | undefined> {
     const ctx = this.#ctx;
     const req: LimitRequest = {
       project: x.project,
@@ -401,8 +402,8 @@ export class MeteredFlow {
       { decision: 'spend_cap_reached', url: '', message: spendCapMessage(x.project, spend) },
       x,
     );
-    if (answer.kind === 'stream') return sendStream(reply, answer.body);
-    return reply.code(answer.status).send(answer.body);
+    if (answer.kind === 'stream') return { answered: sendStream(reply, answer.body) };
+    return { answered: reply.code(answer.status).send(answer.body) };
   }
 
   /** The client left before anything reached it: nothing is charged, there is no one to answer. */
