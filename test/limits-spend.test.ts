@@ -13,7 +13,7 @@ import { connectUser } from '../src/users/service.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { newTestId } from './helpers/context.ts';
 import { type MockUpstream, startMockUpstream } from './helpers/mock-upstream.ts';
-import { seedProject, startTestServer, type TestServer } from './helpers/server.ts';
+import { api, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
  * Spend caps per end user (per day, per month): the hold amount is reserved atomically before the hold,
@@ -37,6 +37,7 @@ interface Setup {
   clients: OpenAI[];
   mock: MockUpstream;
   projectId: string;
+  apiKey: string;
   ctx: AppContext;
   limits(limits: ProjectLimits | undefined): Promise<void>;
   fund(user: string): Promise<void>;
@@ -58,6 +59,7 @@ async function setup(env: Record<string, string>, podCount: number): Promise<Set
     clients: pods.map((p) => new OpenAI({ baseURL: `${p.url}/v1`, apiKey: seeded.apiKey, maxRetries: 0 })),
     mock,
     projectId: seeded.projectId,
+    apiKey: seeded.apiKey,
     ctx,
     async limits(limits) {
       await applyPricing(ctx.db, seeded.projectId, {
@@ -216,5 +218,40 @@ describe('spend caps', () => {
     expect(written.map((e) => (e.envelope as any).data)).toContainEqual(
       expect.objectContaining({ period: 'day', cap: '0', currency: 'usd', model: 'flat', required: '0.1' }),
     );
+  });
+
+  it('sets and shows a user’s own caps through the API', async () => {
+    await s.limits({ spend: { daily: '2', monthly: '30' } });
+    const set = await api(s.pods[0]!, s.apiKey, 'POST', '/v1/user/spend-caps', {
+      user: 'apiuser',
+      daily: '0.25',
+    });
+    expect(set.status).toBe(200);
+    expect(set.body).toMatchObject({
+      user: 'apiuser',
+      daily: '0.25',
+      monthly: '30',
+      override: { daily: '0.25', monthly: null },
+    });
+    const bad = await api(s.pods[0]!, s.apiKey, 'POST', '/v1/user/spend-caps', {
+      user: 'apiuser',
+      daily: '-1',
+    });
+    expect(bad.status).toBe(400);
+    await s.fund('apiuser');
+    const served = [];
+    for (let i = 0; i < 3; i++) {
+      const a = await s.clients[0]!.chat.completions.create({ model: 'flat', user: 'apiuser', messages });
+      served.push((a as any).paywall === undefined);
+      await s.idle();
+    }
+    expect(served).toEqual([true, true, false]);
+    const shown = await api(s.pods[0]!, s.apiKey, 'GET', '/v1/user/spend-caps?user=apiuser');
+    expect(shown.body.spent).toEqual({ day: '0.2', month: '0.2' });
+    const cleared = await api(s.pods[0]!, s.apiKey, 'POST', '/v1/user/spend-caps', {
+      user: 'apiuser',
+      daily: null,
+    });
+    expect(cleared.body).toMatchObject({ daily: '2', override: { daily: null, monthly: null } });
   });
 });
