@@ -155,7 +155,7 @@ export class Limits {
   /** Reserves the request's most possible cost against the user's spend caps. */
   async reserveSpend(owner: object, req: LimitRequest, amount: string): Promise<SpendDecision> {
     const caps = capsOf(req.project, req.externalId);
-    if (!caps) return { ok: true };
+    if (!caps || !new Money(amount).gt(0)) return { ok: true };
     const now = new Date();
     const periods: Array<{ period: SpendPeriod; cap: string; id: string; start: Date; end: Date }> = [];
     if (caps.daily !== undefined) periods.push({ period: 'day', cap: caps.daily, ...periodOf('day', now) });
