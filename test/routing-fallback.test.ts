@@ -284,3 +284,23 @@ describe('weights', () => {
     expect(await charges('spread')).toEqual({ count: 40, total: '0.4', held: '0' });
   });
 });
+
+describe('every metered API is routed', () => {
+  it('the Responses API falls back too (streaming and not), charged once each', async () => {
+    await f.fund('responses', '1.00');
+    const plain = await f.client.responses.create({ model: 'err500', user: 'responses', input: 'Say hello' });
+    expect(plain.output_text).toBe(' hello hello hello hello hello');
+    const events = await f.client.responses.create({
+      model: 'refused',
+      user: 'responses',
+      input: 'hi',
+      stream: true,
+    });
+    let text = '';
+    for await (const event of events) if (event.type === 'response.output_text.delta') text += event.delta;
+    expect(text).toBe(' hello hello hello hello hello');
+    await f.settled();
+    const entries = await f.ledger('responses');
+    expect(chargedTotal(entries, 'responses')).toBe('0.02');
+  });
+});
