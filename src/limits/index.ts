@@ -175,15 +175,16 @@ export class Limits {
         keys.map(() => units),
         ttl,
       );
-      if (result.needsSeed.length) {
-        // First request of the period (or the counter was lost): count what the ledger already charged.
-        const seeds = await Promise.all(
-          periods.map(async (p, i) =>
-            result.needsSeed.includes(i)
-              ? toUnits(await chargedSince(this.#ctx.db, req.project.id, req.externalId, p.start))
-              : undefined,
-          ),
-        );
+      // First request of the period (or the counter was lost): count what the ledger already charged.
+      // A seed is set only where the key is still missing (another pod may have seeded it meanwhile).
+      const seeds: Array<number | undefined> = periods.map(() => undefined);
+      for (let round = 0; result.needsSeed.length; round++) {
+        if (round === 3) throw new Error('spend counters could not be seeded');
+        for (const i of result.needsSeed) {
+          seeds[i] ??= toUnits(
+            await chargedSince(this.#ctx.db, req.project.id, req.externalId, periods[i]!.start),
+          );
+        }
         result = await this.store.take(
           keys,
           limits,
@@ -213,6 +214,12 @@ export class Limits {
     ticket.spendKeys = keys;
     ticket.spendUnits = units;
     return { ok: true };
+  }
+
+  /** Nothing was served (refused, failed, abandoned): the request uses no tokens and spends nothing. */
+  released(owner: object): void {
+    this.tokensUsed(owner, 0);
+    this.charged(owner, '0');
   }
 
   /** The request ended: its token estimate becomes the tokens it used (0 when nothing was served). */

@@ -157,9 +157,12 @@ export class MeteredFlow {
       amount,
       purpose: api.name,
       trigger: x.trigger,
+    }).catch((err) => {
+      this.#limits.released(x); // limits: give the reservation back
+      throw err;
     });
     if (!admission.ok) {
-      this.#limits.charged(x, '0'); // limits: a refused request spends nothing
+      this.#limits.released(x); // limits: a refused request uses and spends nothing
       return this.#refuse(x, admission, reply);
     }
     x.userId = admission.userId;
@@ -379,7 +382,7 @@ export class MeteredFlow {
     for (const [name, value] of Object.entries(rate.headers)) reply.header(name, value);
     const spend = await this.#limits.reserveSpend(x, req, amount);
     if (spend.ok) return undefined;
-    this.#limits.tokensUsed(x, 0);
+    this.#limits.released(x);
     ctx.metrics.requests.inc({
       project: x.project.id,
       model: x.model.id,
@@ -489,8 +492,7 @@ export class MeteredFlow {
   }
 
   #release<B extends MeteredBody>(x: Exchange<B>): void {
-    this.#limits.tokensUsed(x, 0); // limits: nothing was served
-    this.#limits.charged(x, '0');
+    this.#limits.released(x); // limits: nothing was served
     const hold = x.hold;
     if (!hold) return;
     x.hold = undefined;
