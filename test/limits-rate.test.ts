@@ -214,14 +214,14 @@ describe('when Redis cannot be reached', () => {
 
   it('fails open by default and counts it', async () => {
     const { limits, counts } = limitsWith(true);
-    expect(await limits.rate({}, request)).toEqual({ ok: true, headers: {} });
+    expect(await limits.check({}, request, '0')).toEqual({ ok: true, headers: {} });
     expect(counts).toEqual(['allowed']);
     await limits.close();
   });
 
   it('fails closed with 503 when LIMITS_FAIL_OPEN=false', async () => {
     const { limits, counts } = limitsWith(false);
-    const err = await limits.rate({}, request).catch((e) => e);
+    const err = await limits.check({}, request, '0').catch((e) => e);
     expect(err.status).toBe(503);
     expect(err.code).toBe('limits_unavailable');
     expect(counts).toEqual(['refused']);

@@ -34,31 +34,45 @@ export interface LimitRequest {
   estimateTokens: () => number;
 }
 
-export type RateDecision =
-  | { ok: true; headers: Record<string, string> }
-  | {
-      ok: false;
-      error: ApiError;
-      scope: Scope;
-      limit: 'requests' | 'tokens';
-      value: number;
-      retryAfterSeconds: number;
-    };
+/** Why a request is refused: over a rate limit (429), or at a spend cap (an assistant message). */
+export interface RateRefusal {
+  error: ApiError;
+  scope: Scope;
+  limit: 'requests' | 'tokens';
+  value: number;
+  retryAfterSeconds: number;
+}
 
-export type SpendDecision =
-  | { ok: true }
-  | {
-      ok: false;
-      period: SpendPeriod;
-      cap: string;
-      spent: string;
-      required: string;
-      resetsAt: Date;
-    };
+export interface SpendRefusal {
+  period: SpendPeriod;
+  cap: string;
+  spent: string;
+  required: string;
+  resetsAt: Date;
+}
+
+/** `headers`: OpenAI's `x-ratelimit-*` headers for the answer, whatever the decision. */
+export type LimitDecision =
+  | { ok: true; headers: Record<string, string> }
+  | { ok: false; headers: Record<string, string>; rate: RateRefusal; spend?: undefined }
+  | { ok: false; headers: Record<string, string>; spend: SpendRefusal; rate?: undefined };
+
+interface Counter {
+  key: string;
+  cap: number;
+  cost: number;
+  ttlMs: number;
+  /** Rate counters start at 0; spend counters are seeded from the ledger (undefined until read). */
+  seed: number | undefined;
+  rate?: { scope: Scope; limit: 'requests' | 'tokens' };
+  spend?: { period: SpendPeriod; cap: string; start: Date; end: Date };
+}
 
 interface Ticket {
   tokenKeys: string[];
   tokens: number;
+  /** A token correction waiting to go with the spend correction (one round trip at the end). */
+  tokenDelta: number;
   spendKeys: string[];
   spendUnits: number;
 }
@@ -86,134 +100,142 @@ export class Limits {
     return project.limits !== undefined || project.spendCaps.size > 0;
   }
 
-  /** Checks and counts the request against every rate limit of its project, key and user. */
-  async rate(owner: object, req: LimitRequest): Promise<RateDecision> {
-    const limits = req.project.limits;
-    if (!limits?.project && !limits?.key && !limits?.user) return { ok: true, headers: {} };
+  /**
+   * Checks the request against every rate limit of its project, key and user and against its user's
+   * spend caps, and counts it (1 request, its estimated prompt tokens, its hold `amount`) — all in one
+   * atomic step: either everything is counted or nothing is.
+   */
+  async check(owner: object, req: LimitRequest, amount: string): Promise<LimitDecision> {
     const now = Date.now();
     const window = Math.floor(now / WINDOW_MS);
     const resetMs = (window + 1) * WINDOW_MS - now;
-    const ids: Record<Scope, string> = { project: '-', key: req.apiKeyId, user: req.externalId };
-    const keys: string[] = [];
-    const caps: number[] = [];
-    const costs: number[] = [];
-    const kinds: Array<{ scope: Scope; limit: 'requests' | 'tokens' }> = [];
+    const project = req.project.id;
+    const counters: Counter[] = [];
     let tokens: number | undefined;
+    const limits = req.project.limits;
+    const ids: Record<Scope, string> = { project: '-', key: req.apiKeyId, user: req.externalId };
     for (const scope of SCOPES) {
-      const limit: RateLimit | undefined = limits[scope];
+      const limit: RateLimit | undefined = limits?.[scope];
       if (!limit) continue;
-      const base = `${this.#prefix}{${req.project.id}}:${scope}:${encodeURIComponent(ids[scope])}:${window}`;
+      const base = `${this.#prefix}{${project}}:${scope}:${encodeURIComponent(ids[scope])}:${window}`;
+      const ttlMs = WINDOW_MS * 2;
       if (limit.rpm !== undefined) {
-        keys.push(`${base}:r`);
-        caps.push(limit.rpm);
-        costs.push(1);
-        kinds.push({ scope, limit: 'requests' });
+        counters.push({
+          key: `${base}:r`,
+          cap: limit.rpm,
+          cost: 1,
+          ttlMs,
+          seed: 0,
+          rate: { scope, limit: 'requests' },
+        });
       }
       if (limit.tpm !== undefined) {
         tokens ??= req.estimateTokens();
-        keys.push(`${base}:t`);
-        caps.push(limit.tpm);
-        costs.push(tokens);
-        kinds.push({ scope, limit: 'tokens' });
+        counters.push({
+          key: `${base}:t`,
+          cap: limit.tpm,
+          cost: tokens,
+          ttlMs,
+          seed: 0,
+          rate: { scope, limit: 'tokens' },
+        });
       }
     }
+    const caps = capsOf(req.project, req.externalId);
+    const units = toUnits(amount);
+    if (caps && units > 0) {
+      const user = encodeURIComponent(req.externalId);
+      const date = new Date(now);
+      for (const [period, cap] of [
+        ['day', caps.daily],
+        ['month', caps.monthly],
+      ] as const) {
+        if (cap === undefined) continue;
+        const p = periodOf(period, date);
+        counters.push({
+          key: `${this.#prefix}{${project}}:spend:${user}:${p.id}`,
+          cap: toUnits(cap, 'down'),
+          cost: units,
+          ttlMs: p.end.getTime() - now + 86_400_000,
+          seed: undefined,
+          spend: { period, cap, start: p.start, end: p.end },
+        });
+      }
+    }
+    if (!counters.length) return { ok: true, headers: {} };
+    const keys = counters.map((c) => c.key);
+    const take = () =>
+      this.store.take(
+        keys,
+        counters.map((c) => c.cap),
+        counters.map((c) => c.cost),
+        counters.map((c) => c.ttlMs),
+        counters.map((c) => c.seed),
+      );
     let result: Awaited<ReturnType<CounterStore['take']>>;
     try {
-      result = await this.store.take(
-        keys,
-        caps,
-        costs,
-        keys.map(() => WINDOW_MS * 2),
-        keys.map(() => 0),
-      );
+      result = await take();
+      // A spend counter's first request of the period (or Redis lost it): seed it from the ledger's
+      // charges of the period. The seed is set only where the key is still missing.
+      for (let round = 0; result.needsSeed.length; round++) {
+        if (round === 3) throw new Error('spend counters could not be seeded');
+        for (const i of result.needsSeed) {
+          const c = counters[i]!;
+          c.seed ??= toUnits(await chargedSince(this.#ctx.db, project, req.externalId, c.spend!.start));
+        }
+        result = await take();
+      }
     } catch (err) {
       this.#unavailable(req.project, err);
       return { ok: true, headers: {} };
     }
-    const headers = rateHeaders(kinds, caps, result.values, resetMs);
+    const headers = rateHeaders(counters, result.values, resetMs);
     if (result.denied >= 0) {
-      const kind = kinds[result.denied]!;
-      const value = caps[result.denied]!;
-      const retryAfterSeconds = Math.max(1, Math.ceil(resetMs / 1000));
-      const unit = kind.limit === 'requests' ? 'requests per min (RPM)' : 'tokens per min (TPM)';
-      const used = result.values[result.denied]!;
-      const error = new ApiError(
-        429,
-        'rate_limit_error',
-        `Rate limit reached for the ${kind.scope === 'key' ? 'API key' : kind.scope === 'user' ? 'end user' : 'project'} on ${unit}: Limit ${value}, Used ${used}, Requested ${costs[result.denied]}. Please try again in ${retryAfterSeconds}s.`,
-        { code: 'rate_limit_exceeded', headers: { ...headers, 'retry-after': String(retryAfterSeconds) } },
-      );
-      this.#ctx.metrics.rateLimited.inc({ project: req.project.id, scope: kind.scope, limit: kind.limit });
-      return { ok: false, error, scope: kind.scope, limit: kind.limit, value, retryAfterSeconds };
-    }
-    const tokenKeys = keys.filter((_, i) => kinds[i]!.limit === 'tokens');
-    if (tokenKeys.length) this.#ticket(owner).tokenKeys = tokenKeys;
-    if (tokens !== undefined) this.#ticket(owner).tokens = tokens;
-    return { ok: true, headers };
-  }
-
-  /** Reserves the request's most possible cost against the user's spend caps. */
-  async reserveSpend(owner: object, req: LimitRequest, amount: string): Promise<SpendDecision> {
-    const caps = capsOf(req.project, req.externalId);
-    if (!caps || !new Money(amount).gt(0)) return { ok: true };
-    const now = new Date();
-    const periods: Array<{ period: SpendPeriod; cap: string; id: string; start: Date; end: Date }> = [];
-    if (caps.daily !== undefined) periods.push({ period: 'day', cap: caps.daily, ...periodOf('day', now) });
-    if (caps.monthly !== undefined)
-      periods.push({ period: 'month', cap: caps.monthly, ...periodOf('month', now) });
-    if (!periods.length) return { ok: true };
-    const units = toUnits(amount);
-    const user = encodeURIComponent(req.externalId);
-    const keys = periods.map((p) => `${this.#prefix}{${req.project.id}:${user}}:spend:${p.id}`);
-    const limits = periods.map((p) => toUnits(p.cap, 'down'));
-    const ttl = periods.map((p) => p.end.getTime() - now.getTime() + 86_400_000);
-    let result: Awaited<ReturnType<CounterStore['take']>>;
-    try {
-      result = await this.store.take(
-        keys,
-        limits,
-        keys.map(() => units),
-        ttl,
-      );
-      // First request of the period (or the counter was lost): count what the ledger already charged.
-      // A seed is set only where the key is still missing (another pod may have seeded it meanwhile).
-      const seeds: Array<number | undefined> = periods.map(() => undefined);
-      for (let round = 0; result.needsSeed.length; round++) {
-        if (round === 3) throw new Error('spend counters could not be seeded');
-        for (const i of result.needsSeed) {
-          seeds[i] ??= toUnits(
-            await chargedSince(this.#ctx.db, req.project.id, req.externalId, periods[i]!.start),
-          );
-        }
-        result = await this.store.take(
-          keys,
-          limits,
-          keys.map(() => units),
-          ttl,
-          seeds,
+      const c = counters[result.denied]!;
+      if (c.rate) {
+        const retryAfterSeconds = Math.max(1, Math.ceil(resetMs / 1000));
+        const unit = c.rate.limit === 'requests' ? 'requests per min (RPM)' : 'tokens per min (TPM)';
+        const who = c.rate.scope === 'key' ? 'API key' : c.rate.scope === 'user' ? 'end user' : 'project';
+        const error = new ApiError(
+          429,
+          'rate_limit_error',
+          `Rate limit reached for the ${who} on ${unit}: Limit ${c.cap}, Used ${result.values[result.denied]}, Requested ${c.cost}. Please try again in ${retryAfterSeconds}s.`,
+          { code: 'rate_limit_exceeded', headers: { ...headers, 'retry-after': String(retryAfterSeconds) } },
         );
+        this.#ctx.metrics.rateLimited.inc({ project, scope: c.rate.scope, limit: c.rate.limit });
+        return {
+          ok: false,
+          headers,
+          rate: { error, scope: c.rate.scope, limit: c.rate.limit, value: c.cap, retryAfterSeconds },
+        };
       }
-    } catch (err) {
-      if (err instanceof ApiError) throw err;
-      this.#unavailable(req.project, err);
-      return { ok: true };
-    }
-    if (result.denied >= 0) {
-      const p = periods[result.denied]!;
-      this.#ctx.metrics.spendCapped.inc({ project: req.project.id, period: p.period });
+      const spend = c.spend!;
+      this.#ctx.metrics.spendCapped.inc({ project, period: spend.period });
       return {
         ok: false,
-        period: p.period,
-        cap: p.cap,
-        spent: fromUnits(result.values[result.denied]!),
-        required: amount,
-        resetsAt: p.end,
+        headers,
+        spend: {
+          period: spend.period,
+          cap: spend.cap,
+          spent: fromUnits(result.values[result.denied]!),
+          required: amount,
+          resetsAt: spend.end,
+        },
       };
     }
-    const ticket = this.#ticket(owner);
-    ticket.spendKeys = keys;
-    ticket.spendUnits = units;
-    return { ok: true };
+    const ticket: Ticket = {
+      tokenKeys: [],
+      tokens: tokens ?? 0,
+      tokenDelta: 0,
+      spendKeys: [],
+      spendUnits: units,
+    };
+    for (const c of counters) {
+      if (c.rate?.limit === 'tokens') ticket.tokenKeys.push(c.key);
+      if (c.spend) ticket.spendKeys.push(c.key);
+    }
+    if (ticket.tokenKeys.length || ticket.spendKeys.length) this.#tickets.set(owner, ticket);
+    return { ok: true, headers };
   }
 
   /** Nothing was served (refused, failed, abandoned): the request uses no tokens and spends nothing. */
@@ -222,44 +244,54 @@ export class Limits {
     this.charged(owner, '0');
   }
 
-  /** The request ended: its token estimate becomes the tokens it used (0 when nothing was served). */
+  /**
+   * The request ended: its token estimate becomes the tokens it used (0 when nothing was served). With a
+   * spend reservation pending, the correction waits to go with it.
+   */
   tokensUsed(owner: object, tokens: number): void {
     const ticket = this.#tickets.get(owner);
     if (!ticket?.tokenKeys.length) return;
+    const delta = tokens - ticket.tokens;
+    if (ticket.spendKeys.length) {
+      ticket.tokenDelta = delta;
+      return;
+    }
     const keys = ticket.tokenKeys;
     ticket.tokenKeys = [];
-    const delta = tokens - ticket.tokens;
-    if (delta !== 0) this.#adjust(keys, delta);
+    if (delta !== 0)
+      this.#adjust(
+        keys,
+        keys.map(() => delta),
+      );
   }
 
   /** The request ended: its reservation becomes what was charged (`0` when it was released). */
   charged(owner: object, amount: string): void {
     const ticket = this.#tickets.get(owner);
     if (!ticket?.spendKeys.length) return;
-    const keys = ticket.spendKeys;
-    ticket.spendKeys = [];
     const delta = toUnits(amount) - ticket.spendUnits;
-    if (delta !== 0) this.#adjust(keys, delta);
-  }
-
-  #adjust(keys: string[], delta: number): void {
-    this.store
-      .adjust(
-        keys,
-        keys.map(() => delta),
-      )
-      .catch((err) => {
-        this.#ctx.log.warn({ err }, 'a limit counter correction failed');
-      });
-  }
-
-  #ticket(owner: object): Ticket {
-    let ticket = this.#tickets.get(owner);
-    if (!ticket) {
-      ticket = { tokenKeys: [], tokens: 0, spendKeys: [], spendUnits: 0 };
-      this.#tickets.set(owner, ticket);
+    const keys: string[] = [];
+    const deltas: number[] = [];
+    for (const key of ticket.spendKeys) {
+      keys.push(key);
+      deltas.push(delta);
     }
-    return ticket;
+    if (ticket.tokenDelta !== 0) {
+      for (const key of ticket.tokenKeys) {
+        keys.push(key);
+        deltas.push(ticket.tokenDelta);
+      }
+    }
+    ticket.spendKeys = [];
+    ticket.tokenKeys = [];
+    const changed = deltas.some((d) => d !== 0);
+    if (changed) this.#adjust(keys, deltas);
+  }
+
+  #adjust(keys: string[], deltas: number[]): void {
+    this.store.adjust(keys, deltas).catch((err) => {
+      this.#ctx.log.warn({ err }, 'a limit counter correction failed');
+    });
   }
 
   /** Redis could not be reached: fail open (counted) or closed (503), as LIMITS_FAIL_OPEN says. */
@@ -290,20 +322,15 @@ function capsOf(project: ProjectContext, externalId: string): SpendCaps | undefi
  * OpenAI's rate limit headers: for requests and for tokens, the limit whose remaining is lowest, what
  * remains of it and when its window resets (`12s`).
  */
-function rateHeaders(
-  kinds: Array<{ limit: 'requests' | 'tokens' }>,
-  caps: number[],
-  values: number[],
-  resetMs: number,
-): Record<string, string> {
+function rateHeaders(counters: Counter[], values: number[], resetMs: number): Record<string, string> {
   const headers: Record<string, string> = {};
   const reset = `${Math.max(1, Math.ceil(resetMs / 1000))}s`;
   for (const limit of ['requests', 'tokens'] as const) {
     let best: { cap: number; remaining: number } | undefined;
-    kinds.forEach((k, i) => {
-      if (k.limit !== limit) return;
-      const remaining = Math.max(0, caps[i]! - values[i]!);
-      if (!best || remaining < best.remaining) best = { cap: caps[i]!, remaining };
+    counters.forEach((c, i) => {
+      if (c.rate?.limit !== limit) return;
+      const remaining = Math.max(0, c.cap - values[i]!);
+      if (!best || remaining < best.remaining) best = { cap: c.cap, remaining };
     });
     if (!best) continue;
     const b = best as { cap: number; remaining: number };
@@ -315,10 +342,7 @@ function rateHeaders(
 }
 
 /** The assistant message of a user at a spend cap. */
-export function spendCapMessage(
-  project: ProjectContext,
-  refusal: Extract<SpendDecision, { ok: false }>,
-): string {
+export function spendCapMessage(project: ProjectContext, refusal: SpendRefusal): string {
   const cap = formatForCurrency(new Money(refusal.cap), project.currency);
   const spent = formatForCurrency(new Money(refusal.spent), project.currency);
   const when = refusal.resetsAt.toISOString().replace('.000Z', 'Z');

@@ -360,8 +360,11 @@ export class MeteredFlow {
         return counted.exact ?? counted.bound;
       },
     };
-    const rate = await this.#limits.rate(x, req);
-    if (!rate.ok) {
+    const decision = await this.#limits.check(x, req, amount);
+    for (const [name, value] of Object.entries(decision.headers)) reply.header(name, value);
+    if (decision.ok) return undefined;
+    const { rate, spend } = decision;
+    if (rate) {
       ctx.metrics.requests.inc({
         project: x.project.id,
         model: x.model.id,
@@ -379,10 +382,6 @@ export class MeteredFlow {
       });
       throw rate.error;
     }
-    for (const [name, value] of Object.entries(rate.headers)) reply.header(name, value);
-    const spend = await this.#limits.reserveSpend(x, req, amount);
-    if (spend.ok) return undefined;
-    this.#limits.released(x);
     ctx.metrics.requests.inc({
       project: x.project.id,
       model: x.model.id,
