@@ -1,4 +1,5 @@
 import net from 'node:net';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ModelRow } from '../src/db/schema.ts';
 import type { ModelSpec } from '../src/models/pricing.ts';
@@ -233,6 +234,21 @@ describe('fallback before the first byte', () => {
       true,
     );
     for (const d of used) expect(typeof d.requestId).toBe('string');
+    // One request's events are written in the order they happened.
+    const requestId = used.find((d) => d.model === 'refused')!.requestId;
+    const ofRequest = await f.ctx.db
+      .selectFrom('events')
+      .select('type')
+      .where('project_id', '=', f.project.id)
+      .where(sql<boolean>`envelope->'data'->>'requestId' = ${requestId}`)
+      .orderBy('seq')
+      .execute();
+    expect(ofRequest.map((e) => e.type)).toEqual([
+      'proxy.request.started',
+      'routing.upstream.failed',
+      'routing.fallback.used',
+      'proxy.request.completed',
+    ]);
   });
 });
 

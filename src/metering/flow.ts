@@ -178,8 +178,9 @@ export class MeteredFlow {
     // ---- forward ----
     const upstreamBody = api.upstreamBody(body, model, x.bound);
     // routing (src/routing): the model's routes, with fallback, behind one Provider
+    // (its events chain on `startedEvent`, so they are written in order, before the request's own)
     const provider = this.#router.provider(project, model, (type, data) => {
-      this.#event(x, type, { requestId: x.requestId, ...data });
+      x.startedEvent = this.#event(x, type, { requestId: x.requestId, ...data }) ?? x.startedEvent;
     });
     reply.header('x-tollgate-request-id', x.requestId);
     if (stream) return this.#stream(x, provider, upstreamBody, reply);
