@@ -29,6 +29,12 @@ const MODELS: ModelSpec[] = [
     upstreamModel: 'mock-model',
     pricing: { mode: 'per_token', inputPerMillion: '100', outputPerMillion: '200' },
   },
+  {
+    id: 'emb',
+    upstreamModel: 'mock-embed',
+    endpoints: ['embeddings'],
+    pricing: { mode: 'per_request', perRequest: '0.1' },
+  },
 ];
 const messages = [{ role: 'user' as const, content: 'Say hello' }];
 
@@ -253,5 +259,19 @@ describe('spend caps', () => {
       daily: null,
     });
     expect(cleared.body).toMatchObject({ daily: '2', override: { daily: null, monthly: null } });
+  });
+
+  it('answers each API in its own shape at the cap: a Response, and a 402 for embeddings', async () => {
+    await s.fund('shapes');
+    await setUserSpendCaps(s.ctx.db, s.projectId, 'shapes', { daily: '0.05' });
+    await s.ctx.projects.changed(s.projectId);
+    const response = await s.clients[0]!.responses.create({ model: 'flat', user: 'shapes', input: 'hi' });
+    expect(response.output_text).toContain('daily spending limit of 0.05 USD');
+    const err = await s.clients[0]!.embeddings.create({ model: 'emb', user: 'shapes', input: 'hi' }).catch(
+      (e) => e,
+    );
+    expect(err.status).toBe(402);
+    expect(err.code).toBe('spend_cap_reached');
+    expect(await s.charges('shapes')).toEqual([]);
   });
 });
