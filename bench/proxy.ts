@@ -10,7 +10,8 @@ import { writeResultsBlock } from './report.ts';
 
 /**
  * `npm run bench:proxy`: the same load sent straight to the mock provider ("direct"), through a bare
- * fastify + undici passthrough, and through Tollgate (per-token pricing, real Postgres, real Redis), at
+ * fastify + undici passthrough, through Tollgate (per-token pricing, real Postgres, real Redis), and
+ * through Tollgate with rate limits and spend caps on ("tollgate+limits", never refusing), at
  * concurrency 1, 16 and 64, non-streaming (whole response) and streaming (time to first byte). Then a
  * soak through Tollgate up to BENCH_SOAK total requests with its resident memory sampled along the way.
  * Writes the table to docs/benchmarks.md (between the proxy markers) and prints it.
@@ -120,7 +121,7 @@ async function memoryOf(started: Started): Promise<{ rss: number; heap: number }
 }
 
 interface Target {
-  name: 'direct' | 'passthrough' | 'tollgate';
+  name: 'direct' | 'passthrough' | 'tollgate' | 'tollgate+limits';
   origin: string;
   path: string;
   headers: Record<string, string>;
@@ -333,13 +334,21 @@ async function main() {
       model: 'bench-model',
       pid: tollgate.child.pid!,
     },
+    {
+      name: 'tollgate+limits',
+      origin: tollgate.info.url!,
+      path: '/v1/chat/completions',
+      headers: { authorization: `Bearer ${tollgate.info.limitsApiKey}` },
+      model: 'bench-model',
+      pid: tollgate.child.pid!,
+    },
   ];
   let tollgateRequests = 0;
   const memory: Array<[number, { rss: number; heap: number }]> = [];
 
   // Warm everything up once (JIT, connection pools, caches), then the matrix.
   for (const target of targets) await load(target, 16, false, 2000, 500);
-  tollgateRequests += 2500;
+  tollgateRequests += 5000;
   memory.push([tollgateRequests, await memoryOf(tollgate)]);
 
   const cells: Cell[] = [];
@@ -349,7 +358,7 @@ async function main() {
       const warmup = Math.min(500, Math.round(total / 5));
       for (const target of targets) {
         const cell = await load(target, concurrency, stream, total, warmup, target.pid, upstream.child.pid!);
-        if (target.name === 'tollgate') tollgateRequests += total + warmup;
+        if (target.name.startsWith('tollgate')) tollgateRequests += total + warmup;
         cells.push(cell);
         console.log(
           `${stream ? 'stream ' : 'plain  '} c=${String(concurrency).padStart(2)} ${target.name.padEnd(11)} ` +
@@ -400,12 +409,14 @@ function render(
       const direct = find('direct', c, stream);
       const pass = find('passthrough', c, stream);
       const toll = find('tollgate', c, stream);
+      const limits = find('tollgate+limits', c, stream);
       const share = Math.round((toll.rps / pass.rps) * 100);
-      for (const cell of [direct, pass, toll]) {
+      for (const cell of [direct, pass, toll, limits]) {
+        const cellShare = Math.round((cell.rps / pass.rps) * 100);
         const added =
           cell.target === 'direct' ? '—' : `+${ms(cell.p50 - direct.p50)} / +${ms(cell.p99 - direct.p99)}`;
         rows.push(
-          `| ${stream ? 'stream (TTFB)' : 'non-streaming'} | ${c} | ${cell.target} | ${cell.rps} | ${ms(cell.p50)} | ${ms(cell.p99)} | ${added} | ${cell.target === 'tollgate' ? `${share} %` : ''} | ${ms(cell.cpuProxy)} | ${cell.target === 'tollgate' ? ms(cell.cpuPostgres) : ''} | ${cell.errors} |`,
+          `| ${stream ? 'stream (TTFB)' : 'non-streaming'} | ${c} | ${cell.target} | ${cell.rps} | ${ms(cell.p50)} | ${ms(cell.p99)} | ${added} | ${cell.target.startsWith('tollgate') ? `${cellShare} %` : ''} | ${ms(cell.cpuProxy)} | ${cell.target.startsWith('tollgate') ? ms(cell.cpuPostgres) : ''} | ${cell.errors} |`,
         );
       }
       if (c === 1) {
@@ -443,6 +454,8 @@ function render(
     `Run on ${startedAt.toISOString().slice(0, 16).replace('T', ' ')} UTC with \`npm run bench:proxy\` (${PER_CELL} requests per cell at concurrency 16 and 64, ${Math.max(1000, Math.round(PER_CELL / 3))} at concurrency 1, after a warm-up; requests spread over ${USERS} users).`,
     '',
     ...machineLines,
+    '',
+    '"tollgate+limits" is the same Tollgate process serving a second project with rate limits (project, key and user; requests and tokens per minute) and spend caps (day, month), all high enough never to refuse: each request also runs the Redis scripts of src/limits.',
     '',
     'Latency is milliseconds for the whole response (non-streaming) or to the first byte of the body (streaming). "Added" is the p50 / p99 over going direct; "share" is Tollgate\'s throughput as a part of the passthrough\'s in the same run. "CPU ms/req" is the CPU time (user + system) the measured process spent per request: the provider for direct, the proxy process otherwise; "Postgres CPU" is that of every Postgres process during Tollgate\'s cells.',
     '',

@@ -14,7 +14,9 @@ import { connectUser } from '../src/users/service.ts';
  * Tollgate as the benchmark runs it: a real `tollgate proxy` server (the same startServing as the CLI)
  * on real Postgres and Redis, in its own schema, with a per-token model on the benchmark's provider and
  * BENCH_USERS connected users with large balances. The project has no webhook subscriptions, so no
- * events are written (as for any unsubscribed project). Prints `{"url", "apiKey", "schema"}` when ready.
+ * events are written (as for any unsubscribed project). A second project, the same but with rate limits
+ * (project, key, user; requests and tokens) and spend caps set high enough never to refuse, measures
+ * what limits cost (src/limits). Prints `{"url", "apiKey", "limitsApiKey", "schema"}` when ready.
  *
  * On SIGTERM it waits for settles in flight, checks the ledger (balance = Σ entries, nothing held) and
  * reports what it found on stdout before dropping its schema.
@@ -40,33 +42,51 @@ const { project, apiKey } = await createProject(ctx.db, ctx.sealer, {
   upstreamUrl: process.env.UPSTREAM ?? 'http://127.0.0.1:8090/v1',
   upstreamKey: 'sk-bench',
 });
-await applyPricing(ctx.db, project.id, {
+const models = [
+  {
+    id: 'bench-model',
+    upstreamModel: 'mock-model',
+    pricing: { mode: 'per_token' as const, inputPerMillion: '0.15', outputPerMillion: '0.6' },
+  },
+];
+await applyPricing(ctx.db, project.id, { currency: 'usd', models });
+const limited = await createProject(ctx.db, ctx.sealer, {
+  name: 'Bench with limits',
   currency: 'usd',
-  models: [
-    {
-      id: 'bench-model',
-      upstreamModel: 'mock-model',
-      pricing: { mode: 'per_token', inputPerMillion: '0.15', outputPerMillion: '0.6' },
-    },
-  ],
+  upstreamUrl: process.env.UPSTREAM ?? 'http://127.0.0.1:8090/v1',
+  upstreamKey: 'sk-bench',
 });
-for (let i = 0; i < users; i += 20) {
-  await Promise.all(
-    Array.from({ length: Math.min(20, users - i) }, async (_, k) => {
-      const externalId = `user-${i + k}`;
-      await connectUser(ctx.db, ctx.events, project, externalId, trigger);
-      await ctx.billing.deposit({
-        project,
-        externalId,
-        amount: '100000.00',
-        source: 'bench',
-        trigger,
-      });
-    }),
-  );
+await applyPricing(ctx.db, limited.project.id, {
+  currency: 'usd',
+  models,
+  limits: {
+    project: { rpm: 100_000_000, tpm: 1_000_000_000_000 },
+    key: { rpm: 100_000_000 },
+    user: { rpm: 1_000_000, tpm: 1_000_000_000 },
+    spend: { daily: '1000000', monthly: '10000000' },
+  },
+});
+for (const p of [project, limited.project]) {
+  for (let i = 0; i < users; i += 20) {
+    await Promise.all(
+      Array.from({ length: Math.min(20, users - i) }, async (_, k) => {
+        const externalId = `user-${i + k}`;
+        await connectUser(ctx.db, ctx.events, p, externalId, trigger);
+        await ctx.billing.deposit({
+          project: p,
+          externalId,
+          amount: '100000.00',
+          source: 'bench',
+          trigger,
+        });
+      }),
+    );
+  }
 }
 const running = await startServing(ctx);
-process.stdout.write(`${JSON.stringify({ url: running.url, apiKey, schema })}\n`);
+process.stdout.write(
+  `${JSON.stringify({ url: running.url, apiKey, limitsApiKey: limited.apiKey, schema })}\n`,
+);
 
 // The driver samples memory with SIGUSR2: a full GC, then the process's memory on stdout.
 process.on('SIGUSR2', () => {

@@ -97,8 +97,11 @@ describe('chat events', () => {
     expect(position(started)).toBeLessThan(position(chargeEvent));
     expect(position(chargeEvent)).toBeLessThan(position(completed));
     expect(position(failedStarted)).toBeLessThan(position(failed));
-    expect(position(failed)).toBeLessThan(position(routing));
+    // Routing reports each failed attempt as it happens, before the request's own failure.
+    expect(position(failedStarted)).toBeLessThan(position(routing));
+    expect(position(routing)).toBeLessThan(position(failed));
     expect(failed.data.requestId).toBe(failedStarted.data.requestId);
+    expect(routing.data).toMatchObject({ requestId: failed.data.requestId, provider: 'default', attempt: 1 });
     for (const envelope of written.map((e) => e.envelope as any)) {
       expect(envelope).toMatchObject({
         paywallId: f.project.id,

@@ -112,6 +112,7 @@ const templates: Record<string, Record<string, unknown>> = {
   money: { user: 'fuzz-user', amount: '1.00', metadata: { order: 'o_1' } },
   user: { user: 'fuzz-user' },
   topup: { user: 'fuzz-user', amount: '5.00' },
+  spendCaps: { user: 'fuzz-user', daily: '100.00', monthly: null },
   chat: {
     model: 'per-request',
     user: 'fuzz-user',
@@ -297,6 +298,8 @@ const routes = (): Route[] => [
   { method: 'POST', path: fixed('/v1/user/connect'), body: 'user' },
   { method: 'POST', path: fixed('/v1/user/disconnect'), body: 'user' },
   { method: 'POST', path: fixed('/v1/user/topup'), body: 'topup' },
+  { method: 'POST', path: fixed('/v1/user/spend-caps'), body: 'spendCaps' },
+  { method: 'GET', path: fixed('/v1/user/spend-caps') },
   { method: 'POST', path: fixed('/v1/webhooks/subscriptions'), body: 'subscription' },
   { method: 'GET', path: fixed('/v1/webhooks/subscriptions') },
   { method: 'GET', path: withId('/v1/webhooks/subscriptions/') },

@@ -3,7 +3,6 @@ import type { AddressInfo } from 'node:net';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
-import { deposit } from '../src/billing/ledger.ts';
 import { getProject } from '../src/projects/service.ts';
 import { disableFailingSubscriptions } from '../src/webhooks/health.ts';
 import { createSubscription, getSubscription, setSubscriptionActive } from '../src/webhooks/subscriptions.ts';

@@ -8,6 +8,8 @@ import { Redis } from 'ioredis';
  */
 export interface Bus {
   readonly kind: 'redis' | 'memory';
+  /** Prefix of channel names (`tollgate:` plus the test prefix); Redis keys of other modules share it. */
+  readonly prefix: string;
   publish(channel: string, message: string): Promise<void>;
   /** Resolves once the subscription is active; the returned function unsubscribes. */
   subscribe(channel: string, handler: (message: string) => void): Promise<() => Promise<void>>;
@@ -29,12 +31,18 @@ export interface BusOptions {
 
 export async function openBus(options: BusOptions): Promise<Bus> {
   const prefix = `tollgate:${options.prefix ?? ''}`;
-  if (!options.url) return new MemoryBus();
+  if (!options.url) return new MemoryBus(prefix);
   return RedisBus.connect(options.url, prefix);
 }
 
 class MemoryBus implements Bus {
   readonly kind = 'memory' as const;
+  readonly prefix: string;
+
+  constructor(prefix: string) {
+    this.prefix = prefix;
+  }
+
   readonly #emitter = new EventEmitter().setMaxListeners(0);
 
   async publish(channel: string, message: string): Promise<void> {
@@ -59,6 +67,9 @@ class RedisBus implements Bus {
   readonly #pub: Redis;
   readonly #sub: Redis;
   readonly #prefix: string;
+  get prefix(): string {
+    return this.#prefix;
+  }
   readonly #handlers = new Map<string, Set<(message: string) => void>>();
 
   private constructor(pub: Redis, sub: Redis, prefix: string) {

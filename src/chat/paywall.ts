@@ -10,7 +10,8 @@ import type { ChunkMeta } from './sse.ts';
  * connect link, a connected user whose balance cannot cover the request gets a top-up link. Links are
  * signed and expire (../users/links.ts); the message text is the project's template.
  */
-export type PaywallDecision = 'connect_required' | 'topup_required';
+/** `spend_cap_reached`: the user is at a spend cap (src/limits); the message says when it resets. */
+export type PaywallDecision = 'connect_required' | 'topup_required' | 'spend_cap_reached';
 
 export interface LinkReply {
   decision: PaywallDecision;

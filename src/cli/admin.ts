@@ -4,8 +4,10 @@ import { createKey, listKeys } from '../auth/keys.ts';
 import type { Config } from '../config/index.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
+import { setUserSpendCaps } from '../limits/spend.ts';
 import { applyPricing, parsePricingFile } from '../models/service.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
+import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
 import { connectUser } from '../users/service.ts';
 import { type Output, UsageError } from './output.ts';
 
@@ -202,6 +204,56 @@ export async function adminCommand(
         out.result(
           { id: result.entry.id, user, amount, currency: project.currency, balance: result.wallet.balance },
           `Deposited ${amount} ${project.currency} to ${user}; balance ${result.wallet.balance} ${project.currency}`,
+        );
+      });
+    case 'providers add':
+      return withContext(config, async (ctx) => {
+        const projectId = required(values, 'project');
+        const connectMs = optional(values, 'connect-timeout-ms');
+        const responseMs = optional(values, 'response-timeout-ms');
+        const key = optional(values, 'key');
+        const provider = await upsertProvider(ctx.db, ctx.sealer, projectId, {
+          name: required(values, 'name'),
+          baseUrl: required(values, 'base-url'),
+          ...(key !== undefined ? { key } : {}),
+          timeouts: {
+            ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
+            ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
+          },
+        });
+        await ctx.projects.changed(projectId);
+        out.result(provider, `Provider ${provider.name} of ${projectId}: ${provider.baseUrl}`);
+      });
+    case 'providers list':
+      return withContext(config, async (ctx) => {
+        const providers = await listProviders(ctx.db, required(values, 'project'));
+        out.result(
+          providers,
+          providers.length
+            ? providers.map((p) => `${p.name}  ${p.baseUrl}  ${p.keySet ? 'key set' : 'no key'}`)
+            : ['no providers'],
+        );
+      });
+    case 'providers remove':
+      return withContext(config, async (ctx) => {
+        const projectId = required(values, 'project');
+        const name = required(values, 'name');
+        const removed = await removeProvider(ctx.db, projectId, name);
+        await ctx.projects.changed(projectId);
+        out.result({ name, removed }, removed ? `Removed provider ${name}` : `No provider ${name}`);
+      });
+    case 'users spend-caps':
+      return withContext(config, async (ctx) => {
+        const projectId = required(values, 'project');
+        const user = required(values, 'user');
+        const caps = await setUserSpendCaps(ctx.db, projectId, user, {
+          daily: optional(values, 'daily') ?? null,
+          monthly: optional(values, 'monthly') ?? null,
+        });
+        await ctx.projects.changed(projectId);
+        out.result(
+          { user, ...caps },
+          `Spend caps of ${user}: daily ${caps.daily ?? '-'}, monthly ${caps.monthly ?? '-'}`,
         );
       });
     default:

@@ -27,6 +27,12 @@ Models and users
   models apply --project ID --file pricing.yaml
   users connect --project ID --user U
   users deposit --project ID --user U --amount 10.00
+  users spend-caps --project ID --user U [--daily 1.00] [--monthly 20.00]   (none: the project's caps)
+
+Providers and routes (routes and limits are in the pricing file)
+  providers add --project ID --name N --base-url U [--key K] [--connect-timeout-ms N] [--response-timeout-ms N]
+  providers list --project ID
+  providers remove --project ID --name N
 
 Webhooks
   webhooks enable ID                 re-enable a deactivated subscription
@@ -52,6 +58,11 @@ const OPTIONS = {
   file: { type: 'string' },
   user: { type: 'string' },
   amount: { type: 'string' },
+  'base-url': { type: 'string' },
+  'connect-timeout-ms': { type: 'string' },
+  'response-timeout-ms': { type: 'string' },
+  daily: { type: 'string' },
+  monthly: { type: 'string' },
   namespace: { type: 'string', multiple: true },
 } as const;
 

@@ -50,6 +50,11 @@ export const configSchema = z.object({
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
   UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),
   UPSTREAM_RESPONSE_TIMEOUT_MS: int(100, 3_600_000).default(120_000),
+  ROUTING_MAX_ATTEMPTS: int(1, 20).default(3),
+  ROUTING_DEADLINE_MS: int(100, 3_600_000).default(180_000),
+  ROUTING_CIRCUIT_FAILURES: int(1, 10_000).default(5),
+  ROUTING_CIRCUIT_COOLDOWN_MS: int(100, 3_600_000).default(30_000),
+  LIMITS_FAIL_OPEN: bool.default(true),
   WEBHOOK_MAX_ATTEMPTS: int(1, 100).default(8),
   WEBHOOK_BACKOFF_BASE_MS: int(1, 24 * 3600 * 1000).default(30_000),
   WEBHOOK_TIMEOUT_MS: int(100, 300_000).default(10_000),
@@ -104,6 +109,15 @@ export const configDocs: Record<keyof Config, string> = {
     'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
   UPSTREAM_RESPONSE_TIMEOUT_MS: 'Time-out for the provider’s response headers and between streamed chunks.',
+  ROUTING_MAX_ATTEMPTS:
+    'Attempts of one metered request across its model’s routes (the first included) before it fails.',
+  ROUTING_DEADLINE_MS:
+    'One deadline for all the attempts of a request, until a provider answers (non-streaming: until its answer is read).',
+  ROUTING_CIRCUIT_FAILURES: 'Consecutive failures of a route that open its circuit breaker.',
+  ROUTING_CIRCUIT_COOLDOWN_MS:
+    'How long an open circuit skips its route before one probe request is let through.',
+  LIMITS_FAIL_OPEN:
+    'When Redis cannot be reached, rate limits and spend caps let requests through (`true`) or refuse them with 503 (`false`); `tollgate_limits_backend_errors_total` counts these.',
   WEBHOOK_MAX_ATTEMPTS: 'Delivery attempts before a delivery ends in `error`.',
   WEBHOOK_BACKOFF_BASE_MS: 'First retry delay; doubles on each attempt, with jitter.',
   WEBHOOK_TIMEOUT_MS: 'Time-out of one delivery request.',

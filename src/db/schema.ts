@@ -33,6 +33,12 @@ export interface ProjectsTable {
   settings: Json<ProjectSettings>;
   upstream_base_url: string | null;
   upstream_key_sealed: string | null;
+  /** Rate and spend limits of the pricing file (src/limits). */
+  limits: ColumnType<
+    ProjectLimits | null,
+    ProjectLimits | string | null | undefined,
+    ProjectLimits | string | null
+  >;
   created_at: Timestamp;
   updated_at: Timestamp;
 }
@@ -66,7 +72,57 @@ export interface ModelsTable {
   fee: Numeric | null;
   period: string | null;
   period_seconds: number | null;
+  /** Routes of the pricing file (src/routing); null: the provider `default` with `upstream_model`. */
+  routes: ColumnType<
+    ModelRoute[] | null,
+    ModelRoute[] | string | null | undefined,
+    ModelRoute[] | string | null
+  >;
   created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+// ---- routing and limits ----
+
+/** One route of a model: a provider of the project and the model name it knows. */
+export interface ModelRoute {
+  provider: string;
+  model: string;
+  /** Lower first; routes without one are tried in the order listed. */
+  priority?: number;
+  /** Share of the load among routes of equal priority (default 1). */
+  weight?: number;
+}
+
+export interface RateLimit {
+  rpm?: number;
+  tpm?: number;
+}
+
+export interface ProjectLimits {
+  project?: RateLimit;
+  key?: RateLimit;
+  user?: RateLimit;
+  /** Spend caps per end user, decimal strings in the project's currency. */
+  spend?: { daily?: string; monthly?: string };
+}
+
+export interface ProvidersTable {
+  project_id: string;
+  name: string;
+  base_url: string;
+  key_sealed: string | null;
+  connect_timeout_ms: number | null;
+  response_timeout_ms: number | null;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+export interface SpendCapsTable {
+  project_id: string;
+  external_id: string;
+  daily: Numeric | null;
+  monthly: Numeric | null;
   updated_at: Timestamp;
 }
 
@@ -258,6 +314,8 @@ export interface DB {
   webhook_deliveries: WebhookDeliveriesTable;
   webhook_attempts: WebhookAttemptsTable;
   system_settings: SystemSettingsTable;
+  providers: ProvidersTable;
+  spend_caps: SpendCapsTable;
 }
 
 export type Project = Selectable<ProjectsTable>;

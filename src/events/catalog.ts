@@ -63,8 +63,79 @@ export const eventCatalog = {
   },
   'routing.upstream.failed': {
     version: '1.0',
-    description: 'The provider answered with an error, timed out or sent a malformed response.',
-    data: { requestId: 'request id', model: 'model id', upstreamStatus: 'integer or null', reason: 'string' },
+    description:
+      'An attempt failed: the provider answered with an error, timed out, could not be reached or sent a malformed response (one event per failed attempt of a routed request).',
+    data: {
+      requestId: 'request id',
+      model: 'model id',
+      provider: 'provider name (routed attempts)',
+      upstreamModel: 'the model name sent to the provider (routed attempts)',
+      attempt: 'attempt number, from 1 (routed attempts)',
+      upstreamStatus: 'integer or null',
+      reason: 'string',
+    },
+  },
+  'routing.fallback.used': {
+    version: '1.0',
+    description: 'A route other than the first one tried answered the request.',
+    data: {
+      requestId: 'request id',
+      model: 'model id',
+      provider: 'provider that answered',
+      upstreamModel: 'the model name sent to it',
+      attempts: 'attempts made, the answering one included',
+      firstProvider: 'the provider tried first',
+    },
+  },
+  'routing.circuit.opened': {
+    version: '1.0',
+    description:
+      'A route failed `ROUTING_CIRCUIT_FAILURES` times in a row (or its probe failed): it is skipped for `ROUTING_CIRCUIT_COOLDOWN_MS` (per pod).',
+    data: {
+      requestId: 'request id of the failing request',
+      model: 'model id',
+      provider: 'provider name',
+      upstreamModel: 'the model name sent to the provider',
+      failures: 'consecutive failures that open a circuit',
+      cooldownMs: 'cool-down before one probe',
+    },
+  },
+  'routing.circuit.closed': {
+    version: '1.0',
+    description: 'The probe through an open circuit succeeded: the route is used again.',
+    data: {
+      requestId: 'request id of the probe',
+      model: 'model id',
+      provider: 'provider name',
+      upstreamModel: 'the model name sent to the provider',
+    },
+  },
+  'limits.rate.exceeded': {
+    version: '1.0',
+    description: 'A request went over a rate limit of the project, its API key or its end user, and got 429.',
+    data: {
+      model: 'model id',
+      operation: '`chat`, `responses` or `embeddings`',
+      scope: '`project`, `key` or `user`',
+      limit: '`requests` or `tokens` (per minute)',
+      value: 'the limit',
+      retryAfterSeconds: 'integer',
+    },
+  },
+  'limits.spend.exceeded': {
+    version: '1.0',
+    description:
+      'A request would take an end user past a spend cap (per day or per month); the reply said so, with the time it resets.',
+    data: {
+      model: 'model id',
+      operation: '`chat`, `responses` or `embeddings`',
+      period: '`day` or `month`',
+      cap: 'decimal string',
+      spent: 'decimal string spent and reserved in the period',
+      required: 'decimal string the request could cost',
+      currency: 'currency code',
+      resetsAt: 'ISO 8601 time the period ends',
+    },
   },
   'balance.deposit.created': {
     version: '1.0',

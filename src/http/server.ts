@@ -13,6 +13,7 @@ import { ApiError, databaseUnavailable } from '../core/errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
+import { spendCapRoutes } from '../limits/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
@@ -103,6 +104,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       await v1.register(responsesRoutes);
       await v1.register(embeddingsRoutes);
       await v1.register(userRoutes);
+      await v1.register(spendCapRoutes);
       await v1.register(webhookRoutes);
     },
     { prefix: '/v1' },

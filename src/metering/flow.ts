@@ -8,9 +8,11 @@ import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount } from '../core/money.ts';
 import type { EventType } from '../events/catalog.ts';
+import { type LimitRequest, Limits, rateLimitHeaders, spendCapMessage } from '../limits/index.ts';
 import { endpointsOf } from '../models/pricing.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { ECHO_UPSTREAM } from '../projects/service.ts';
+import { Router, routingReported } from '../routing/router.ts';
 import { EchoProvider } from '../upstream/echo.ts';
 import { createUpstreamAgent, OpenAICompatibleProvider } from '../upstream/openai-compatible.ts';
 import { isAbort, type Provider, type SseMessage, UpstreamError } from '../upstream/types.ts';
@@ -52,6 +54,9 @@ export class MeteredFlow {
   readonly #echo = new EchoProvider();
   readonly #providers = new WeakMap<object, Provider>();
   readonly #pending = new Set<Promise<unknown>>();
+  /** Routing with fallback (src/routing) and rate limits / spend caps (src/limits). */
+  readonly #router: Router;
+  readonly #limits: Limits;
   #closed: Promise<void> | undefined;
 
   constructor(ctx: AppContext) {
@@ -60,6 +65,8 @@ export class MeteredFlow {
       connectMs: ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS,
       responseMs: ctx.config.UPSTREAM_RESPONSE_TIMEOUT_MS,
     });
+    this.#router = new Router(ctx, this.#agent);
+    this.#limits = new Limits(ctx);
   }
 
   /** Resolves when every settle, release and event write started so far has finished. */
@@ -70,7 +77,7 @@ export class MeteredFlow {
   close(): Promise<void> {
     this.#closed ??= (async () => {
       await this.idle();
-      await this.#agent.close();
+      await Promise.all([this.#agent.close(), this.#router.close(), this.#limits.close()]);
     })();
     return this.#closed;
   }
@@ -95,7 +102,7 @@ export class MeteredFlow {
     }
     const externalId = resolveEndUser(body, request.headers[END_USER_HEADER]);
     const upstream = project.upstream;
-    if (!upstream) {
+    if (!upstream && !model.routes?.length) {
       throw new ApiError(
         503,
         'service_unavailable',
@@ -138,6 +145,11 @@ export class MeteredFlow {
     } else if (pricing.mode === 'per_request') {
       amount = formatAmount(pricing.perRequest);
     }
+    // ---- limits (src/limits): rate limits and spend caps, checked before any money moves ----
+    if (this.#limits.applies(project)) {
+      const limited = await this.#checkLimits(x, request, reply, amount);
+      if (limited) return limited.answered;
+    }
     const admission = await admit(ctx, {
       project,
       model,
@@ -146,8 +158,14 @@ export class MeteredFlow {
       amount,
       purpose: api.name,
       trigger: x.trigger,
+    }).catch((err) => {
+      this.#limits.released(x); // limits: give the reservation back
+      throw err;
     });
-    if (!admission.ok) return this.#refuse(x, admission, reply);
+    if (!admission.ok) {
+      this.#limits.released(x); // limits: a refused request uses and spends nothing
+      return this.#refuse(x, admission, reply);
+    }
     x.userId = admission.userId;
     x.hold = admission.hold;
     x.startedEvent = this.#event(x, 'proxy.request.started', {
@@ -160,7 +178,11 @@ export class MeteredFlow {
 
     // ---- forward ----
     const upstreamBody = api.upstreamBody(body, model, x.bound);
-    const provider = this.#provider(upstream);
+    // routing (src/routing): the model's routes, with fallback, behind one Provider
+    // (its events chain on `startedEvent`, so they are written in order, before the request's own)
+    const provider = this.#router.provider(project, model, (type, data) => {
+      x.startedEvent = this.#event(x, type, { requestId: x.requestId, ...data }) ?? x.startedEvent;
+    });
     reply.header('x-tollgate-request-id', x.requestId);
     if (stream) return this.#stream(x, provider, upstreamBody, reply);
     return this.#complete(x, provider, upstreamBody, reply);
@@ -250,13 +272,17 @@ export class MeteredFlow {
       throw this.#failed(x, err);
     }
     const reader = x.api.streamReader!(x);
-    const sink = new SseSink(reply, { 'x-tollgate-request-id': x.requestId }, () => {
-      this.#ctx.metrics.timeToFirstToken.observe(
-        { project: x.project.id, model: x.model.id },
-        (performance.now() - x.started) / 1000,
-      );
-      this.#observe(x, performance.now() - upstreamStarted, true);
-    });
+    const sink = new SseSink(
+      reply,
+      { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId },
+      () => {
+        this.#ctx.metrics.timeToFirstToken.observe(
+          { project: x.project.id, model: x.model.id },
+          (performance.now() - x.started) / 1000,
+        );
+        this.#observe(x, performance.now() - upstreamStarted, true);
+      },
+    );
     const limit = x.bound === undefined || !reader.canCut ? undefined : x.bound * x.choices;
     let produced = 0;
     let forwarded = 0;
@@ -310,6 +336,78 @@ export class MeteredFlow {
     });
     sink.end(reader.tail(cut, usageOf(x, usage, produced)));
     return reply;
+  }
+
+  /**
+   * Rate limits (429 in OpenAI's shape) and spend caps (an assistant message, like the paywall's) of a
+   * request, before its hold; the rate limit headers go on every answer. Undefined: go on. (The reply
+   * is wrapped: a FastifyReply is a thenable, awaiting it would wait for the response.)
+   */
+  async #checkLimits<B extends MeteredBody>(
+    x: Exchange<B>,
+    request: FastifyRequest,
+    reply: FastifyReply,
+    amount: string,
+  ): Promise<{ answered: FastifyReply } | undefined> {
+    const ctx = this.#ctx;
+    const req: LimitRequest = {
+      project: x.project,
+      apiKeyId: request.apiKeyId,
+      externalId: x.externalId,
+      model: x.model.id,
+      operation: x.api.name,
+      estimateTokens: () => {
+        if (x.inputCount !== undefined) return x.inputCount;
+        const counted = holdInputTokens(x.api.countInput, x.body);
+        return counted.exact ?? counted.bound;
+      },
+    };
+    const decision = await this.#limits.check(x, req, amount);
+    for (const [name, value] of Object.entries(decision.headers)) reply.header(name, value);
+    if (decision.ok) return undefined;
+    const { rate, spend } = decision;
+    if (rate) {
+      ctx.metrics.requests.inc({
+        project: x.project.id,
+        model: x.model.id,
+        decision: 'rate_limited',
+        outcome: 'refused',
+        stream: String(x.stream),
+      });
+      this.#event(x, 'limits.rate.exceeded', {
+        model: x.model.id,
+        operation: x.api.name,
+        scope: rate.scope,
+        limit: rate.limit,
+        value: rate.value,
+        retryAfterSeconds: rate.retryAfterSeconds,
+      });
+      throw rate.error;
+    }
+    ctx.metrics.requests.inc({
+      project: x.project.id,
+      model: x.model.id,
+      decision: 'spend_cap_reached',
+      outcome: 'link',
+      stream: String(x.stream),
+    });
+    this.#event(x, 'limits.spend.exceeded', {
+      model: x.model.id,
+      operation: x.api.name,
+      period: spend.period,
+      cap: spend.cap,
+      spent: spend.spent,
+      required: spend.required,
+      currency: x.project.currency,
+      resetsAt: spend.resetsAt.toISOString(),
+    });
+    reply.header('x-tollgate-paywall', 'spend_cap_reached');
+    const answer = x.api.refusal(
+      { decision: 'spend_cap_reached', url: '', message: spendCapMessage(x.project, spend) },
+      x,
+    );
+    if (answer.kind === 'stream') return { answered: sendStream(reply, answer.body) };
+    return { answered: reply.code(answer.status).send(answer.body) };
   }
 
   /** The client left before anything reached it: nothing is charged, there is no one to answer. */
@@ -376,20 +474,26 @@ export class MeteredFlow {
         'proxy.request.failed',
         { requestId: x.requestId, model: x.model.id, status: error.status, code: error.code },
       ],
-      [
-        'routing.upstream.failed',
-        {
-          requestId: x.requestId,
-          model: x.model.id,
-          upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
-          reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
-        },
-      ],
+      // routing: the router already reported each failed attempt of a routed request
+      ...(routingReported(err)
+        ? []
+        : [
+            [
+              'routing.upstream.failed',
+              {
+                requestId: x.requestId,
+                model: x.model.id,
+                upstreamStatus: err instanceof UpstreamError ? (err.upstreamStatus ?? null) : null,
+                reason: err instanceof UpstreamError ? `${err.kind}: ${err.message}` : 'internal error',
+              },
+            ] as [EventType, Record<string, unknown>],
+          ]),
     ]);
     return error;
   }
 
   #release<B extends MeteredBody>(x: Exchange<B>): void {
+    this.#limits.released(x); // limits: nothing was served
     const hold = x.hold;
     if (!hold) return;
     x.hold = undefined;
@@ -417,6 +521,7 @@ export class MeteredFlow {
     ctx.metrics.inputTokens.inc(labels, usage.input);
     ctx.metrics.outputTokens.inc(labels, usage.output);
     const cost = requestCost(x.pricing, usage);
+    this.#limits.tokensUsed(x, usage.input + usage.output); // limits: the estimate becomes the real count
     const hold = x.hold;
     x.hold = undefined;
     const completed = (amount: string) => ({
@@ -439,7 +544,7 @@ export class MeteredFlow {
         if (wantsCompleted) await this.#record(x, 'proxy.request.completed', completed('0'));
         return;
       }
-      await ctx.billing.settle({
+      const { charged } = await ctx.billing.settle({
         project: x.project,
         hold,
         cost,
@@ -461,6 +566,7 @@ export class MeteredFlow {
           ? { completed: { type: 'proxy.request.completed' as const, data: completed } }
           : {}),
       });
+      this.#limits.charged(x, charged); // limits: the reservation becomes the charge
     };
     return this.#track(work(), x, 'settle');
   }

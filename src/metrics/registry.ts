@@ -106,6 +106,25 @@ export class Metrics {
     buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25],
     registers: [this.registry],
   });
+  // ---- routing and limits (src/routing, src/limits) ----
+  readonly rateLimited = new Counter({
+    name: 'tollgate_rate_limited_total',
+    help: 'Metered requests refused with 429 by a rate limit, by scope (project, key, user) and limit (requests, tokens).',
+    labelNames: ['project', 'scope', 'limit'] as const,
+    registers: [this.registry],
+  });
+  readonly spendCapped = new Counter({
+    name: 'tollgate_spend_capped_total',
+    help: 'Metered requests refused because the end user reached a spend cap, by period (day, month).',
+    labelNames: ['project', 'period'] as const,
+    registers: [this.registry],
+  });
+  readonly limitsBackendErrors = new Counter({
+    name: 'tollgate_limits_backend_errors_total',
+    help: 'Rate limit or spend cap checks that could not reach Redis, by what happened to the request (allowed: fail open, refused: fail closed).',
+    labelNames: ['project', 'outcome'] as const,
+    registers: [this.registry],
+  });
   readonly upstreamErrors = new Counter({
     name: 'tollgate_upstream_errors_total',
     help: 'Failed upstream requests by reason (status, timeout, connection, malformed, internal).',

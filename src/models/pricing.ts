@@ -45,9 +45,32 @@ export const endpointsSchema = z
   .array(z.enum(ENDPOINTS, { message: "must be one of 'chat', 'responses', 'embeddings'" }))
   .min(1, { message: 'must list at least one endpoint' });
 
+/** A route of a model (src/routing): a provider of the project and the model name it serves. */
+export const routeSchema = z.strictObject({
+  provider: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, { message: 'must be a provider name' }),
+  model: z.string().min(1).max(256),
+  priority: z.number().int().min(0).max(1000).optional(),
+  weight: z.number().positive().max(1_000_000).optional(),
+});
+
+const rateLimitSchema = z.strictObject({
+  rpm: z.number().int().min(1).max(1_000_000_000).optional(),
+  tpm: z.number().int().min(1).max(1_000_000_000_000).optional(),
+});
+
+/** Rate limits per project, API key and end user, and spend caps per end user (src/limits). */
+export const limitsSchema = z.strictObject({
+  project: rateLimitSchema.optional(),
+  key: rateLimitSchema.optional(),
+  user: rateLimitSchema.optional(),
+  spend: z.strictObject({ daily: priceSchema.optional(), monthly: priceSchema.optional() }).optional(),
+});
+
 export const modelSpecSchema = z.strictObject({
   id: modelIdSchema,
   upstreamModel: z.string().min(1).max(256).optional(),
+  /** Tried in order (`priority`, then `weight` among equals); default: the provider `default`. */
+  routes: z.array(routeSchema).min(1).max(16).optional(),
   pricing: pricingSchema,
   /** Which APIs serve the model (default: chat and responses). */
   endpoints: endpointsSchema.optional(),
@@ -59,6 +82,7 @@ export const pricingFileSchema = z
   .strictObject({
     currency: currencySchema,
     models: z.array(modelSpecSchema).min(1, { message: 'must list at least one model' }),
+    limits: limitsSchema.optional(),
   })
   .superRefine((file, ctx) => {
     const seen = new Set<string>();

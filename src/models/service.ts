@@ -51,6 +51,7 @@ export async function applyPricing(db: Database, projectId: string, file: Pricin
         ...pricingColumns(model.pricing),
         upstream_model: model.upstreamModel ?? model.id,
         endpoints: model.endpoints ?? DEFAULT_ENDPOINTS,
+        routes: model.routes ? JSON.stringify(model.routes) : null,
       };
       await tx
         .insertInto('models')
@@ -62,6 +63,12 @@ export async function applyPricing(db: Database, projectId: string, file: Pricin
       (existing.has(model.id) ? result.updated : result.created).push(model.id);
       existing.delete(model.id);
     }
+    // Limits (src/limits) come with the pricing file; a file without them removes them.
+    await tx
+      .updateTable('projects')
+      .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
+      .where('id', '=', projectId)
+      .execute();
     for (const id of existing) {
       await tx.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', id).execute();
       result.deleted.push(id);

@@ -2,7 +2,9 @@ import { type Bus, channels } from '../bus/index.ts';
 import { TtlCache } from '../core/cache.ts';
 import type { Sealer } from '../core/crypto.ts';
 import type { Database } from '../db/index.ts';
-import type { ModelRow, ProjectSettings } from '../db/schema.ts';
+import type { ModelRow, ProjectLimits, ProjectSettings } from '../db/schema.ts';
+import { loadSpendCaps, type SpendCaps } from '../limits/spend.ts';
+import { DEFAULT_PROVIDER, loadProviders, type ProviderConfig } from '../routing/providers.ts';
 
 /** What a request needs to know about its project, loaded once and cached. */
 export interface ProjectContext {
@@ -13,6 +15,12 @@ export interface ProjectContext {
   settings: ProjectSettings;
   upstream: { baseUrl: string; apiKey: string | undefined } | undefined;
   models: Map<string, ModelRow>;
+  /** Named providers (src/routing); `default` is the project's upstream. */
+  providers: Map<string, ProviderConfig>;
+  /** Rate and spend limits (src/limits); undefined when the pricing file sets none. */
+  limits: ProjectLimits | undefined;
+  /** Per-user spend cap overrides, by external user id. */
+  spendCaps: Map<string, SpendCaps>;
 }
 
 const TTL_MS = 60_000;
@@ -73,19 +81,31 @@ export class ProjectDirectory {
       .where('project_id', '=', projectId)
       .orderBy('id')
       .execute();
+    const [providers, spendCaps] = await Promise.all([
+      loadProviders(this.#db, this.#sealer, projectId),
+      loadSpendCaps(this.#db, projectId),
+    ]);
+    const fallback = providers.get(DEFAULT_PROVIDER);
     return {
       id: project.id,
       name: project.name,
       currency: project.currency,
       owner_user_id: project.owner_user_id,
       settings: project.settings,
-      upstream: project.upstream_base_url
-        ? {
-            baseUrl: project.upstream_base_url,
-            apiKey: project.upstream_key_sealed ? this.#sealer.open(project.upstream_key_sealed) : undefined,
-          }
-        : undefined,
+      upstream: fallback
+        ? { baseUrl: fallback.baseUrl, apiKey: fallback.apiKey }
+        : project.upstream_base_url
+          ? {
+              baseUrl: project.upstream_base_url,
+              apiKey: project.upstream_key_sealed
+                ? this.#sealer.open(project.upstream_key_sealed)
+                : undefined,
+            }
+          : undefined,
       models: new Map(models.map((m) => [m.id, m])),
+      providers,
+      limits: project.limits ?? undefined,
+      spendCaps,
     };
   }
 }

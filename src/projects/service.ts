@@ -68,6 +68,18 @@ export async function createProject(
       })
       .returningAll()
       .executeTakeFirstOrThrow();
+    // Routing (src/routing/providers.ts): the upstream is the project's provider `default`.
+    if (project.upstream_base_url) {
+      await tx
+        .insertInto('providers')
+        .values({
+          project_id: id,
+          name: 'default',
+          base_url: project.upstream_base_url,
+          key_sealed: project.upstream_key_sealed,
+        })
+        .execute();
+    }
     const key = await createKey(tx, id, 'default');
     return { project, apiKey: key.key, apiKeyId: key.id };
   });
@@ -96,7 +108,7 @@ export async function updateProject(
 ): Promise<Project> {
   const parsed = parseInput(updateProjectSchema, input, 'project');
   const current = await getProject(db, id);
-  return db
+  const updated = await db
     .updateTable('projects')
     .set({
       ...(parsed.name !== undefined ? { name: parsed.name } : {}),
@@ -112,4 +124,20 @@ export async function updateProject(
     .where('id', '=', id)
     .returningAll()
     .executeTakeFirstOrThrow();
+  // Routing (src/routing/providers.ts): the upstream is the project's provider `default`.
+  if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined) {
+    if (!updated.upstream_base_url) {
+      await db.deleteFrom('providers').where('project_id', '=', id).where('name', '=', 'default').execute();
+    } else {
+      const row = { base_url: updated.upstream_base_url, key_sealed: updated.upstream_key_sealed };
+      await db
+        .insertInto('providers')
+        .values({ project_id: id, name: 'default', ...row })
+        .onConflict((oc) =>
+          oc.columns(['project_id', 'name']).doUpdateSet({ ...row, updated_at: new Date() }),
+        )
+        .execute();
+    }
+  }
+  return updated;
 }

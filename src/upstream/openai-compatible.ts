@@ -45,12 +45,15 @@ export class OpenAICompatibleProvider implements Provider {
   readonly #origin: string;
   readonly #basePath: string;
   readonly #headers: Record<string, string>;
+  /** A provider's own response time-out (routing); the agent's otherwise. */
+  readonly #timeouts: { headersTimeout?: number; bodyTimeout?: number };
 
-  constructor(agent: Dispatcher, baseUrl: string, apiKey: string | undefined) {
+  constructor(agent: Dispatcher, baseUrl: string, apiKey: string | undefined, responseMs?: number) {
     const url = new URL(baseUrl.replace(/\/+$/, ''));
     this.#agent = agent;
     this.#origin = url.origin;
     this.#basePath = url.pathname.replace(/\/+$/, '');
+    this.#timeouts = responseMs === undefined ? {} : { headersTimeout: responseMs, bodyTimeout: responseMs };
     this.#headers = {
       'content-type': 'application/json',
       accept: 'application/json, text/event-stream',
@@ -101,6 +104,7 @@ export class OpenAICompatibleProvider implements Provider {
         headers: this.#headers,
         ...(call.body !== undefined ? { body: call.body } : {}),
         signal: call.signal,
+        ...this.#timeouts,
       });
     } catch (err) {
       throw failure(err);
@@ -123,6 +127,7 @@ export class OpenAICompatibleProvider implements Provider {
         headers: this.#headers,
         body: JSON.stringify(call.body),
         signal: call.signal,
+        ...this.#timeouts,
       });
     } catch (err) {
       throw failure(err);

@@ -29,6 +29,8 @@ export interface MockBehavior {
   chunkDelayMs?: number;
   /** Answer with this status and an OpenAI-shaped error. */
   failStatus?: number;
+  /** With failStatus (chat): send this `Retry-After` header. */
+  retryAfter?: string;
   /** Never answer (the proxy's response time-out must fire). */
   stall?: boolean;
   /** Streaming: send this many content chunks, then stall. */
@@ -150,7 +152,10 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
   // never answers; the socket is closed by the client or by close()
   if (b.stall) return new Promise((resolve) => res.on('close', resolve));
   if (b.failStatus) {
-    res.writeHead(b.failStatus, { 'content-type': 'application/json' });
+    res.writeHead(b.failStatus, {
+      'content-type': 'application/json',
+      ...(b.retryAfter ? { 'retry-after': b.retryAfter } : {}),
+    });
     res.end(
       JSON.stringify({
         error: { message: `mock failure ${b.failStatus}`, type: 'server_error', code: 'mock' },

@@ -7,6 +7,7 @@ import * as runtimeChecks from './0005_runtime_checks.ts';
 import * as openaiCompat from './0006_openai_compat.ts';
 import * as metering from './0007_metering.ts';
 import * as webhooksProduction from './0008_webhooks_production.ts';
+import * as routingLimits from './0009_routing_limits.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -21,4 +22,5 @@ export const migrations: Record<string, Migration> = {
   '0006_openai_compat': openaiCompat,
   '0007_metering': metering,
   '0008_webhooks_production': webhooksProduction,
+  '0009_routing_limits': routingLimits,
 };

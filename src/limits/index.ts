@@ -1,0 +1,359 @@
+import type { AppContext } from '../app/context.ts';
+import { ApiError } from '../core/errors.ts';
+import { formatForCurrency, Money } from '../core/money.ts';
+import type { RateLimit } from '../db/schema.ts';
+import type { ProjectContext } from '../projects/directory.ts';
+import { chargedSince, fromUnits, periodOf, type SpendCaps, type SpendPeriod, toUnits } from './spend.ts';
+import { type CounterStore, MemoryCounterStore, RedisCounterStore } from './store.ts';
+
+/**
+ * Rate limits and spend caps of metered requests, checked before the paywall's hold (a refused request
+ * never touches money) and corrected when the request ends. Counters live in Redis (atomic Lua scripts,
+ * shared by every pod) or in this process without REDIS_URL (store.ts).
+ *
+ * - Rate limits: requests and tokens per minute per project, API key and end user, in fixed one-minute
+ *   windows. Tokens are the prompt tokens estimated at admission, corrected to input + output at the end.
+ * - Spend caps: per end user per UTC day and month. The request's hold amount (the most it can cost) is
+ *   reserved atomically at admission; the counter is corrected to the amount charged at the end. A missing
+ *   counter is seeded from the ledger's charges of the period, so the cap counts what was already spent.
+ *
+ * A project without limits pays nothing: no counter, no header, no round trip.
+ */
+export const WINDOW_MS = 60_000;
+
+export type Scope = 'project' | 'key' | 'user';
+const SCOPES: Scope[] = ['project', 'key', 'user'];
+
+export interface LimitRequest {
+  project: ProjectContext;
+  apiKeyId: string;
+  externalId: string;
+  model: string;
+  operation: string;
+  /** Prompt tokens estimated (asked only when a tokens-per-minute limit applies). */
+  estimateTokens: () => number;
+}
+
+/** Why a request is refused: over a rate limit (429), or at a spend cap (an assistant message). */
+export interface RateRefusal {
+  error: ApiError;
+  scope: Scope;
+  limit: 'requests' | 'tokens';
+  value: number;
+  retryAfterSeconds: number;
+}
+
+export interface SpendRefusal {
+  period: SpendPeriod;
+  cap: string;
+  spent: string;
+  required: string;
+  resetsAt: Date;
+}
+
+/** `headers`: OpenAI's `x-ratelimit-*` headers for the answer, whatever the decision. */
+export type LimitDecision =
+  | { ok: true; headers: Record<string, string> }
+  | { ok: false; headers: Record<string, string>; rate: RateRefusal; spend?: undefined }
+  | { ok: false; headers: Record<string, string>; spend: SpendRefusal; rate?: undefined };
+
+interface Counter {
+  key: string;
+  cap: number;
+  cost: number;
+  ttlMs: number;
+  /** Rate counters start at 0; spend counters are seeded from the ledger (undefined until read). */
+  seed: number | undefined;
+  rate?: { scope: Scope; limit: 'requests' | 'tokens' };
+  spend?: { period: SpendPeriod; cap: string; start: Date; end: Date };
+}
+
+interface Ticket {
+  tokenKeys: string[];
+  tokens: number;
+  /** A token correction waiting to go with the spend correction (one round trip at the end). */
+  tokenDelta: number;
+  spendKeys: string[];
+  spendUnits: number;
+}
+
+export class Limits {
+  readonly #ctx: AppContext;
+  readonly store: CounterStore;
+  readonly #prefix: string;
+  readonly #tickets = new WeakMap<object, Ticket>();
+
+  constructor(ctx: AppContext) {
+    this.#ctx = ctx;
+    this.store = ctx.config.REDIS_URL
+      ? new RedisCounterStore(ctx.config.REDIS_URL)
+      : new MemoryCounterStore();
+    this.#prefix = `${ctx.bus.prefix}lim:`;
+  }
+
+  close(): Promise<void> {
+    return this.store.close();
+  }
+
+  /** True when the project has a rate limit or any spend cap (else the flow skips this module). */
+  applies(project: ProjectContext): boolean {
+    return project.limits !== undefined || project.spendCaps.size > 0;
+  }
+
+  /**
+   * Checks the request against every rate limit of its project, key and user and against its user's
+   * spend caps, and counts it (1 request, its estimated prompt tokens, its hold `amount`) — all in one
+   * atomic step: either everything is counted or nothing is.
+   */
+  async check(owner: object, req: LimitRequest, amount: string): Promise<LimitDecision> {
+    const now = Date.now();
+    const window = Math.floor(now / WINDOW_MS);
+    const resetMs = (window + 1) * WINDOW_MS - now;
+    const project = req.project.id;
+    const counters: Counter[] = [];
+    let tokens: number | undefined;
+    const limits = req.project.limits;
+    const ids: Record<Scope, string> = { project: '-', key: req.apiKeyId, user: req.externalId };
+    for (const scope of SCOPES) {
+      const limit: RateLimit | undefined = limits?.[scope];
+      if (!limit) continue;
+      const base = `${this.#prefix}{${project}}:${scope}:${encodeURIComponent(ids[scope])}:${window}`;
+      const ttlMs = WINDOW_MS * 2;
+      if (limit.rpm !== undefined) {
+        counters.push({
+          key: `${base}:r`,
+          cap: limit.rpm,
+          cost: 1,
+          ttlMs,
+          seed: 0,
+          rate: { scope, limit: 'requests' },
+        });
+      }
+      if (limit.tpm !== undefined) {
+        tokens ??= req.estimateTokens();
+        counters.push({
+          key: `${base}:t`,
+          cap: limit.tpm,
+          cost: tokens,
+          ttlMs,
+          seed: 0,
+          rate: { scope, limit: 'tokens' },
+        });
+      }
+    }
+    const caps = capsOf(req.project, req.externalId);
+    const units = toUnits(amount);
+    if (caps && units > 0) {
+      const user = encodeURIComponent(req.externalId);
+      const date = new Date(now);
+      for (const [period, cap] of [
+        ['day', caps.daily],
+        ['month', caps.monthly],
+      ] as const) {
+        if (cap === undefined) continue;
+        const p = periodOf(period, date);
+        counters.push({
+          key: `${this.#prefix}{${project}}:spend:${user}:${p.id}`,
+          cap: toUnits(cap, 'down'),
+          cost: units,
+          ttlMs: p.end.getTime() - now + 86_400_000,
+          seed: undefined,
+          spend: { period, cap, start: p.start, end: p.end },
+        });
+      }
+    }
+    if (!counters.length) return { ok: true, headers: {} };
+    const keys = counters.map((c) => c.key);
+    const take = () =>
+      this.store.take(
+        keys,
+        counters.map((c) => c.cap),
+        counters.map((c) => c.cost),
+        counters.map((c) => c.ttlMs),
+        counters.map((c) => c.seed),
+      );
+    let result: Awaited<ReturnType<CounterStore['take']>>;
+    try {
+      result = await take();
+      // A spend counter's first request of the period (or Redis lost it): seed it from the ledger's
+      // charges of the period. The seed is set only where the key is still missing.
+      for (let round = 0; result.needsSeed.length; round++) {
+        if (round === 3) throw new Error('spend counters could not be seeded');
+        for (const i of result.needsSeed) {
+          const c = counters[i]!;
+          c.seed ??= toUnits(await chargedSince(this.#ctx.db, project, req.externalId, c.spend!.start));
+        }
+        result = await take();
+      }
+    } catch (err) {
+      this.#unavailable(req.project, err);
+      return { ok: true, headers: {} };
+    }
+    const headers = rateHeaders(counters, result.values, resetMs);
+    if (result.denied >= 0) {
+      const c = counters[result.denied]!;
+      if (c.rate) {
+        const retryAfterSeconds = Math.max(1, Math.ceil(resetMs / 1000));
+        const unit = c.rate.limit === 'requests' ? 'requests per min (RPM)' : 'tokens per min (TPM)';
+        const who = c.rate.scope === 'key' ? 'API key' : c.rate.scope === 'user' ? 'end user' : 'project';
+        const error = new ApiError(
+          429,
+          'rate_limit_error',
+          `Rate limit reached for the ${who} on ${unit}: Limit ${c.cap}, Used ${result.values[result.denied]}, Requested ${c.cost}. Please try again in ${retryAfterSeconds}s.`,
+          { code: 'rate_limit_exceeded', headers: { ...headers, 'retry-after': String(retryAfterSeconds) } },
+        );
+        this.#ctx.metrics.rateLimited.inc({ project, scope: c.rate.scope, limit: c.rate.limit });
+        return {
+          ok: false,
+          headers,
+          rate: { error, scope: c.rate.scope, limit: c.rate.limit, value: c.cap, retryAfterSeconds },
+        };
+      }
+      const spend = c.spend!;
+      this.#ctx.metrics.spendCapped.inc({ project, period: spend.period });
+      return {
+        ok: false,
+        headers,
+        spend: {
+          period: spend.period,
+          cap: spend.cap,
+          spent: fromUnits(result.values[result.denied]!),
+          required: amount,
+          resetsAt: spend.end,
+        },
+      };
+    }
+    const ticket: Ticket = {
+      tokenKeys: [],
+      tokens: tokens ?? 0,
+      tokenDelta: 0,
+      spendKeys: [],
+      spendUnits: units,
+    };
+    for (const c of counters) {
+      if (c.rate?.limit === 'tokens') ticket.tokenKeys.push(c.key);
+      if (c.spend) ticket.spendKeys.push(c.key);
+    }
+    if (ticket.tokenKeys.length || ticket.spendKeys.length) this.#tickets.set(owner, ticket);
+    return { ok: true, headers };
+  }
+
+  /** Nothing was served (refused, failed, abandoned): the request uses no tokens and spends nothing. */
+  released(owner: object): void {
+    this.tokensUsed(owner, 0);
+    this.charged(owner, '0');
+  }
+
+  /**
+   * The request ended: its token estimate becomes the tokens it used (0 when nothing was served). With a
+   * spend reservation pending, the correction waits to go with it.
+   */
+  tokensUsed(owner: object, tokens: number): void {
+    const ticket = this.#tickets.get(owner);
+    if (!ticket?.tokenKeys.length) return;
+    const delta = tokens - ticket.tokens;
+    if (ticket.spendKeys.length) {
+      ticket.tokenDelta = delta;
+      return;
+    }
+    const keys = ticket.tokenKeys;
+    ticket.tokenKeys = [];
+    if (delta !== 0)
+      this.#adjust(
+        keys,
+        keys.map(() => delta),
+      );
+  }
+
+  /** The request ended: its reservation becomes what was charged (`0` when it was released). */
+  charged(owner: object, amount: string): void {
+    const ticket = this.#tickets.get(owner);
+    if (!ticket?.spendKeys.length) return;
+    const delta = toUnits(amount) - ticket.spendUnits;
+    const keys: string[] = [];
+    const deltas: number[] = [];
+    for (const key of ticket.spendKeys) {
+      keys.push(key);
+      deltas.push(delta);
+    }
+    if (ticket.tokenDelta !== 0) {
+      for (const key of ticket.tokenKeys) {
+        keys.push(key);
+        deltas.push(ticket.tokenDelta);
+      }
+    }
+    ticket.spendKeys = [];
+    ticket.tokenKeys = [];
+    const changed = deltas.some((d) => d !== 0);
+    if (changed) this.#adjust(keys, deltas);
+  }
+
+  #adjust(keys: string[], deltas: number[]): void {
+    this.store.adjust(keys, deltas).catch((err) => {
+      this.#ctx.log.warn({ err }, 'a limit counter correction failed');
+    });
+  }
+
+  /** Redis could not be reached: fail open (counted) or closed (503), as LIMITS_FAIL_OPEN says. */
+  #unavailable(project: ProjectContext, err: unknown): void {
+    const open = this.#ctx.config.LIMITS_FAIL_OPEN;
+    this.#ctx.metrics.limitsBackendErrors.inc({ project: project.id, outcome: open ? 'allowed' : 'refused' });
+    this.#ctx.log.warn({ err }, `limits: Redis unreachable, failing ${open ? 'open' : 'closed'}`);
+    if (!open) {
+      throw new ApiError(
+        503,
+        'service_unavailable',
+        'Rate limits cannot be checked right now; the request was not forwarded.',
+        { code: 'limits_unavailable', headers: { 'retry-after': '1' } },
+      );
+    }
+  }
+}
+
+/** The user's caps: their own (set through the API) over the project's, field by field. */
+function capsOf(project: ProjectContext, externalId: string): SpendCaps | undefined {
+  const own = project.spendCaps.get(externalId);
+  const base = project.limits?.spend;
+  if (!own && !base) return undefined;
+  return { daily: own?.daily ?? base?.daily, monthly: own?.monthly ?? base?.monthly };
+}
+
+/**
+ * OpenAI's rate limit headers: for requests and for tokens, the limit whose remaining is lowest, what
+ * remains of it and when its window resets (`12s`).
+ */
+function rateHeaders(counters: Counter[], values: number[], resetMs: number): Record<string, string> {
+  const headers: Record<string, string> = {};
+  const reset = `${Math.max(1, Math.ceil(resetMs / 1000))}s`;
+  for (const limit of ['requests', 'tokens'] as const) {
+    let best: { cap: number; remaining: number } | undefined;
+    counters.forEach((c, i) => {
+      if (c.rate?.limit !== limit) return;
+      const remaining = Math.max(0, c.cap - values[i]!);
+      if (!best || remaining < best.remaining) best = { cap: c.cap, remaining };
+    });
+    if (!best) continue;
+    const b = best as { cap: number; remaining: number };
+    headers[`x-ratelimit-limit-${limit}`] = String(b.cap);
+    headers[`x-ratelimit-remaining-${limit}`] = String(b.remaining);
+    headers[`x-ratelimit-reset-${limit}`] = reset;
+  }
+  return headers;
+}
+
+/** The assistant message of a user at a spend cap. */
+export function spendCapMessage(project: ProjectContext, refusal: SpendRefusal): string {
+  const cap = formatForCurrency(new Money(refusal.cap), project.currency);
+  const spent = formatForCurrency(new Money(refusal.spent), project.currency);
+  const when = refusal.resetsAt.toISOString().replace('.000Z', 'Z');
+  return `You have reached your ${refusal.period === 'day' ? 'daily' : 'monthly'} spending limit of ${cap} ${project.currency.toUpperCase()} (spent so far: ${spent}). It resets at ${when} (UTC).`;
+}
+
+/** The rate limit headers already set on a reply (a stream writes its head itself). */
+export function rateLimitHeaders(reply: { getHeaders(): Record<string, unknown> }): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [name, value] of Object.entries(reply.getHeaders())) {
+    if (name.startsWith('x-ratelimit-') && typeof value === 'string') out[name] = value;
+  }
+  return out;
+}

@@ -1,0 +1,106 @@
+import { sql } from 'kysely';
+import { z } from 'zod';
+import { notFound } from '../core/errors.ts';
+import { Money, priceSchema } from '../core/money.ts';
+import { parseInput } from '../core/validation.ts';
+import type { Database } from '../db/index.ts';
+
+/**
+ * Spend caps per end user: at most `daily` per UTC day and `monthly` per UTC month (decimal amounts in
+ * the project's currency). The project's caps come from the pricing file (`limits.spend`); a user's own
+ * caps (set through `PUT /v1/users/{user}/spend-caps` or the CLI) replace them field by field.
+ */
+export interface SpendCaps {
+  daily?: string | undefined;
+  monthly?: string | undefined;
+}
+
+export type SpendPeriod = 'day' | 'month';
+
+/** Amounts are counted in billionths of the currency unit (exact integers in Redis and in Lua). */
+export const SPEND_SCALE = 1_000_000_000;
+
+export function toUnits(amount: string, round: 'up' | 'down' = 'up'): number {
+  const scaled = new Money(amount).times(SPEND_SCALE);
+  return (round === 'up' ? scaled.ceil() : scaled.floor()).toNumber();
+}
+
+export function fromUnits(units: number): string {
+  return new Money(units).div(SPEND_SCALE).toFixed();
+}
+
+/** The current period: its id (part of the counter key), start and end (UTC). */
+export function periodOf(period: SpendPeriod, now = new Date()): { id: string; start: Date; end: Date } {
+  const y = now.getUTCFullYear();
+  const m = now.getUTCMonth();
+  if (period === 'day') {
+    const start = new Date(Date.UTC(y, m, now.getUTCDate()));
+    return { id: start.toISOString().slice(0, 10), start, end: new Date(start.getTime() + 86_400_000) };
+  }
+  const start = new Date(Date.UTC(y, m, 1));
+  return { id: start.toISOString().slice(0, 7), start, end: new Date(Date.UTC(y, m + 1, 1)) };
+}
+
+/** What a user has been charged since `since` (all charges: metered requests, subscription fees, manual). */
+export async function chargedSince(
+  db: Database,
+  projectId: string,
+  externalId: string,
+  since: Date,
+): Promise<string> {
+  const row = await db
+    .selectFrom('ledger_entries as l')
+    .innerJoin('end_users as e', 'e.id', 'l.user_id')
+    .select(sql<string>`coalesce(-sum(l.amount), 0)::text`.as('spent'))
+    .where('e.project_id', '=', projectId)
+    .where('e.external_id', '=', externalId)
+    .where('l.kind', '=', 'charge')
+    .where('l.created_at', '>=', since)
+    .executeTakeFirst();
+  return row?.spent ?? '0';
+}
+
+export async function loadSpendCaps(db: Database, projectId: string): Promise<Map<string, SpendCaps>> {
+  const rows = await db.selectFrom('spend_caps').selectAll().where('project_id', '=', projectId).execute();
+  return new Map(
+    rows.map((r) => [r.external_id, { daily: r.daily ?? undefined, monthly: r.monthly ?? undefined }]),
+  );
+}
+
+export const spendCapsSchema = z.strictObject({
+  daily: priceSchema.nullable().optional(),
+  monthly: priceSchema.nullable().optional(),
+});
+
+/**
+ * Sets a user's own spend caps (null or absent: the project's cap applies); both null removes the
+ * override. Call `ctx.projects.changed(projectId)` afterwards.
+ */
+export async function setUserSpendCaps(
+  db: Database,
+  projectId: string,
+  externalId: string,
+  input: z.input<typeof spendCapsSchema>,
+): Promise<SpendCaps> {
+  const parsed = parseInput(spendCapsSchema, input, 'spend caps');
+  const project = await db.selectFrom('projects').select('id').where('id', '=', projectId).executeTakeFirst();
+  if (!project) throw notFound(`No project ${projectId}.`, 'project_not_found');
+  const daily = parsed.daily ?? null;
+  const monthly = parsed.monthly ?? null;
+  if (daily === null && monthly === null) {
+    await db
+      .deleteFrom('spend_caps')
+      .where('project_id', '=', projectId)
+      .where('external_id', '=', externalId)
+      .execute();
+    return {};
+  }
+  await db
+    .insertInto('spend_caps')
+    .values({ project_id: projectId, external_id: externalId, daily, monthly })
+    .onConflict((oc) =>
+      oc.columns(['project_id', 'external_id']).doUpdateSet({ daily, monthly, updated_at: new Date() }),
+    )
+    .execute();
+  return { daily: daily ?? undefined, monthly: monthly ?? undefined };
+}

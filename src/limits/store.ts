@@ -1,0 +1,184 @@
+import { Redis } from 'ioredis';
+
+/**
+ * Where limit counters live: Redis (shared by every pod; each check is one atomic Lua script) or, without
+ * REDIS_URL, this process's memory with the same semantics. Counters are integers; a key expires with
+ * its window or period.
+ */
+export interface CounterStore {
+  readonly kind: 'redis' | 'memory';
+  /**
+   * Atomically: when every `used + cost <= limit`, adds each cost and returns `denied: -1`; else adds
+   * nothing and returns the index of the first counter over its limit. `values` are the counters after.
+   * A missing key counts from `seeds[i]` when given (`needsSeed` lists missing keys without a seed).
+   */
+  take(
+    keys: string[],
+    limits: number[],
+    costs: number[],
+    ttlMs: number[],
+    seeds?: Array<number | undefined>,
+  ): Promise<{ denied: number; values: number[]; needsSeed: number[] }>;
+  /** Adds `delta` to each existing key (a correction; a key that expired stays gone). */
+  adjust(keys: string[], deltas: number[]): Promise<void>;
+  close(): Promise<void>;
+}
+
+// KEYS: counters. ARGV: n, then per key: limit, cost, ttl ms, seed ('' when none).
+const TAKE = `
+local n = tonumber(ARGV[1])
+local values = {}
+local missing = {}
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  if v then
+    values[i] = tonumber(v)
+  else
+    local seed = ARGV[1 + (i - 1) * 4 + 4]
+    if seed == '' then
+      table.insert(missing, i - 1)
+      values[i] = 0
+    else
+      redis.call('SET', KEYS[i], seed, 'PX', ARGV[1 + (i - 1) * 4 + 3])
+      values[i] = tonumber(seed)
+    end
+  end
+end
+if #missing > 0 then return {-2, values, missing} end
+local denied = -1
+for i = 1, n do
+  local limit = tonumber(ARGV[1 + (i - 1) * 4 + 1])
+  local cost = tonumber(ARGV[1 + (i - 1) * 4 + 2])
+  if denied == -1 and values[i] + cost > limit then denied = i - 1 end
+end
+if denied == -1 then
+  for i = 1, n do
+    local cost = tonumber(ARGV[1 + (i - 1) * 4 + 2])
+    values[i] = redis.call('INCRBY', KEYS[i], cost)
+    if redis.call('PTTL', KEYS[i]) < 0 then redis.call('PEXPIRE', KEYS[i], ARGV[1 + (i - 1) * 4 + 3]) end
+  end
+end
+return {denied, values, missing}
+`;
+
+const ADJUST = `
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], ARGV[i]) end
+end
+return 0
+`;
+
+type RedisWithScripts = Redis & {
+  tgTake(numKeys: number, ...args: Array<string | number>): Promise<[number, number[], number[]]>;
+  tgAdjust(numKeys: number, ...args: Array<string | number>): Promise<number>;
+};
+
+export class RedisCounterStore implements CounterStore {
+  readonly kind = 'redis' as const;
+  readonly #redis: RedisWithScripts;
+
+  constructor(url: string) {
+    // No offline queue and a short command time-out: an unreachable Redis fails the check at once
+    // (fail open or closed per LIMITS_FAIL_OPEN) instead of stalling requests.
+    const redis = new Redis(url, {
+      enableOfflineQueue: false,
+      maxRetriesPerRequest: 0,
+      commandTimeout: 1000,
+      connectTimeout: 2000,
+      retryStrategy: (times) => Math.min(times * 200, 2000),
+    });
+    redis.on('error', () => {});
+    redis.defineCommand('tgTake', { lua: TAKE });
+    redis.defineCommand('tgAdjust', { lua: ADJUST });
+    this.#redis = redis as RedisWithScripts;
+  }
+
+  async take(
+    keys: string[],
+    limits: number[],
+    costs: number[],
+    ttlMs: number[],
+    seeds: Array<number | undefined> = [],
+  ) {
+    const args: Array<string | number> = [keys.length];
+    keys.forEach((_, i) => {
+      args.push(limits[i]!, costs[i]!, ttlMs[i]!, seeds[i] === undefined ? '' : seeds[i]!);
+    });
+    const [denied, values, missing] = await this.#redis.tgTake(keys.length, ...keys, ...args);
+    return { denied: denied === -2 ? -1 : denied, values: values.map(Number), needsSeed: missing };
+  }
+
+  async adjust(keys: string[], deltas: number[]): Promise<void> {
+    if (keys.length) await this.#redis.tgAdjust(keys.length, ...keys, ...deltas);
+  }
+
+  async close(): Promise<void> {
+    this.#redis.disconnect();
+  }
+}
+
+export class MemoryCounterStore implements CounterStore {
+  readonly kind = 'memory' as const;
+  readonly #counters = new Map<string, { value: number; expires: number }>();
+  #sweeps = 0;
+
+  async take(
+    keys: string[],
+    limits: number[],
+    costs: number[],
+    ttlMs: number[],
+    seeds: Array<number | undefined> = [],
+  ) {
+    const now = Date.now();
+    if (++this.#sweeps % 1000 === 0) this.#sweep(now);
+    const values: number[] = [];
+    const needsSeed: number[] = [];
+    keys.forEach((key, i) => {
+      const entry = this.#live(key, now);
+      if (entry) values.push(entry.value);
+      else if (seeds[i] !== undefined) {
+        this.#counters.set(key, { value: seeds[i]!, expires: now + ttlMs[i]! });
+        values.push(seeds[i]!);
+      } else {
+        needsSeed.push(i);
+        values.push(0);
+      }
+    });
+    if (needsSeed.length) return { denied: -1, values, needsSeed };
+    const denied = keys.findIndex((_, i) => values[i]! + costs[i]! > limits[i]!);
+    if (denied === -1) {
+      keys.forEach((key, i) => {
+        const entry = this.#live(key, now) ?? { value: 0, expires: now + ttlMs[i]! };
+        entry.value += costs[i]!;
+        this.#counters.set(key, entry);
+        values[i] = entry.value;
+      });
+    }
+    return { denied, values, needsSeed };
+  }
+
+  async adjust(keys: string[], deltas: number[]): Promise<void> {
+    const now = Date.now();
+    keys.forEach((key, i) => {
+      const entry = this.#live(key, now);
+      if (entry) entry.value += deltas[i]!;
+    });
+  }
+
+  async close(): Promise<void> {
+    this.#counters.clear();
+  }
+
+  #live(key: string, now: number) {
+    const entry = this.#counters.get(key);
+    if (entry && entry.expires <= now) {
+      this.#counters.delete(key);
+      return undefined;
+    }
+    return entry;
+  }
+
+  #sweep(now: number): void {
+    for (const [key, entry] of this.#counters) if (entry.expires <= now) this.#counters.delete(key);
+  }
+}

@@ -1,0 +1,166 @@
+import { z } from 'zod';
+import type { Sealer } from '../core/crypto.ts';
+import { notFound } from '../core/errors.ts';
+import { parseInput } from '../core/validation.ts';
+import type { Database } from '../db/index.ts';
+import { upstreamUrlSchema } from '../projects/service.ts';
+
+/**
+ * A project's named model providers (OpenAI-compatible base URL, key sealed at rest, own time-outs).
+ * The project's single upstream of earlier versions is its provider `default`. This module is the one
+ * place that writes them: the CLI (`tollgate providers …`), `project create/set` and the admin API call
+ * it, then `ctx.projects.changed(projectId)` so every pod reloads the project.
+ */
+export const providerNameSchema = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, { message: 'may hold letters, digits and . _ - (64 at most)' });
+
+export const DEFAULT_PROVIDER = 'default';
+
+export const providerInputSchema = z.strictObject({
+  name: providerNameSchema,
+  baseUrl: upstreamUrlSchema,
+  /** The provider's API key; `undefined` keeps the stored one, `null` removes it. */
+  key: z.string().min(1).nullable().optional(),
+  timeouts: z
+    .strictObject({
+      connectMs: z.number().int().min(100).max(600_000).optional(),
+      responseMs: z.number().int().min(100).max(3_600_000).optional(),
+    })
+    .optional(),
+});
+export type ProviderInput = z.input<typeof providerInputSchema>;
+
+/** A provider as shown to admins: never the key, only whether one is set. */
+export interface ProviderView {
+  name: string;
+  baseUrl: string;
+  keySet: boolean;
+  timeouts: { connectMs: number | undefined; responseMs: number | undefined };
+  updatedAt: Date;
+}
+
+/** A provider as the router uses it (key unsealed; cached with the project). */
+export interface ProviderConfig {
+  name: string;
+  baseUrl: string;
+  apiKey: string | undefined;
+  connectMs: number | undefined;
+  responseMs: number | undefined;
+}
+
+/** Creates or replaces a provider of a project (the key is sealed at rest). */
+export async function upsertProvider(
+  db: Database,
+  sealer: Sealer,
+  projectId: string,
+  input: ProviderInput,
+): Promise<ProviderView> {
+  const parsed = parseInput(providerInputSchema, input, 'provider');
+  const project = await db.selectFrom('projects').select('id').where('id', '=', projectId).executeTakeFirst();
+  if (!project) throw notFound(`No project ${projectId}.`, 'project_not_found');
+  const baseUrl = parsed.baseUrl.replace(/\/+$/, '');
+  const keyColumn =
+    parsed.key === undefined ? {} : { key_sealed: parsed.key === null ? null : sealer.seal(parsed.key) };
+  const timeouts = {
+    connect_timeout_ms: parsed.timeouts?.connectMs ?? null,
+    response_timeout_ms: parsed.timeouts?.responseMs ?? null,
+  };
+  const row = await db
+    .insertInto('providers')
+    .values({
+      project_id: projectId,
+      name: parsed.name,
+      base_url: baseUrl,
+      key_sealed: null,
+      ...keyColumn,
+      ...timeouts,
+    })
+    .onConflict((oc) =>
+      oc
+        .columns(['project_id', 'name'])
+        .doUpdateSet({ base_url: baseUrl, ...keyColumn, ...timeouts, updated_at: new Date() }),
+    )
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  if (parsed.name === DEFAULT_PROVIDER) {
+    // Mirrored for readers of the pre-routing columns (`project show`, the key check at start-up).
+    await db
+      .updateTable('projects')
+      .set({
+        upstream_base_url: baseUrl,
+        ...(parsed.key !== undefined ? { upstream_key_sealed: row.key_sealed } : {}),
+      })
+      .where('id', '=', projectId)
+      .execute();
+  }
+  return view(row);
+}
+
+export async function listProviders(db: Database, projectId: string): Promise<ProviderView[]> {
+  const rows = await db
+    .selectFrom('providers')
+    .selectAll()
+    .where('project_id', '=', projectId)
+    .orderBy('name')
+    .execute();
+  return rows.map(view);
+}
+
+/** Removes a provider; returns false when there was none of that name. */
+export async function removeProvider(db: Database, projectId: string, name: string): Promise<boolean> {
+  const deleted = await db
+    .deleteFrom('providers')
+    .where('project_id', '=', projectId)
+    .where('name', '=', name)
+    .executeTakeFirst();
+  if (name === DEFAULT_PROVIDER) {
+    await db
+      .updateTable('projects')
+      .set({ upstream_base_url: null, upstream_key_sealed: null })
+      .where('id', '=', projectId)
+      .execute();
+  }
+  return Number(deleted.numDeletedRows) > 0;
+}
+
+/** The providers of a project with their keys unsealed (the project directory caches them). */
+export async function loadProviders(
+  db: Database,
+  sealer: Sealer,
+  projectId: string,
+): Promise<Map<string, ProviderConfig>> {
+  const rows = await db.selectFrom('providers').selectAll().where('project_id', '=', projectId).execute();
+  return new Map(
+    rows.map((r) => [
+      r.name,
+      {
+        name: r.name,
+        baseUrl: r.base_url,
+        apiKey: r.key_sealed ? sealer.open(r.key_sealed) : undefined,
+        connectMs: r.connect_timeout_ms ?? undefined,
+        responseMs: r.response_timeout_ms ?? undefined,
+      },
+    ]),
+  );
+}
+
+function view(row: {
+  name: string;
+  base_url: string;
+  key_sealed: string | null;
+  connect_timeout_ms: number | null;
+  response_timeout_ms: number | null;
+  updated_at: Date;
+}): ProviderView {
+  return {
+    name: row.name,
+    baseUrl: row.base_url,
+    keySet: row.key_sealed !== null,
+    timeouts: {
+      connectMs: row.connect_timeout_ms ?? undefined,
+      responseMs: row.response_timeout_ms ?? undefined,
+    },
+    updatedAt: row.updated_at,
+  };
+}
