@@ -35,10 +35,13 @@ export async function startServing(ctx: AppContext): Promise<Running> {
   const port = typeof address === 'object' && address ? address.port : ctx.config.PORT;
   ctx.publicBaseUrl = publicBaseUrl(ctx.config, port);
   const stopJobs = startJobs(ctx);
+  const url = `http://${ctx.config.HOST === '0.0.0.0' ? 'localhost' : ctx.config.HOST}:${port}`;
+  // A second process refused by the embedded database's lock is told where this one answers.
+  ctx.database.lock?.setUrl(url);
   return {
     ctx,
     app,
-    url: `http://${ctx.config.HOST === '0.0.0.0' ? 'localhost' : ctx.config.HOST}:${port}`,
+    url,
     async stop() {
       await stopJobs();
       await app.close();
@@ -199,6 +202,8 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
   // In dev, webhooks may go to plain-HTTP and local receivers unless the environment says otherwise.
   const ctx = await createContext({
     ...config,
+    // A development server is not for the network: loopback unless HOST says otherwise.
+    HOST: process.env.HOST?.trim() ? config.HOST : '127.0.0.1',
     WEBHOOK_ALLOW_HTTP: process.env.WEBHOOK_ALLOW_HTTP?.trim() ? config.WEBHOOK_ALLOW_HTTP : true,
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: process.env.WEBHOOK_ALLOW_PRIVATE_NETWORKS?.trim()
       ? config.WEBHOOK_ALLOW_PRIVATE_NETWORKS

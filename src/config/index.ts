@@ -76,7 +76,7 @@ export type Config = z.infer<typeof configSchema>;
 /** One line per setting for the README table: name, default, meaning. */
 export const configDocs: Record<keyof Config, string> = {
   PORT: 'HTTP port of `tollgate proxy` and `tollgate dev`.',
-  HOST: 'Address to listen on.',
+  HOST: 'Address to listen on (`tollgate dev`: `127.0.0.1` unless HOST is set).',
   PUBLIC_BASE_URL:
     'Public address of the proxy, used in connect and top-up links (default `http://localhost:PORT`).',
   DATABASE_URL:

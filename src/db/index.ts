@@ -3,6 +3,7 @@ import { join, resolve } from 'node:path';
 import { Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely';
 import { Migrator } from 'kysely/migration';
 import pg from 'pg';
+import { acquireEmbeddedLock, type HeldLock } from './lock.ts';
 import { migrations } from './migrations/index.ts';
 import type { DB } from './schema.ts';
 
@@ -23,6 +24,8 @@ export interface DatabaseHandle {
   kind: 'postgres' | 'embedded';
   /** Schema holding the tables when not the default one. */
   schema?: string | undefined;
+  /** The embedded database's exclusive lock (./lock.ts). */
+  lock?: HeldLock;
   close(): Promise<void>;
 }
 
@@ -65,11 +68,30 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
   const { PGlite } = await import('@electric-sql/pglite');
   const dir = resolve(options.dataDir, 'pgdata');
   mkdirSync(dir, { recursive: true });
-  const pglite = await PGlite.create(dir, {
-    parsers: { 1700: (v: string) => v, 20: (v: string) => v },
-  });
+  // One process at a time: a second one is refused with a line naming the first (./lock.ts).
+  const lock = acquireEmbeddedLock(options.dataDir);
+  let pglite: InstanceType<typeof PGlite>;
+  try {
+    pglite = await PGlite.create(dir, {
+      parsers: { 1700: (v: string) => v, 20: (v: string) => v },
+    });
+  } catch (err) {
+    lock.release();
+    throw err;
+  }
   const db = new Kysely<DB>({ dialect: new PGliteDialect({ pglite }) });
-  return { db, kind: 'embedded', close: () => db.destroy() };
+  return {
+    db,
+    kind: 'embedded',
+    lock,
+    async close() {
+      try {
+        await db.destroy();
+      } finally {
+        lock.release();
+      }
+    },
+  };
 }
 
 const CONNECT_TIMEOUT_MS = 5000;

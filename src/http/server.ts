@@ -11,6 +11,7 @@ import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
 import { ApiError, databaseUnavailable } from '../core/errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
+import { homeRoutes } from '../dashboard/home.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
@@ -34,6 +35,7 @@ declare module 'fastify' {
  * - `/healthz`, `/readyz` — ./health.ts
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
  * - `/connect/*`, `/topup/*` — the hosted pages of connect and top-up links, ../users/pages.ts (no key)
+ * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
  */
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
@@ -95,6 +97,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(metricsRoutes);
   await app.register(healthRoutes);
   await app.register(pageRoutes);
+  await app.register(homeRoutes);
   await app.register(
     async (v1) => {
       installAuth(v1);
