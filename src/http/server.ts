@@ -6,6 +6,7 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
+import { adminRoutes } from '../admin/routes.ts';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
@@ -36,6 +37,7 @@ declare module 'fastify' {
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
  * - `/connect/*`, `/topup/*` — the hosted pages of connect and top-up links, ../users/pages.ts (no key)
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
+ * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
  */
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
@@ -98,6 +100,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(healthRoutes);
   await app.register(pageRoutes);
   await app.register(homeRoutes);
+  await app.register(adminRoutes, { prefix: '/admin/v1' });
   await app.register(
     async (v1) => {
       installAuth(v1);

@@ -5,6 +5,7 @@ import * as users from './0003_users.ts';
 import * as webhooks from './0004_webhooks.ts';
 import * as runtimeChecks from './0005_runtime_checks.ts';
 import * as openaiCompat from './0006_openai_compat.ts';
+import * as admin from './0010_admin.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -17,4 +18,5 @@ export const migrations: Record<string, Migration> = {
   '0004_webhooks': webhooks,
   '0005_runtime_checks': runtimeChecks,
   '0006_openai_compat': openaiCompat,
+  '0010_admin': admin,
 };
