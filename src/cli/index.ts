@@ -93,9 +93,25 @@ export async function main(argv: string[]): Promise<number> {
           );
           return 0;
         });
-      default:
+      default: {
+        // With TOLLGATE_URL the admin commands go to that server's admin API (./remote.ts).
+        if (config.TOLLGATE_URL) {
+          if (!config.TOLLGATE_ADMIN_TOKEN)
+            throw new UsageError(
+              'TOLLGATE_URL is set but TOLLGATE_ADMIN_TOKEN is not: set both (as `tollgate dev` prints them), or unset TOLLGATE_URL to use the database directly',
+            );
+          const { adminClient, remoteAdminCommand } = await import('./remote.ts');
+          await remoteAdminCommand(
+            adminClient(config.TOLLGATE_URL, config.TOLLGATE_ADMIN_TOKEN),
+            spec.name,
+            values,
+            out,
+          );
+          return 0;
+        }
         await (await import('./admin.ts')).adminCommand(config, command, sub, values, out);
         return 0;
+      }
     }
   } catch (err) {
     if (err instanceof ConfigError) {
