@@ -126,8 +126,8 @@ function sendIdempotent(reply: FastifyReply, result: IdempotentResult) {
 export async function adminRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
-  if (!plain.hasDecorator('signInLimiter')) plain.decorate('signInLimiter', new SignInLimiter());
-  const limiter = plain.signInLimiter;
+  // Shared with the dashboard when the server made one (../http/server.ts).
+  const limiter = plain.hasDecorator('signInLimiter') ? plain.signInLimiter : new SignInLimiter();
 
   // ---- no token: sign up, sign in ----
 
