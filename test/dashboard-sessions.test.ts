@@ -47,8 +47,8 @@ async function request(
 const cookieValue = (cookies: string[], name: string) =>
   cookies
     .find((c) => c.startsWith(`${name}=`))
-    ?.split(';')[0]!
-    .slice(name.length + 1);
+    ?.split(';')[0]
+    ?.slice(name.length + 1);
 const csrfOf = (html: string) => /name="csrf" value="([^"]+)"/.exec(html)?.[1];
 
 async function signUp(email: string, headers: Record<string, string> = {}) {
