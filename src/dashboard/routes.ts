@@ -522,7 +522,7 @@ ${barChart(
 <p>${project.provider.baseUrl ? html`Connected to <code>${project.provider.baseUrl}</code>${project.provider.keySet ? ' with a key (stored encrypted)' : ' without a key'}.` : 'No provider connected yet.'}</p>
 <form method="post" action="${path}/provider">${csrfField(s.csrf)}
 <div class="row"><div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" value="${project.provider.baseUrl ?? 'https://api.openai.com/v1'}" required></div>
-<div><label for="apiKey">Provider API key</label><input id="apiKey" name="apiKey" type="password" autocomplete="off"></div></div>
+<div><label for="apiKey">Provider API key (paste it again to save)</label><input id="apiKey" name="apiKey" type="password" autocomplete="off" required></div></div>
 <button type="submit">Check and save the provider</button></form></section>
 <section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
 <table><thead><tr><th>Name</th><th>Key</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
