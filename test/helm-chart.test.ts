@@ -192,6 +192,7 @@ describe.skipIf(!available)('the Helm chart', () => {
       ['DATABASE_URL', 'mine'],
       ['TOLLGATE_ENCRYPTION_KEY', 'mine'],
       ['REDIS_URL', 'mine'],
+      ['TOLLGATE_ADMIN_TOKEN', 'mine'],
     ]);
     expect(proxy.spec.template.metadata.annotations['checksum/secret']).toBeUndefined();
     const job = find(docs, 'Job', 'tg-tollgate-migrate');
