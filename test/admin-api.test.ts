@@ -1,5 +1,7 @@
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { deleteExpiredSessions } from '../src/admin/accounts.ts';
+import { sha256Hex } from '../src/core/crypto.ts';
 import { type MockUpstream, startMockUpstream } from './helpers/mock-upstream.ts';
 import { api, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
@@ -261,6 +263,22 @@ describe('admin API', () => {
     expect(limited.status).toBe(429);
     expect(limited.body.error.type).toBe('rate_limit_error');
     expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(0);
+
+    // An expired session is refused, and the cleanup job deletes it.
+    const other = await signUp('expiring@example.com');
+    await server.ctx.db
+      .updateTable('admin_sessions')
+      .set({ expires_at: new Date(Date.now() - 1000) })
+      .where('token_hash', '=', sha256Hex(other))
+      .execute();
+    expect((await admin(other, 'GET', '/me')).status).toBe(401);
+    const again = await signUp('expiring2@example.com');
+    await server.ctx.db
+      .updateTable('admin_sessions')
+      .set({ expires_at: new Date(Date.now() - 1000) })
+      .where('token_hash', '=', sha256Hex(again))
+      .execute();
+    expect(await deleteExpiredSessions(server.ctx.db)).toBeGreaterThanOrEqual(1);
   }, 60_000);
 
   it('manages webhook subscriptions and resends deliveries', async () => {

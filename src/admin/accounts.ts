@@ -150,6 +150,15 @@ export async function createSession(db: Database, developerId: string): Promise<
   return { id, token, csrf, expiresAt };
 }
 
+/** Deletes expired sessions; returns how many (a maintenance job). */
+export async function deleteExpiredSessions(db: Database): Promise<number> {
+  const result = await db
+    .deleteFrom('admin_sessions')
+    .where('expires_at', '<=', sql<Date>`now()`)
+    .executeTakeFirst();
+  return Number(result.numDeletedRows);
+}
+
 export async function endSession(db: Database, sessionId: string): Promise<void> {
   await db.deleteFrom('admin_sessions').where('id', '=', sessionId).execute();
 }
