@@ -67,6 +67,9 @@ describe('dashboard sessions', () => {
     const home = await request('/dashboard');
     expect(home.status).toBe(303);
     expect(home.location).toBe('/dashboard/signin');
+    const missing = await request('/dashboard/no-such-page');
+    expect(missing.status).toBe(404);
+    expect(missing.text).toContain('<h1>Not found</h1>');
 
     const form = await request('/dashboard/signup');
     expect(form.status).toBe(200);

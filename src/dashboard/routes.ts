@@ -228,6 +228,17 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     );
   });
 
+  app.setNotFoundHandler((request, reply) =>
+    sendHtml(
+      reply,
+      404,
+      layout(
+        { title: 'Not found' },
+        html`<section class="card"><h1>Not found</h1><p>There is no dashboard page at <code>${request.url.split('?')[0]}</code>.</p><p><a href="/dashboard">Back to the dashboard</a></p></section>`,
+      ),
+    ),
+  );
+
   /** Pages of a signed-in developer; others are sent to the sign-in page. */
   function session(request: FastifyRequest, reply: FastifyReply) {
     const s = request.dashboard;
