@@ -105,6 +105,21 @@ describe('dashboard pages', () => {
     const bad = await post(`${path}/pricing/file`, { file: 'currency: eur\nmodels: []\n' });
     expect(decodeURIComponent(bad.location!)).toMatch(/error=/);
 
+    // Settings: saved through the same checks as the API.
+    const saved = await post(`${path}/settings`, {
+      name: 'Pages renamed',
+      checkoutUrl: 'https://shop.example.com/topup',
+      connectMessage: 'Please connect: {link}',
+    });
+    expect(decodeURIComponent(saved.location!)).toContain('Settings saved.');
+    const view = await api(server, token, 'GET', `/admin/v1/projects/${projectId}`);
+    expect(view.body).toMatchObject({
+      name: 'Pages renamed',
+      settings: { checkoutUrl: 'https://shop.example.com/topup', connectMessage: 'Please connect: {link}' },
+    });
+    const badUrl = await post(`${path}/settings`, { name: 'x', returnUrl: 'javascript:alert(1)' });
+    expect(decodeURIComponent(badUrl.location!)).toMatch(/error=Invalid 'returnUrl'/);
+
     // Revoking a key from the dashboard stops it at once.
     expect((await api(server, project.apiKey.key, 'GET', '/v1/models')).status).toBe(200);
     await post(`${path}/keys/${project.apiKey.id}/revoke`, {});

@@ -32,6 +32,7 @@ import {
   revokeApiKey,
   searchUsers,
   setUserConnected,
+  updateOwnedProject,
   usageReport,
 } from '../admin/service.ts';
 import { safeEqual } from '../core/crypto.ts';
@@ -41,6 +42,7 @@ import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import { modelSpecSchema, type Pricing } from '../models/pricing.ts';
 import { parsePricingFile } from '../models/service.ts';
+import { projectSettingsSchema } from '../projects/service.ts';
 import { userIdSchema } from '../users/routes.ts';
 import { getBalance, listActivity } from '../users/service.ts';
 import { listDeliveryLogs, retryDelivery } from '../webhooks/logs.ts';
@@ -535,6 +537,14 @@ ${barChart(
 <div class="row"><div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" value="${project.provider.baseUrl ?? 'https://api.openai.com/v1'}" required></div>
 <div><label for="apiKey">Provider API key (paste it again to save)</label><input id="apiKey" name="apiKey" type="password" autocomplete="off" required></div></div>
 <button type="submit">Check and save the provider</button></form></section>
+<section class="card" aria-labelledby="settings-h"><h2 id="settings-h">Settings</h2>
+<form method="post" action="${path}/settings">${csrfField(s.csrf)}
+<div class="row"><div><label for="projectName">Project name</label><input id="projectName" name="name" value="${project.name}" required maxlength="200"></div>
+<div><label for="checkoutUrl">Checkout URL (top-up links redirect there)</label><input id="checkoutUrl" name="checkoutUrl" type="url" value="${project.settings.checkoutUrl ?? ''}"></div>
+<div><label for="returnUrl">Return URL (after connecting)</label><input id="returnUrl" name="returnUrl" type="url" value="${project.settings.returnUrl ?? ''}"></div></div>
+<label for="connectMessage">Connect message (<code>{link}</code> is replaced by the link)</label><input id="connectMessage" name="connectMessage" maxlength="2000" value="${project.settings.connectMessage ?? ''}">
+<label for="topupMessage">Top-up message (<code>{link}</code> and <code>{amount}</code> are replaced)</label><input id="topupMessage" name="topupMessage" maxlength="2000" value="${project.settings.topupMessage ?? ''}">
+<button type="submit">Save the settings</button></form></section>
 <section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
 <table><thead><tr><th>Name</th><th>Key</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${keys.data.map(
@@ -563,6 +573,25 @@ ${keys.data.map(
       });
       const result = await connectProvider(ctx, s.principal, request.params.id, input);
       return `Provider checked and saved (${result.models.length} models listed).`;
+    });
+  });
+
+  app.post<P>('/projects/:id/settings', async (request, reply) => {
+    const s = session(request, reply);
+    if (!s) return reply;
+    return action(reply, projectPath(request.params.id), async () => {
+      const f = request.body as Form;
+      const value = (name: string) => (f[name]?.trim() ? f[name]!.trim() : undefined);
+      const settings = Object.fromEntries(
+        ['checkoutUrl', 'returnUrl', 'connectMessage', 'topupMessage']
+          .map((name) => [name, value(name)] as const)
+          .filter(([, v]) => v !== undefined),
+      );
+      await updateOwnedProject(ctx, s.principal, request.params.id, {
+        name: f.name ?? '',
+        settings: parseInput(projectSettingsSchema.partial(), settings, 'settings'),
+      });
+      return 'Settings saved.';
     });
   });
 
