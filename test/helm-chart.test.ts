@@ -229,7 +229,7 @@ describe.skipIf(!available)('the Helm chart', () => {
       'nginx.ingress.kubernetes.io/proxy-read-timeout': '3600',
     });
     const paths = ingress.spec.rules[0].http.paths.map((p: Obj) => p.path);
-    expect(paths).toEqual(['/v1', '/connect', '/topup']);
+    expect(paths).toEqual(['/v1', '/connect', '/topup', '/dashboard', '/admin/v1']);
   });
 
   it('renders alerting rules scoped to the release namespace', () => {
