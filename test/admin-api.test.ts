@@ -119,6 +119,9 @@ describe('admin API', () => {
       { 'idempotency-key': 'dep-1' },
     );
     expect(reused.status).toBe(409);
+    // Counted once in the money metrics, as /v1 deposits are.
+    const deposited = await server.ctx.metrics.deposited.get();
+    expect(deposited.values.find((v) => v.labels.project === projectId)?.value).toBe(5);
 
     const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: key.body.key, maxRetries: 0 });
     const reply = await client.chat.completions.create({

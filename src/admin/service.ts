@@ -427,7 +427,18 @@ export async function moveMoney(
           { projectId, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
           run,
         );
-  if (!result.replayed) ctx.events.wake();
+  if (!result.replayed) {
+    ctx.events.wake();
+    // The same money metrics as /v1/user/balance/deposit and /v1/user/charge.
+    if (kind === 'deposit') {
+      ctx.metrics.deposited.inc({ project: project.id, currency: project.currency }, Number(input.amount));
+    } else if ((result.body as { success?: boolean }).success) {
+      ctx.metrics.charged.inc(
+        { project: project.id, model: '', currency: project.currency, source: 'api' },
+        Number(input.amount),
+      );
+    }
+  }
   return result;
 }
 
