@@ -177,6 +177,9 @@ async function migrator({ db, schema }: DatabaseHandle): Promise<Migrator> {
   return new Migrator({
     db,
     provider: { getMigrations: async () => migrations },
+    // Numbers are reserved per branch (0007–0009 and 0010 were written in parallel): a database that
+    // already ran a later one still applies an earlier one that arrives afterwards.
+    allowUnorderedMigrations: true,
     ...(current ? { migrationTableSchema: current } : {}),
   });
 }
