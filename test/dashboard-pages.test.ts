@@ -120,6 +120,15 @@ describe('dashboard pages', () => {
     const badUrl = await post(`${path}/settings`, { name: 'x', returnUrl: 'javascript:alert(1)' });
     expect(decodeURIComponent(badUrl.location!)).toMatch(/error=Invalid 'returnUrl'/);
 
+    // Admin tokens for the CLI: created (shown once) and revoked from the projects page.
+    const made = await post('/dashboard/admin-tokens', { name: 'laptop' });
+    const adminToken = /id="admin-token">(tga_[^<]+)</.exec(made.text)![1]!;
+    expect((await api(server, adminToken, 'GET', '/admin/v1/projects')).body.data[0].id).toBe(projectId);
+    const tokenId = (await api(server, token, 'GET', '/admin/v1/admin-tokens')).body.data[0].id;
+    expect((await get('/dashboard')).text).toContain('laptop');
+    await post(`/dashboard/admin-tokens/${tokenId}/revoke`, {});
+    expect((await api(server, adminToken, 'GET', '/admin/v1/projects')).status).toBe(401);
+
     // Revoking a key from the dashboard stops it at once.
     expect((await api(server, project.apiKey.key, 'GET', '/v1/models')).status).toBe(200);
     await post(`${path}/keys/${project.apiKey.id}/revoke`, {});

@@ -4,11 +4,14 @@ import { stringify as toYaml } from 'yaml';
 import { z } from 'zod';
 import {
   checkCredentials,
+  createAdminToken,
   createSession,
   credentialsSchema,
   endSession,
+  listAdminTokens,
   type Principal,
   resolveSession,
+  revokeAdminToken,
   SESSION_TTL_SECONDS,
   signUp,
 } from '../admin/accounts.ts';
@@ -389,8 +392,59 @@ ${projects.data.map(
     html`<tr><td><a href="/dashboard/projects/${encodeURIComponent(p.id)}">${p.name}</a></td><td><code>${p.id}</code></td><td>${p.currency}</td><td>${p.provider.baseUrl ?? html`<a href="/dashboard/projects/${encodeURIComponent(p.id)}#provider">connect a provider</a>`}</td></tr>`,
 )}
 </tbody></table>
-<p><a class="button" href="/dashboard/start">New project</a></p></section>`,
+<p><a class="button" href="/dashboard/start">New project</a></p></section>
+${await adminTokensSection(s)}`,
     );
+  });
+
+  /** Admin tokens of the developer: for the CLI over TOLLGATE_URL and for automation. */
+  async function adminTokensSection(s: { principal: Principal; csrf: string }): Promise<Raw> {
+    const tokens = await listAdminTokens(ctx.db, s.principal);
+    return html`<section class="card" aria-labelledby="tokens-h"><h2 id="tokens-h">Admin tokens</h2>
+<p class="muted">For the admin API and the CLI (<code>TOLLGATE_URL=${ctx.publicBaseUrl} TOLLGATE_ADMIN_TOKEN=…</code>); a token acts as you.</p>
+${
+  tokens.length
+    ? html`<table><thead><tr><th>Name</th><th>Token</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${tokens.map(
+  (t) =>
+    html`<tr><td>${t.name}</td><td><code>${t.prefix}…</code></td><td>${t.createdAt.slice(0, 10)}</td><td>${t.revokedAt ? 'revoked' : 'active'}</td><td>${
+      t.revokedAt
+        ? ''
+        : html`<form method="post" action="/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke">${csrfField(s.csrf)}<button type="submit" class="secondary" aria-label="Revoke admin token ${t.name}">Revoke</button></form>`
+    }</td></tr>`,
+)}</tbody></table>`
+    : ''
+}
+<form method="post" action="/dashboard/admin-tokens">${csrfField(s.csrf)}<div class="row"><div><label for="tokenName">New admin token name</label><input id="tokenName" name="name" value="cli" required maxlength="200"></div><div><button type="submit">Create an admin token</button></div></div></form>
+</section>`;
+  }
+
+  app.post('/admin-tokens', async (request, reply) => {
+    const s = session(request, reply);
+    if (!s) return reply;
+    return action(reply, '/dashboard', async () => {
+      const name = parseInput(z.string().trim().min(1).max(200), (request.body as Form).name, 'name');
+      const created = await createAdminToken(ctx.db, s.principal, name);
+      return page(
+        request,
+        reply,
+        'Admin token',
+        html`<section class="card"><h1>Admin token created</h1>
+${secretBox('admin-token', 'Your admin token', created.token)}
+<pre>export TOLLGATE_URL=${ctx.publicBaseUrl} TOLLGATE_ADMIN_TOKEN=${created.token}</pre>
+<p><a href="/dashboard">Back to the projects</a></p></section>`,
+        { script: true },
+      );
+    });
+  });
+
+  app.post<{ Params: { id: string } }>('/admin-tokens/:id/revoke', async (request, reply) => {
+    const s = session(request, reply);
+    if (!s) return reply;
+    return action(reply, '/dashboard', async () => {
+      await revokeAdminToken(ctx.db, s.principal, request.params.id);
+      return 'Admin token revoked.';
+    });
   });
 
   /** The first run (and every new project): paste the provider's key, get the project's API key. */
