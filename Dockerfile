@@ -55,6 +55,7 @@ WORKDIR /app
 COPY --from=deps /src/node_modules ./node_modules
 COPY --from=build /src/dist ./dist
 COPY package.json ./
+COPY README.md ./
 COPY crds ./crds
 RUN ln -s /app/dist/cmd/tollgate.js /usr/local/bin/tollgate
 USER 10001:10001

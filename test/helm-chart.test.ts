@@ -192,6 +192,7 @@ describe.skipIf(!available)('the Helm chart', () => {
       ['DATABASE_URL', 'mine'],
       ['TOLLGATE_ENCRYPTION_KEY', 'mine'],
       ['REDIS_URL', 'mine'],
+      ['TOLLGATE_ADMIN_TOKEN', 'mine'],
     ]);
     expect(proxy.spec.template.metadata.annotations['checksum/secret']).toBeUndefined();
     const job = find(docs, 'Job', 'tg-tollgate-migrate');
@@ -228,7 +229,7 @@ describe.skipIf(!available)('the Helm chart', () => {
       'nginx.ingress.kubernetes.io/proxy-read-timeout': '3600',
     });
     const paths = ingress.spec.rules[0].http.paths.map((p: Obj) => p.path);
-    expect(paths).toEqual(['/v1', '/connect', '/topup']);
+    expect(paths).toEqual(['/v1', '/connect', '/topup', '/dashboard', '/admin/v1']);
   });
 
   it('renders alerting rules scoped to the release namespace', () => {

@@ -1,3 +1,4 @@
+import { deleteExpiredSessions } from '../admin/accounts.ts';
 import { deleteExpiredIdempotencyKeys } from '../idempotency/index.ts';
 import { pruneOnce } from '../retention/index.ts';
 import { deleteExpiredLinkNonces } from '../users/service.ts';
@@ -40,6 +41,11 @@ export const maintenanceJobs: Job[] = [
     name: 'link-nonce-cleanup',
     intervalMs: 60 * 60_000,
     run: (ctx) => deleteExpiredLinkNonces(ctx.db),
+  },
+  {
+    name: 'admin-session-cleanup',
+    intervalMs: 60 * 60_000,
+    run: (ctx) => deleteExpiredSessions(ctx.db),
   },
 ];
 

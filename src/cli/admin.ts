@@ -81,6 +81,21 @@ export async function adminCommand(
           ],
         );
       });
+    case 'project list':
+      return withContext(config, async (ctx) => {
+        const rows = await ctx.db.selectFrom('projects').selectAll().orderBy('id').execute();
+        out.result(
+          rows.map((p) => ({
+            id: p.id,
+            name: p.name,
+            currency: p.currency,
+            upstreamUrl: p.upstream_base_url,
+          })),
+          rows.length
+            ? rows.map((p) => `${p.id}  ${p.name}  ${p.currency}  ${p.upstream_base_url ?? '(no provider)'}`)
+            : ['no projects'],
+        );
+      });
     case 'project show':
       return withContext(config, async (ctx) => {
         const project = await getProject(ctx.db, required(values, 'project'));

@@ -1,86 +1,65 @@
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from '../config/index.ts';
 import { ApiError } from '../core/errors.ts';
+import {
+  COMMANDS,
+  commandHelp,
+  didYouMean,
+  findCommand,
+  globalHelp,
+  OPTIONS,
+  unknownCommandMessage,
+} from './commands.ts';
 import { createOutput, UsageError } from './output.ts';
-
-const HELP = `tollgate — metered, OpenAI-compatible chat proxy with a paywall
-
-Usage: tollgate <command> [options]      (add --json for machine-readable output)
-
-Servers
-  proxy [--migrate]                  serve /v1 on PORT (default 8080)
-  operator [--namespace NS]...       Kubernetes operator: reconcile WebhookSubscriptions, deliver webhooks
-  dev                                everything in one process on the embedded database, with a demo project
-  migrate                            apply database migrations
-  worker                             deliver webhooks (fan-out and delivery) without the operator
-
-Projects and keys
-  project create --name N [--currency usd] [--upstream-url U --upstream-key K] [--checkout-url U] [--return-url U]
-  project show --project ID
-  project set --project ID [--name N] [--upstream-url U] [--upstream-key K] [--checkout-url U] [--return-url U]
-              [--connect-message T] [--topup-message T] [--max-completion-tokens N]
-  key create --project ID [--name N]
-  key list --project ID
-  key revoke --key KEY_ID
-
-Models and users
-  models apply --project ID --file pricing.yaml
-  users connect --project ID --user U
-  users deposit --project ID --user U --amount 10.00
-  users spend-caps --project ID --user U [--daily 1.00] [--monthly 20.00]   (none: the project's caps)
-
-Providers and routes (routes and limits are in the pricing file)
-  providers add --project ID --name N --base-url U [--key K] [--connect-timeout-ms N] [--response-timeout-ms N]
-  providers list --project ID
-  providers remove --project ID --name N
-
-Webhooks
-  webhooks enable ID                 re-enable a deactivated subscription
-  webhooks disable ID                deactivate a subscription (as REST DELETE does)
-
-Configuration comes from environment variables; see the README.`;
-
-const OPTIONS = {
-  json: { type: 'boolean' },
-  help: { type: 'boolean', short: 'h' },
-  migrate: { type: 'boolean' },
-  name: { type: 'string' },
-  currency: { type: 'string' },
-  'upstream-url': { type: 'string' },
-  'upstream-key': { type: 'string' },
-  'checkout-url': { type: 'string' },
-  'return-url': { type: 'string' },
-  'connect-message': { type: 'string' },
-  'topup-message': { type: 'string' },
-  'max-completion-tokens': { type: 'string' },
-  project: { type: 'string' },
-  key: { type: 'string' },
-  file: { type: 'string' },
-  user: { type: 'string' },
-  amount: { type: 'string' },
-  'base-url': { type: 'string' },
-  'connect-timeout-ms': { type: 'string' },
-  'response-timeout-ms': { type: 'string' },
-  daily: { type: 'string' },
-  monthly: { type: 'string' },
-  namespace: { type: 'string', multiple: true },
-} as const;
 
 /** Entry point of the `tollgate` binary. Returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
+  // A lenient pass finds the command and any unknown option (reported below with a suggestion); the
+  // strict pass then types the values and reports a missing option value.
+  const loose = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: false });
+  const given = Object.keys(loose.values);
   let parsed: ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>;
   try {
-    parsed = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
+    const known = Object.fromEntries(
+      Object.entries(OPTIONS).filter(([k]) => given.includes(k) || k === 'help'),
+    );
+    parsed = parseArgs({
+      args: argv.filter((a) => !unknownFlag(a, given)),
+      options: known as typeof OPTIONS,
+      allowPositionals: true,
+      strict: true,
+    });
   } catch (err) {
-    process.stderr.write(`error: ${(err as Error).message}\n\n${HELP}\n`);
-    return 2;
+    return usage(`${(err as Error).message}`);
   }
   const { values, positionals } = parsed;
   const [command, sub] = positionals;
-  const out = createOutput(Boolean(values.json));
-  if (!command || values.help || command === 'help') {
-    process.stdout.write(`${HELP}\n`);
+  const out = createOutput(values.json === true);
+  if (!command || command === 'help') {
+    const spec = command === 'help' ? findCommand(positionals.slice(1)) : undefined;
+    process.stdout.write(`${spec ? commandHelp(spec) : globalHelp()}\n`);
     return command || values.help ? 0 : 2;
+  }
+  const spec = findCommand(positionals);
+  const group = COMMANDS.filter((c) => c.name.startsWith(`${command} `));
+  if (!spec && values.help && group.length) {
+    process.stdout.write(`${group.map((c) => `tollgate ${c.usage}\n    ${c.summary}`).join('\n')}\n`);
+    return 0;
+  }
+  if (!spec) return usage(unknownCommandMessage(positionals));
+  if (values.help) {
+    process.stdout.write(`${commandHelp(spec)}\n`);
+    return 0;
+  }
+  const accepted = ['json', 'help', ...spec.options];
+  for (const name of given) {
+    if (accepted.includes(name)) continue;
+    const hint = didYouMean(name, spec.options);
+    const known = name in OPTIONS ? ` is not an option of \`tollgate ${spec.name}\`` : ' is not an option';
+    return usage(
+      `--${name}${known}${hint ? ` (did you mean --${hint}?)` : ''}`,
+      `Run \`tollgate ${spec.name} --help\` for its options.`,
+    );
   }
   try {
     const config = loadConfig();
@@ -114,9 +93,25 @@ export async function main(argv: string[]): Promise<number> {
           );
           return 0;
         });
-      default:
+      default: {
+        // With TOLLGATE_URL the admin commands go to that server's admin API (./remote.ts).
+        if (config.TOLLGATE_URL) {
+          if (!config.TOLLGATE_ADMIN_TOKEN)
+            throw new UsageError(
+              'TOLLGATE_URL is set but TOLLGATE_ADMIN_TOKEN is not: set both (as `tollgate dev` prints them), or unset TOLLGATE_URL to use the database directly',
+            );
+          const { adminClient, remoteAdminCommand } = await import('./remote.ts');
+          await remoteAdminCommand(
+            adminClient(config.TOLLGATE_URL, config.TOLLGATE_ADMIN_TOKEN),
+            spec.name,
+            values,
+            out,
+          );
+          return 0;
+        }
         await (await import('./admin.ts')).adminCommand(config, command, sub, values, out);
         return 0;
+      }
     }
   } catch (err) {
     if (err instanceof ConfigError) {
@@ -124,8 +119,7 @@ export async function main(argv: string[]): Promise<number> {
       return 2;
     }
     if (err instanceof UsageError) {
-      process.stderr.write(`error: ${err.message}\n\nRun \`tollgate --help\` for usage.\n`);
-      return 2;
+      return usage(err.message, `Run \`tollgate ${spec.name} --help\` for usage.`);
     }
     if (err instanceof ApiError) {
       const param = err.param ? ` (${err.param})` : '';
@@ -136,4 +130,16 @@ export async function main(argv: string[]): Promise<number> {
     process.stderr.write(`error: ${(err as Error).message}\n`);
     return 1;
   }
+}
+
+/** A mistake in how the binary was called: one line and where to look, exit code 2. */
+function usage(message: string, pointer = 'Run `tollgate --help` for the commands.'): number {
+  process.stderr.write(`error: ${message}\n${pointer}\n`);
+  return 2;
+}
+
+/** An argument `--x` or `--x=…` whose option name is not one the binary knows. */
+function unknownFlag(arg: string, given: string[]): boolean {
+  const match = /^--([^=]+)/.exec(arg);
+  return Boolean(match && given.includes(match[1]!) && !(match[1]! in OPTIONS));
 }

@@ -1,9 +1,11 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
+import { hashPassword, signUp } from '../admin/accounts.ts';
 import { type AppContext, createContext } from '../app/context.ts';
 import { startJobs } from '../app/jobs.ts';
 import { type Config, publicBaseUrl } from '../config/index.ts';
+import { randomToken } from '../core/ids.ts';
 import { pendingMigrations } from '../db/index.ts';
 import { buildServer } from '../http/server.ts';
 import { applyPricing } from '../models/service.ts';
@@ -34,10 +36,13 @@ export async function startServing(ctx: AppContext): Promise<Running> {
   const port = typeof address === 'object' && address ? address.port : ctx.config.PORT;
   ctx.publicBaseUrl = publicBaseUrl(ctx.config, port);
   const stopJobs = startJobs(ctx);
+  const url = `http://${ctx.config.HOST === '0.0.0.0' ? 'localhost' : ctx.config.HOST}:${port}`;
+  // A second process refused by the embedded database's lock is told where this one answers.
+  ctx.database.lock?.setUrl(url);
   return {
     ctx,
     app,
-    url: `http://${ctx.config.HOST === '0.0.0.0' ? 'localhost' : ctx.config.HOST}:${port}`,
+    url,
     async stop() {
       await stopJobs();
       await app.close();
@@ -136,6 +141,53 @@ async function prepareProxy(ctx: AppContext, options: { migrate: boolean }): Pro
 interface DevState {
   projectId: string;
   apiKey: string;
+  /** The first dashboard login (made on first start; older data directories get one on the next). */
+  admin?: { email: string; password: string };
+}
+
+export const DEV_ADMIN_EMAIL = 'admin@localhost';
+
+/**
+ * The dev server's full-access admin token: TOLLGATE_ADMIN_TOKEN, or one generated once and kept in
+ * TOLLGATE_DATA_DIR (like the encryption key), so the printed TOLLGATE_ADMIN_TOKEN stays valid.
+ */
+export function devAdminToken(config: Config): string {
+  if (config.TOLLGATE_ADMIN_TOKEN) return config.TOLLGATE_ADMIN_TOKEN;
+  const dir = resolve(config.TOLLGATE_DATA_DIR);
+  const file = join(dir, 'admin.token');
+  if (!existsSync(file)) {
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(file, `tga_dev_${randomToken(24)}`, { mode: 0o600 });
+  }
+  return readFileSync(file, 'utf8').trim();
+}
+
+/** The first developer account of a dev server; it owns the demo project, so the dashboard shows it. */
+async function ensureDevAdmin(ctx: AppContext, state: DevState): Promise<DevState> {
+  if (state.admin) return state;
+  const existing = await ctx.db
+    .selectFrom('developers')
+    .select('id')
+    .where('email', '=', DEV_ADMIN_EMAIL)
+    .executeTakeFirst();
+  const password = randomToken(12);
+  let developerId = existing?.id;
+  if (existing) {
+    await ctx.db
+      .updateTable('developers')
+      .set({ password_hash: await hashPassword(password) })
+      .where('id', '=', existing.id)
+      .execute();
+  } else {
+    developerId = (await signUp(ctx.db, { email: DEV_ADMIN_EMAIL, password })).id;
+  }
+  await ctx.db
+    .updateTable('projects')
+    .set({ owner_user_id: developerId! })
+    .where('id', '=', state.projectId)
+    .execute();
+  await ctx.projects.changed(state.projectId);
+  return { ...state, admin: { email: DEV_ADMIN_EMAIL, password } };
 }
 
 export const DEV_USER = 'demo-user';
@@ -151,7 +203,12 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
       .select('id')
       .where('id', '=', state.projectId)
       .executeTakeFirst();
-    if (found) return state;
+    if (found) {
+      if (state.admin) return state;
+      const withAdmin = await ensureDevAdmin(ctx, state);
+      writeFileSync(file, JSON.stringify(withAdmin, null, 2), { mode: 0o600 });
+      return withAdmin;
+    }
   }
   const created = await createProject(ctx.db, ctx.sealer, {
     name: 'Demo',
@@ -178,7 +235,7 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
     source: 'dev',
     trigger,
   });
-  const state = { projectId: created.project.id, apiKey: created.apiKey };
+  const state = await ensureDevAdmin(ctx, { projectId: created.project.id, apiKey: created.apiKey });
   // With DATABASE_URL nothing else has made the data directory yet.
   mkdirSync(dirname(file), { recursive: true });
   writeFileSync(file, JSON.stringify(state, null, 2), { mode: 0o600 });
@@ -198,6 +255,9 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
   // In dev, webhooks may go to plain-HTTP and local receivers unless the environment says otherwise.
   const ctx = await createContext({
     ...config,
+    // A development server is not for the network: loopback unless HOST says otherwise.
+    HOST: process.env.HOST?.trim() ? config.HOST : '127.0.0.1',
+    TOLLGATE_ADMIN_TOKEN: devAdminToken(config),
     WEBHOOK_ALLOW_HTTP: process.env.WEBHOOK_ALLOW_HTTP?.trim() ? config.WEBHOOK_ALLOW_HTTP : true,
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: process.env.WEBHOOK_ALLOW_PRIVATE_NETWORKS?.trim()
       ? config.WEBHOOK_ALLOW_PRIVATE_NETWORKS
@@ -229,6 +289,13 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
       `  API key:    ${state.apiKey}`,
       `  models:     ${DEV_MODEL} (per token), demo-per-request (0.01 per request) — answered by the built-in echo provider`,
       `  demo user:  ${DEV_USER} (connected, 10.00 usd to start)`,
+      '',
+      `Dashboard:    ${base}/dashboard`,
+      `  sign in as  ${state.admin?.email ?? DEV_ADMIN_EMAIL} / ${state.admin?.password ?? '(see dev.json)'}`,
+      '',
+      'CLI against this server (the embedded database is locked while it runs):',
+      `  export TOLLGATE_URL=${running.url} TOLLGATE_ADMIN_TOKEN=${ctx.config.TOLLGATE_ADMIN_TOKEN}`,
+      `  npm run tollgate -- users deposit --project ${state.projectId} --user ${DEV_USER} --amount 5.00`,
       '',
       'Try:',
       `  curl -s ${base}/v1/models -H 'Authorization: Bearer ${state.apiKey}'`,

@@ -81,6 +81,11 @@ export const configSchema = z.object({
   OPERATOR_STATUS_SYNC_SECONDS: int(1, 3600).default(30),
   OPERATOR_SHUTDOWN_GRACE_SECONDS: int(0, 3600).default(20),
   POD_NAME: z.string().min(1).optional(),
+  TOLLGATE_ADMIN_TOKEN: z
+    .string()
+    .min(24, { message: 'must be at least 24 characters (generate one with `openssl rand -hex 32`)' })
+    .optional(),
+  TOLLGATE_URL: url(['http:', 'https:']).optional(),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -88,7 +93,7 @@ export type Config = z.infer<typeof configSchema>;
 /** One line per setting for the README table: name, default, meaning. */
 export const configDocs: Record<keyof Config, string> = {
   PORT: 'HTTP port of `tollgate proxy` and `tollgate dev`.',
-  HOST: 'Address to listen on.',
+  HOST: 'Address to listen on (`tollgate dev`: `127.0.0.1` unless HOST is set).',
   PUBLIC_BASE_URL:
     'Public address of the proxy, used in connect and top-up links (default `http://localhost:PORT`).',
   DATABASE_URL:
@@ -149,6 +154,10 @@ export const configDocs: Record<keyof Config, string> = {
   OPERATOR_SHUTDOWN_GRACE_SECONDS:
     'On SIGTERM, time allowed for in-flight deliveries before the lease is released.',
   POD_NAME: 'Leader-election identity (set from the downward API; default: the host name).',
+  TOLLGATE_ADMIN_TOKEN:
+    'Full-access bearer token of the admin API (`/admin/v1`), the first admin token; more are created and revoked over the API. `dev` generates one in `TOLLGATE_DATA_DIR`. Unset: only developer sessions and created tokens.',
+  TOLLGATE_URL:
+    'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
 };
 
 export class ConfigError extends Error {
@@ -171,7 +180,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     const issue = result.error.issues[0]!;
     const variable = String(issue.path[0] ?? 'configuration');
     const shown = input[variable];
-    const secret = variable.includes('KEY') || variable.includes('URL');
+    const secret = variable.includes('KEY') || variable.includes('URL') || variable.includes('TOKEN');
     const suffix = shown !== undefined && !secret ? ` (got "${shown}")` : '';
     throw new ConfigError(variable, `${issue.message}${suffix}`);
   }

@@ -57,6 +57,8 @@ function nextRandom(now: number): number[] {
 export type IdPrefix =
   | 'pw'
   | 'acct'
+  | 'atk'
+  | 'ses'
   | 'key'
   | 'usr'
   | 'act'

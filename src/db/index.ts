@@ -3,6 +3,7 @@ import { join, resolve } from 'node:path';
 import { CompiledQuery, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely';
 import { Migrator } from 'kysely/migration';
 import pg from 'pg';
+import { acquireEmbeddedLock, type HeldLock } from './lock.ts';
 import { migrations } from './migrations/index.ts';
 import type { DB } from './schema.ts';
 
@@ -29,6 +30,8 @@ export interface DatabaseHandle {
    * order with every other statement.
    */
   run<R>(statement: Statement, values: unknown[]): Promise<R[]>;
+  /** The embedded database's exclusive lock (./lock.ts). */
+  lock?: HeldLock;
   close(): Promise<void>;
 }
 
@@ -86,9 +89,17 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
   const { PGlite } = await import('@electric-sql/pglite');
   const dir = resolve(options.dataDir, 'pgdata');
   mkdirSync(dir, { recursive: true });
-  const pglite = await PGlite.create(dir, {
-    parsers: { 1700: (v: string) => v, 20: (v: string) => v },
-  });
+  // One process at a time: a second one is refused with a line naming the first (./lock.ts).
+  const lock = acquireEmbeddedLock(options.dataDir);
+  let pglite: InstanceType<typeof PGlite>;
+  try {
+    pglite = await PGlite.create(dir, {
+      parsers: { 1700: (v: string) => v, 20: (v: string) => v },
+    });
+  } catch (err) {
+    lock.release();
+    throw err;
+  }
   const db = new Kysely<DB>({ dialect: new PGliteDialect({ pglite }) });
   return {
     db,
@@ -98,7 +109,14 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
       const result = await db.executeQuery<R>(CompiledQuery.raw(statement.text, values));
       return result.rows as R[];
     },
-    close: () => db.destroy(),
+    lock,
+    async close() {
+      try {
+        await db.destroy();
+      } finally {
+        lock.release();
+      }
+    },
   };
 }
 
@@ -185,6 +203,9 @@ async function migrator({ db, schema }: DatabaseHandle): Promise<Migrator> {
   return new Migrator({
     db,
     provider: { getMigrations: async () => migrations },
+    // Numbers are reserved per branch (0007–0009 and 0010 were written in parallel): a database that
+    // already ran a later one still applies an earlier one that arrives afterwards.
+    allowUnorderedMigrations: true,
     ...(current ? { migrationTableSchema: current } : {}),
   });
 }

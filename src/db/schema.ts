@@ -298,7 +298,39 @@ export interface WebhookAttemptsTable {
   finished_at: Timestamp;
 }
 
+// ---- admin (developers, sessions, admin tokens) ----
+
+export interface DevelopersTable {
+  id: string;
+  email: string;
+  password_hash: string;
+  created_at: Timestamp;
+}
+
+export interface AdminSessionsTable {
+  id: string;
+  developer_id: string;
+  token_hash: string;
+  csrf_token: string;
+  created_at: Timestamp;
+  expires_at: Timestamp;
+}
+
+export interface AdminTokensTable {
+  id: string;
+  /** null: a full-access token (every project). */
+  developer_id: string | null;
+  name: string;
+  prefix: string;
+  token_hash: string;
+  created_at: Timestamp;
+  revoked_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+}
+
 export interface DB {
+  developers: DevelopersTable;
+  admin_sessions: AdminSessionsTable;
+  admin_tokens: AdminTokensTable;
   projects: ProjectsTable;
   api_keys: ApiKeysTable;
   models: ModelsTable;

@@ -6,11 +6,15 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
+import { SignInLimiter } from '../admin/rate-limit.ts';
+import { adminRoutes } from '../admin/routes.ts';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
 import { ApiError, databaseUnavailable } from '../core/errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
+import { homeRoutes } from '../dashboard/home.ts';
+import { dashboardRoutes } from '../dashboard/routes.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { spendCapRoutes } from '../limits/routes.ts';
@@ -35,6 +39,9 @@ declare module 'fastify' {
  * - `/healthz`, `/readyz` — ./health.ts
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
  * - `/connect/*`, `/topup/*` — the hosted pages of connect and top-up links, ../users/pages.ts (no key)
+ * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
+ * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
+ * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/routes.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
  */
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
@@ -96,6 +103,11 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(metricsRoutes);
   await app.register(healthRoutes);
   await app.register(pageRoutes);
+  await app.register(homeRoutes);
+  // One sign-in rate limit for the admin API and the dashboard.
+  app.decorate('signInLimiter', new SignInLimiter());
+  await app.register(adminRoutes, { prefix: '/admin/v1' });
+  await app.register(dashboardRoutes, { prefix: '/dashboard' });
   await app.register(
     async (v1) => {
       installAuth(v1);

@@ -84,6 +84,19 @@ export async function startMockUpstream(
 
   const responses = new Map<string, unknown>();
   const server = http.createServer((req, res) => {
+    if (req.method === 'GET' && (req.url ?? '').split('?')[0]!.endsWith('/models')) {
+      // The model list a provider check (the admin API's live call) reads; the key must be present.
+      const ok = /^Bearer \S+/.test(req.headers.authorization ?? '');
+      res.writeHead(ok ? 200 : 401, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify(
+          ok
+            ? { object: 'list', data: [{ id: 'mock-model', object: 'model' }] }
+            : { error: { message: 'no key', type: 'invalid_request_error' } },
+        ),
+      );
+      return;
+    }
     const route = routeOf(req.method, req.url ?? '');
     if (route === 'retrieve') {
       const id = decodeURIComponent((req.url ?? '').split('/responses/')[1]!.split(/[/?]/)[0]!);

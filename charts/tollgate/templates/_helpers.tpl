@@ -126,6 +126,9 @@ DATABASE_URL: {{ . | b64enc | quote }}
 REDIS_URL: {{ . | b64enc | quote }}
 {{- end }}
 TOLLGATE_ENCRYPTION_KEY: {{ include "tollgate.encryptionKey" . | b64enc | quote }}
+{{- with .Values.secrets.adminToken }}
+TOLLGATE_ADMIN_TOKEN: {{ . | b64enc | quote }}
+{{- end }}
 {{- range $key, $value := .Values.secrets.extra }}
 {{ $key }}: {{ toString $value | b64enc | quote }}
 {{- end }}
@@ -170,6 +173,12 @@ WEBHOOK_CA_FILE: "/etc/tollgate/webhook-ca/ca.pem"
     secretKeyRef:
       name: {{ include "tollgate.secretName" .ctx }}
       key: REDIS_URL
+      optional: true
+- name: TOLLGATE_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tollgate.secretName" .ctx }}
+      key: TOLLGATE_ADMIN_TOKEN
       optional: true
 {{- with .ctx.Values.extraEnv }}
 {{ toYaml . }}

@@ -8,6 +8,7 @@ import * as openaiCompat from './0006_openai_compat.ts';
 import * as metering from './0007_metering.ts';
 import * as webhooksProduction from './0008_webhooks_production.ts';
 import * as routingLimits from './0009_routing_limits.ts';
+import * as admin from './0010_admin.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -23,4 +24,5 @@ export const migrations: Record<string, Migration> = {
   '0007_metering': metering,
   '0008_webhooks_production': webhooksProduction,
   '0009_routing_limits': routingLimits,
+  '0010_admin': admin,
 };

@@ -1,0 +1,519 @@
+import { sql } from 'kysely';
+import { z } from 'zod';
+import type { AppContext } from '../app/context.ts';
+import { createKey, listKeys } from '../auth/keys.ts';
+import type { Trigger } from '../billing/ledger.ts';
+import { ApiError, badRequest, notFound } from '../core/errors.ts';
+import { formatForCurrency, Money } from '../core/money.ts';
+import type { Project } from '../db/schema.ts';
+import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
+import { endpointsOf, type ModelSpec, type PricingFile, pricingOf } from '../models/pricing.ts';
+import { applyPricing } from '../models/service.ts';
+import {
+  type CreateProjectInput,
+  createProject,
+  ECHO_UPSTREAM,
+  type UpdateProjectInput,
+  updateProject,
+} from '../projects/service.ts';
+import {
+  chargeFromApi,
+  connectUser,
+  depositFromApi,
+  disconnectUser,
+  getBalance,
+  type LinkSettings,
+} from '../users/service.ts';
+import type { Principal } from './accounts.ts';
+
+/**
+ * What the admin API and the dashboard do, on plain inputs. Every function that takes a project id first
+ * checks that the principal may see it (`ownedProject`): a developer sees only the projects they own,
+ * and a project of someone else answers 404 as if it did not exist. Money moves through
+ * ../users/service.ts and ../idempotency (no money code here); revocations through the key directory.
+ */
+
+// ---- projects ----
+
+export interface ProjectView {
+  id: string;
+  object: 'project';
+  name: string;
+  currency: string;
+  ownerId: string;
+  provider: { baseUrl: string | null; keySet: boolean; connected: boolean };
+  settings: Project['settings'];
+  createdAt: string;
+  updatedAt: string;
+}
+
+export function projectView(p: Project): ProjectView {
+  return {
+    id: p.id,
+    object: 'project',
+    name: p.name,
+    currency: p.currency,
+    ownerId: p.owner_user_id,
+    provider: {
+      baseUrl: p.upstream_base_url,
+      keySet: p.upstream_key_sealed !== null,
+      connected: p.upstream_base_url !== null,
+    },
+    settings: p.settings,
+    createdAt: p.created_at.toISOString(),
+    updatedAt: p.updated_at.toISOString(),
+  };
+}
+
+/** The project when the principal may see it; 404 otherwise (another developer's project does not exist). */
+export async function ownedProject(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+): Promise<Project> {
+  const project = await ctx.db
+    .selectFrom('projects')
+    .selectAll()
+    .where('id', '=', projectId)
+    .executeTakeFirst();
+  if (!project || (principal.developerId !== null && project.owner_user_id !== principal.developerId)) {
+    throw notFound(`No project ${projectId}.`, 'project_not_found', 'project');
+  }
+  return project;
+}
+
+export interface Page {
+  limit: number;
+  startingAfter?: string | undefined;
+}
+
+export async function listProjects(ctx: AppContext, principal: Principal, page: Page) {
+  let query = ctx.db
+    .selectFrom('projects')
+    .selectAll()
+    .orderBy('id')
+    .limit(page.limit + 1);
+  if (principal.developerId !== null) query = query.where('owner_user_id', '=', principal.developerId);
+  if (page.startingAfter) query = query.where('id', '>', page.startingAfter);
+  const rows = await query.execute();
+  return list(rows.slice(0, page.limit).map(projectView), rows.length > page.limit);
+}
+
+export function list<T>(data: T[], hasMore: boolean) {
+  return { object: 'list' as const, data, has_more: hasMore };
+}
+
+export const createProjectBody = z.strictObject({
+  name: z.string().trim().min(1).max(200),
+  currency: z
+    .string()
+    .regex(/^[a-z]{3}$/, { message: 'must be a lowercase three-letter currency code such as usd' })
+    .default('usd'),
+});
+
+/** Creates a project owned by the developer (full access: owned by no account), with its first API key. */
+export async function createOwnedProject(
+  ctx: AppContext,
+  principal: Principal,
+  input: Pick<CreateProjectInput, 'name' | 'currency'>,
+) {
+  const created = await createProject(ctx.db, ctx.sealer, {
+    name: input.name,
+    currency: input.currency ?? 'usd',
+    ...(principal.developerId ? { ownerUserId: principal.developerId } : {}),
+  });
+  return {
+    project: projectView(created.project),
+    apiKey: { id: created.apiKeyId, key: created.apiKey, prefix: created.apiKey.slice(0, 11) },
+  };
+}
+
+export async function updateOwnedProject(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  input: Pick<UpdateProjectInput, 'name' | 'settings'>,
+): Promise<ProjectView> {
+  await ownedProject(ctx, principal, projectId);
+  const project = await updateProject(ctx.db, ctx.sealer, projectId, input);
+  await ctx.projects.changed(projectId);
+  return projectView(project);
+}
+
+// ---- the provider connection ----
+
+export const providerBody = z.strictObject({
+  baseUrl: z
+    .string()
+    .trim()
+    .refine((v) => v === ECHO_UPSTREAM || /^https?:\/\/[^\s]+$/.test(v), {
+      message: 'must be the http(s) base URL of an OpenAI-compatible API, e.g. https://api.openai.com/v1',
+    }),
+  apiKey: z.string().trim().min(1, { message: 'must not be empty' }).max(1000).optional(),
+});
+export type ProviderInput = z.infer<typeof providerBody>;
+
+/**
+ * Checks a provider with a live `GET {baseUrl}/models` using the key; a refusal or an unreachable
+ * provider is a 400 that says what the provider answered. Returns the model ids it lists.
+ */
+export async function checkProvider(ctx: AppContext, input: ProviderInput): Promise<{ models: string[] }> {
+  if (input.baseUrl === ECHO_UPSTREAM) return { models: [] };
+  const url = `${input.baseUrl.replace(/\/+$/, '')}/models`;
+  let res: Response;
+  try {
+    res = await fetch(url, {
+      headers: {
+        accept: 'application/json',
+        ...(input.apiKey ? { authorization: `Bearer ${input.apiKey}` } : {}),
+      },
+      redirect: 'manual',
+      signal: AbortSignal.timeout(Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000)),
+    });
+  } catch (err) {
+    const reason = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name;
+    throw providerCheckFailed(`could not reach ${url} (${reason})`);
+  }
+  const text = await res.text().catch(() => '');
+  if (res.status === 401 || res.status === 403) {
+    throw providerCheckFailed(`the provider refused the key (${res.status} from ${url})`);
+  }
+  if (!res.ok) throw providerCheckFailed(`the provider answered ${res.status} to GET ${url}`);
+  try {
+    const body = JSON.parse(text) as { data?: Array<{ id?: unknown }> };
+    return { models: (body.data ?? []).map((m) => String(m.id)).filter(Boolean) };
+  } catch {
+    throw providerCheckFailed(`GET ${url} did not answer JSON: is this the API's base URL (ending in /v1)?`);
+  }
+}
+
+const providerCheckFailed = (why: string) =>
+  new ApiError(400, 'invalid_request_error', `Provider check failed: ${why}.`, {
+    param: 'baseUrl',
+    code: 'provider_check_failed',
+  });
+
+/**
+ * Stores a project's provider connection (the key sealed at rest). The one place the admin code writes
+ * the connection: when projects get several providers, this becomes an upsert of the `default` one.
+ */
+async function saveProviderConnection(ctx: AppContext, projectId: string, input: ProviderInput) {
+  const project = await updateProject(ctx.db, ctx.sealer, projectId, {
+    upstreamUrl: input.baseUrl,
+    upstreamKey: input.apiKey ?? null,
+  });
+  await ctx.projects.changed(projectId);
+  return project;
+}
+
+/** Checks the provider live, then saves the connection. */
+export async function connectProvider(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  input: ProviderInput,
+) {
+  await ownedProject(ctx, principal, projectId);
+  const { models } = await checkProvider(ctx, input);
+  const project = await saveProviderConnection(ctx, projectId, input);
+  return { object: 'provider' as const, ...projectView(project).provider, models };
+}
+
+// ---- API keys ----
+
+export async function createApiKey(ctx: AppContext, principal: Principal, projectId: string, name: string) {
+  await ownedProject(ctx, principal, projectId);
+  const created = await createKey(ctx.db, projectId, name);
+  return { id: created.id, object: 'api_key' as const, name, prefix: created.prefix, key: created.key };
+}
+
+export async function listApiKeys(ctx: AppContext, principal: Principal, projectId: string) {
+  await ownedProject(ctx, principal, projectId);
+  const keys = await listKeys(ctx.db, projectId);
+  return list(
+    keys.map((k) => ({
+      id: k.id,
+      object: 'api_key' as const,
+      name: k.name,
+      prefix: k.prefix,
+      createdAt: k.created_at.toISOString(),
+      revokedAt: k.revoked_at?.toISOString() ?? null,
+    })),
+    false,
+  );
+}
+
+/** Revokes a key of the project; every proxy drops it from its cache (the key directory's bus message). */
+export async function revokeApiKey(ctx: AppContext, principal: Principal, projectId: string, keyId: string) {
+  await ownedProject(ctx, principal, projectId);
+  const key = await ctx.db
+    .selectFrom('api_keys')
+    .select('id')
+    .where('id', '=', keyId)
+    .where('project_id', '=', projectId)
+    .executeTakeFirst();
+  if (!key) throw notFound(`No API key ${keyId} in this project.`, 'key_not_found', 'id');
+  const { propagated } = await ctx.keys.revoke(keyId);
+  return { id: keyId, object: 'api_key' as const, revoked: true, propagated };
+}
+
+// ---- models and pricing ----
+
+function specOf(row: Parameters<typeof pricingOf>[0]): ModelSpec {
+  return {
+    id: row.id,
+    upstreamModel: row.upstream_model,
+    pricing: pricingOf(row),
+    endpoints: endpointsOf(row),
+  };
+}
+
+export async function listModels(ctx: AppContext, principal: Principal, projectId: string) {
+  const project = await ownedProject(ctx, principal, projectId);
+  const rows = await ctx.db
+    .selectFrom('models')
+    .selectAll()
+    .where('project_id', '=', projectId)
+    .orderBy('id')
+    .execute();
+  return {
+    object: 'pricing' as const,
+    currency: project.currency,
+    models: rows.map(specOf),
+  };
+}
+
+/** Makes the project's models exactly those of the pricing file (as `tollgate models apply`). */
+export async function applyModels(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  file: PricingFile,
+) {
+  await ownedProject(ctx, principal, projectId);
+  const result = await applyPricing(ctx.db, projectId, file);
+  await ctx.projects.changed(projectId);
+  return { object: 'pricing.applied' as const, ...result };
+}
+
+/** Adds or replaces one model, keeping the others (the dashboard's price form). */
+export async function putModel(ctx: AppContext, principal: Principal, projectId: string, spec: ModelSpec) {
+  const current = await listModels(ctx, principal, projectId);
+  const models = current.models.filter((m) => m.id !== spec.id).concat(spec);
+  return applyModels(ctx, principal, projectId, { currency: current.currency, models });
+}
+
+export async function deleteModel(ctx: AppContext, principal: Principal, projectId: string, modelId: string) {
+  const current = await listModels(ctx, principal, projectId);
+  if (!current.models.some((m) => m.id === modelId))
+    throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
+  const models = current.models.filter((m) => m.id !== modelId);
+  if (models.length === 0) {
+    await ctx.db.deleteFrom('models').where('project_id', '=', projectId).execute();
+    await ctx.projects.changed(projectId);
+    return { object: 'pricing.applied' as const, created: [], updated: [], deleted: [modelId] };
+  }
+  return applyModels(ctx, principal, projectId, { currency: current.currency, models });
+}
+
+// ---- end users ----
+
+export interface UserRow {
+  user: string;
+  object: 'user';
+  connected: boolean;
+  balance: string;
+  held: string;
+  available: string;
+  currency: string;
+  createdAt: string;
+}
+
+export async function searchUsers(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  query: { q?: string | undefined; limit: number; startingAfter?: string | undefined },
+) {
+  const project = await ownedProject(ctx, principal, projectId);
+  let q = ctx.db
+    .selectFrom('end_users')
+    .select(['external_id', 'connected', 'balance', 'held', 'created_at'])
+    .where('project_id', '=', projectId)
+    .orderBy('external_id')
+    .limit(query.limit + 1);
+  if (query.q) {
+    const pattern = `%${query.q.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
+    q = q.where('external_id', 'ilike', pattern);
+  }
+  if (query.startingAfter) q = q.where('external_id', '>', query.startingAfter);
+  const rows = await q.execute();
+  const money = (v: string) => formatForCurrency(v, project.currency);
+  const data: UserRow[] = rows.slice(0, query.limit).map((r) => ({
+    user: r.external_id,
+    object: 'user',
+    connected: r.connected,
+    balance: money(r.balance),
+    held: money(r.held),
+    available: money(new Money(r.balance).minus(r.held).toFixed()),
+    currency: project.currency,
+    createdAt: r.created_at.toISOString(),
+  }));
+  return list(data, rows.length > query.limit);
+}
+
+export async function userBalance(ctx: AppContext, principal: Principal, projectId: string, user: string) {
+  const project = await ownedProject(ctx, principal, projectId);
+  return getBalance(ctx.db, project, user);
+}
+
+export function triggerOf(principal: Principal): Trigger {
+  return { source: 'admin', actorType: principal.actorType, actorId: principal.actorId };
+}
+
+export async function setUserConnected(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  user: string,
+  connected: boolean,
+) {
+  const project = await ownedProject(ctx, principal, projectId);
+  const change = await (connected ? connectUser : disconnectUser)(
+    ctx.db,
+    ctx.events,
+    project,
+    user,
+    triggerOf(principal),
+  );
+  return { ...(await getBalance(ctx.db, project, user)), changed: change.changed };
+}
+
+export interface MoneyInput {
+  user: string;
+  amount: string;
+  metadata?: Record<string, unknown> | undefined;
+}
+
+/**
+ * A deposit or a manual charge from the admin API or the dashboard, once per Idempotency-Key (scoped to
+ * the project and this endpoint) when one is given; the same service functions as `/v1/user/*`.
+ */
+export async function moveMoney(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  kind: 'deposit' | 'charge',
+  input: MoneyInput,
+  idempotencyKey: string | undefined,
+): Promise<IdempotentResult> {
+  const project = await ownedProject(ctx, principal, projectId);
+  const links: LinkSettings = {
+    sealer: ctx.sealer,
+    publicBaseUrl: ctx.publicBaseUrl,
+    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
+  };
+  const trigger = triggerOf(principal);
+  const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) =>
+    kind === 'deposit'
+      ? { status: 201, body: await depositFromApi(tx, ctx.billing, project, input, trigger) }
+      : {
+          status: 200,
+          body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, trigger, links),
+        };
+  const endpoint = `POST /admin/v1/projects/users/${kind}`;
+  // The billing service runs the event wake-up and the money metrics after the commit (not for a replay).
+  return idempotencyKey === undefined
+    ? { ...(await ctx.billing.transaction(run)), replayed: false }
+    : withIdempotency(
+        ctx,
+        { projectId, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
+        run,
+      );
+}
+
+// ---- reports ----
+
+export const reportQuerySchema = z.strictObject({
+  group: z.enum(['day', 'model', 'user'], { message: "must be 'day', 'model' or 'user'" }).default('day'),
+  days: z.coerce
+    .number({ message: 'must be a whole number from 1 to 366' })
+    .int({ message: 'must be a whole number from 1 to 366' })
+    .min(1, { message: 'must be a whole number from 1 to 366' })
+    .max(366, { message: 'must be a whole number from 1 to 366' })
+    .default(30),
+});
+export type ReportQuery = z.infer<typeof reportQuerySchema>;
+
+export interface ReportRow {
+  key: string;
+  requests: number;
+  inputTokens: number;
+  outputTokens: number;
+  revenue: string;
+}
+
+/**
+ * Spend and usage from the ledger: the charges of the last `days` days grouped per day, model or user —
+ * requests (metered charges), input and output tokens (from the charges' usage metadata) and revenue
+ * (the amounts charged; manual charges count as model `(manual)`).
+ */
+export async function usageReport(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  query: ReportQuery,
+) {
+  const project = await ownedProject(ctx, principal, projectId);
+  const key =
+    query.group === 'day'
+      ? sql<string>`to_char(date_trunc('day', l.created_at at time zone 'UTC'), 'YYYY-MM-DD')`
+      : query.group === 'model'
+        ? sql<string>`coalesce(l.metadata->>'model', '(manual)')`
+        : sql<string>`u.external_id`;
+  const result = await sql<{
+    key: string;
+    requests: string;
+    input_tokens: string;
+    output_tokens: string;
+    revenue: string;
+  }>`
+    SELECT ${key} AS key,
+           count(*) FILTER (WHERE l.metadata ? 'requestId')::text AS requests,
+           coalesce(sum(CASE WHEN jsonb_typeof(l.metadata->'inputTokens') = 'number'
+                             THEN (l.metadata->>'inputTokens')::numeric END), 0)::text AS input_tokens,
+           coalesce(sum(CASE WHEN jsonb_typeof(l.metadata->'outputTokens') = 'number'
+                             THEN (l.metadata->>'outputTokens')::numeric END), 0)::text AS output_tokens,
+           (-sum(l.amount))::text AS revenue
+      FROM ledger_entries l JOIN end_users u ON u.id = l.user_id
+     WHERE l.project_id = ${projectId}
+       AND l.kind = 'charge'
+       AND l.created_at >= now() - make_interval(days => ${query.days})
+     GROUP BY 1
+     ORDER BY 1
+  `.execute(ctx.db);
+  const data: ReportRow[] = result.rows.map((r) => ({
+    key: r.key,
+    requests: Number(r.requests),
+    inputTokens: Number(r.input_tokens),
+    outputTokens: Number(r.output_tokens),
+    revenue: formatForCurrency(r.revenue, project.currency),
+  }));
+  return {
+    object: 'report' as const,
+    group: query.group,
+    days: query.days,
+    currency: project.currency,
+    data,
+  };
+}
+
+export function requireOwner(principal: Principal): string {
+  if (!principal.developerId)
+    throw badRequest(
+      'This needs a developer account (a session or a developer’s admin token).',
+      null,
+      'developer_required',
+    );
+  return principal.developerId;
+}

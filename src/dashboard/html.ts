@@ -1,0 +1,141 @@
+import type { FastifyReply } from 'fastify';
+
+/**
+ * Server-rendered HTML for the dashboard and the home page: a tagged template that escapes every
+ * interpolated value (values wrapped by `raw()` are inserted as they are), one layout, one style sheet.
+ */
+export class Raw {
+  readonly html: string;
+  constructor(html: string) {
+    this.html = html;
+  }
+}
+
+export const raw = (html: string) => new Raw(html);
+
+export function escapeHtml(value: string): string {
+  return value.replace(
+    /[&<>"']/g,
+    (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!,
+  );
+}
+
+function piece(value: unknown): string {
+  if (value instanceof Raw) return value.html;
+  if (Array.isArray(value)) return value.map(piece).join('');
+  if (value === undefined || value === null || value === false) return '';
+  return escapeHtml(String(value));
+}
+
+export function html(strings: TemplateStringsArray, ...values: unknown[]): Raw {
+  let out = strings[0]!;
+  values.forEach((value, i) => {
+    out += piece(value) + strings[i + 1]!;
+  });
+  return raw(out);
+}
+
+export const STYLE = `
+:root{color-scheme:light dark;--fg:#1b1f24;--bg:#f6f7f9;--card:#fff;--muted:#55606e;--line:#d9dde3;--accent:#1f5fd1;--accent-fg:#fff;--ring:#f0a500;--bad:#b3261e;--good:#1e7a3c}
+@media (prefers-color-scheme:dark){:root{--fg:#e8eaed;--bg:#121417;--card:#1c1f24;--muted:#a9b1bc;--line:#343a42;--accent:#6ea0ff;--accent-fg:#0b1220;--bad:#ff8a80;--good:#7bd88f}}
+*{box-sizing:border-box}
+body{margin:0;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
+header.top{display:flex;gap:1rem;align-items:center;padding:.75rem 1.5rem;background:var(--card);border-bottom:1px solid var(--line)}
+header.top .brand{font-weight:700;text-decoration:none;color:var(--fg)}
+header.top nav{display:flex;gap:1rem;flex:1}
+main{max-width:68rem;margin:1.5rem auto;padding:0 1.5rem}
+section.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:1.25rem 1.5rem;margin:0 0 1.25rem}
+main.narrow{max-width:28rem}
+h1{font-size:1.5rem;margin:0 0 1rem}
+h2{font-size:1.15rem;margin:0 0 .75rem}
+p{margin:0 0 .75rem}
+.muted{color:var(--muted);font-size:.9rem}
+label{display:block;font-weight:600;margin:.5rem 0 .25rem}
+input,select,textarea{font:inherit;width:100%;padding:.5rem .6rem;border:1px solid var(--line);border-radius:6px;background:var(--bg);color:var(--fg)}
+textarea{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem;min-height:12rem}
+.row{display:flex;gap:.75rem;flex-wrap:wrap;align-items:flex-end}
+.row>div{flex:1;min-width:10rem}
+button,.button{display:inline-block;font:inherit;font-weight:600;padding:.5rem 1.1rem;margin-top:.75rem;border:0;border-radius:6px;background:var(--accent);color:var(--accent-fg);cursor:pointer;text-decoration:none}
+button.secondary{background:transparent;color:var(--accent);border:1px solid var(--accent)}
+button.link{background:none;color:var(--accent);padding:0;margin:0;font-weight:400;text-decoration:underline}
+button:focus-visible,a:focus-visible,input:focus-visible,select:focus-visible,textarea:focus-visible{outline:3px solid var(--ring);outline-offset:2px}
+a{color:var(--accent)}
+table{border-collapse:collapse;width:100%;font-size:.9rem}
+th,td{text-align:left;padding:.4rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem}
+pre{background:var(--bg);border:1px solid var(--line);border-radius:6px;padding:.75rem;overflow:auto;white-space:pre-wrap;word-break:break-all}
+.secret{display:flex;gap:.5rem;align-items:center}
+.secret code{flex:1;padding:.5rem;background:var(--bg);border:1px solid var(--line);border-radius:6px;word-break:break-all}
+.notice{border-left:4px solid var(--good);padding:.5rem .75rem;background:var(--bg);margin:0 0 1rem}
+.error{border-left:4px solid var(--bad);padding:.5rem .75rem;background:var(--bg);margin:0 0 1rem;color:var(--bad)}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(20rem,1fr));gap:1rem}
+figure{margin:0}
+figcaption{font-weight:600;margin-bottom:.25rem}
+svg text{fill:var(--muted);font-size:11px}
+svg .bar{fill:var(--accent)}
+svg .axis{stroke:var(--line)}
+.skip{position:absolute;left:-999px}.skip:focus{left:1rem;top:1rem;background:var(--card);padding:.5rem}
+`;
+
+export interface LayoutOptions {
+  title: string;
+  /** The signed-in developer's e-mail; shows the navigation and the sign-out button. */
+  email?: string | undefined;
+  csrf?: string | undefined;
+  narrow?: boolean;
+  /** Nonce of the one inline script (the copy buttons). */
+  nonce?: string;
+}
+
+export function layout(options: LayoutOptions, body: Raw): string {
+  const nav = options.email
+    ? html`<nav aria-label="Main"><a href="/dashboard">Projects</a></nav>
+<form method="post" action="/dashboard/signout"><input type="hidden" name="csrf" value="${options.csrf}">
+<span class="muted">${options.email}</span> <button type="submit" class="link">Sign out</button></form>`
+    : html`<nav aria-label="Main"><a href="/dashboard/signin">Sign in</a><a href="/dashboard/signup">Sign up</a></nav>`;
+  return html`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="robots" content="noindex">
+<title>${options.title} · Tollgate</title>
+<style>${raw(STYLE)}</style>
+</head>
+<body>
+<a class="skip" href="#content">Skip to content</a>
+<header class="top"><a class="brand" href="/dashboard">Tollgate</a>${nav}</header>
+<main id="content"${raw(options.narrow ? ' class="narrow"' : '')}>
+${body}
+</main>
+${options.nonce ? html`<script nonce="${options.nonce}">${raw(COPY_SCRIPT)}</script>` : ''}
+</body>
+</html>
+`.html;
+}
+
+/** Copy buttons: `<button data-copy="#id">` copies the text of the element `#id`. */
+const COPY_SCRIPT = `
+document.querySelectorAll('button[data-copy]').forEach(function (b) {
+  b.hidden = false;
+  b.addEventListener('click', function () {
+    var text = document.querySelector(b.getAttribute('data-copy')).textContent;
+    navigator.clipboard.writeText(text).then(function () { b.textContent = 'Copied'; }, function () { b.textContent = 'Copy failed: select the text'; });
+  });
+});
+`;
+
+export function sendHtml(reply: FastifyReply, status: number, page: string, nonce?: string): FastifyReply {
+  return reply
+    .status(status)
+    .headers({
+      'content-type': 'text/html; charset=utf-8',
+      'cache-control': 'no-store',
+      'referrer-policy': 'same-origin',
+      'content-security-policy': `default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'${nonce ? `; script-src 'nonce-${nonce}'` : ''}`,
+      'x-content-type-options': 'nosniff',
+      'x-frame-options': 'DENY',
+    })
+    .send(page);
+}

@@ -1,0 +1,137 @@
+import { createServer, type Server } from 'node:http';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+/**
+ * Dashboard forms over HTTP, with a session from the admin API (the same session tokens): the webhook
+ * page (add a subscription, see a failed delivery, resend it), the pricing file, and key revocation.
+ */
+let server: TestServer;
+let worker: DeliveryWorker;
+let receiver: Server;
+let receiverUrl: string;
+let hits = 0;
+
+beforeAll(async () => {
+  server = await startTestServer({ WEBHOOK_POLL_INTERVAL_MS: '100', WEBHOOK_BACKOFF_BASE_MS: '50' });
+  receiver = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      hits++;
+      // The first delivery is refused for good (410: no retry); the resend is accepted.
+      res.writeHead(hits === 1 ? 410 : 200).end('ok');
+    });
+  });
+  await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  receiverUrl = `http://127.0.0.1:${(receiver.address() as { port: number }).port}/hook`;
+  worker = startDeliveryWorker(server.ctx);
+  await worker.ready;
+});
+afterAll(async () => {
+  await worker?.stop(1000);
+  await new Promise((resolve) => receiver?.close(resolve));
+  await server?.close();
+});
+
+async function eventually<T>(fn: () => Promise<T | undefined | false>, timeoutMs = 10_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await fn();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+describe('dashboard pages', () => {
+  it('adds a webhook subscription, shows the delivery log and resends a delivery', async () => {
+    const signup = await api(server, undefined, 'POST', '/admin/v1/developers', {
+      email: 'pages@example.com',
+      password: 'a long enough password',
+    });
+    const token = signup.body.session.token as string;
+    const cookie = `tollgate_session=${token}`;
+    const project = (await api(server, token, 'POST', '/admin/v1/projects', { name: 'Pages' })).body;
+    const projectId = project.project.id as string;
+    const path = `/dashboard/projects/${projectId}`;
+
+    const get = async (p: string) => {
+      const res = await fetch(server.url + p, { headers: { cookie }, redirect: 'manual' });
+      return { status: res.status, text: await res.text() };
+    };
+    const post = async (p: string, form: Record<string, string>) => {
+      const page = await get(path);
+      const csrf = /name="csrf" value="([^"]+)"/.exec(page.text)![1]!;
+      const res = await fetch(server.url + p, {
+        method: 'POST',
+        headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ csrf, ...form }).toString(),
+        redirect: 'manual',
+      });
+      return { status: res.status, location: res.headers.get('location'), text: await res.text() };
+    };
+
+    const added = await post(`${path}/webhooks`, { url: receiverUrl, events: 'balance.*, user.*' });
+    expect(added.status).toBe(200);
+    expect(added.text).toMatch(/id="webhook-secret">whsec_|id="webhook-secret">[A-Za-z0-9_-]{24,}/);
+
+    await api(server, token, 'POST', `/admin/v1/projects/${projectId}/users/u1/deposit`, { amount: '2' });
+    const failed = await eventually(async () => {
+      const logs = await api(server, token, 'GET', `/admin/v1/projects/${projectId}/webhooks/logs`);
+      return logs.body.data.find((d: { status: string }) => d.status === 'error');
+    });
+    const page = await get(`${path}/webhooks`);
+    expect(page.text).toContain(receiverUrl);
+    expect(page.text).toContain('balance.deposit.created');
+    expect(page.text).toContain(`aria-label="Resend delivery ${failed.id}"`);
+
+    const resent = await post(`${path}/webhooks/deliveries/${failed.id}/resend`, {});
+    expect(resent.status).toBe(303);
+    expect(decodeURIComponent(resent.location!)).toContain('Delivery queued to be sent again.');
+    await eventually(async () => {
+      const logs = await api(server, token, 'GET', `/admin/v1/projects/${projectId}/webhooks/logs`);
+      return logs.body.data.find(
+        (d: { id: string; status: string }) => d.id === failed.id && d.status === 'success',
+      );
+    });
+    expect(hits).toBe(2);
+
+    // The pricing file applies as `models apply` does; a bad one comes back as a message.
+    const applied = await post(`${path}/pricing/file`, {
+      file: 'currency: usd\nmodels:\n  - id: quick\n    pricing: { mode: per_request, perRequest: "0.05" }\n',
+    });
+    expect(decodeURIComponent(applied.location!)).toContain('created quick');
+    const bad = await post(`${path}/pricing/file`, { file: 'currency: eur\nmodels: []\n' });
+    expect(decodeURIComponent(bad.location!)).toMatch(/error=/);
+
+    // Settings: saved through the same checks as the API.
+    const saved = await post(`${path}/settings`, {
+      name: 'Pages renamed',
+      checkoutUrl: 'https://shop.example.com/topup',
+      connectMessage: 'Please connect: {link}',
+    });
+    expect(decodeURIComponent(saved.location!)).toContain('Settings saved.');
+    const view = await api(server, token, 'GET', `/admin/v1/projects/${projectId}`);
+    expect(view.body).toMatchObject({
+      name: 'Pages renamed',
+      settings: { checkoutUrl: 'https://shop.example.com/topup', connectMessage: 'Please connect: {link}' },
+    });
+    const badUrl = await post(`${path}/settings`, { name: 'x', returnUrl: 'javascript:alert(1)' });
+    expect(decodeURIComponent(badUrl.location!)).toMatch(/error=Invalid 'returnUrl'/);
+
+    // Admin tokens for the CLI: created (shown once) and revoked from the projects page.
+    const made = await post('/dashboard/admin-tokens', { name: 'laptop' });
+    const adminToken = /id="admin-token">(tga_[^<]+)</.exec(made.text)![1]!;
+    expect((await api(server, adminToken, 'GET', '/admin/v1/projects')).body.data[0].id).toBe(projectId);
+    const tokenId = (await api(server, token, 'GET', '/admin/v1/admin-tokens')).body.data[0].id;
+    expect((await get('/dashboard')).text).toContain('laptop');
+    await post(`/dashboard/admin-tokens/${tokenId}/revoke`, {});
+    expect((await api(server, adminToken, 'GET', '/admin/v1/projects')).status).toBe(401);
+
+    // Revoking a key from the dashboard stops it at once.
+    expect((await api(server, project.apiKey.key, 'GET', '/v1/models')).status).toBe(200);
+    await post(`${path}/keys/${project.apiKey.id}/revoke`, {});
+    expect((await api(server, project.apiKey.key, 'GET', '/v1/models')).status).toBe(401);
+  }, 60_000);
+});

@@ -1,0 +1,126 @@
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+import { afterAll, describe, expect, it } from 'vitest';
+
+/**
+ * The README's "From `make dev` to a paid chat in 60 seconds", step by step against a real
+ * `tollgate dev` on the embedded database: a new user gets the connect link, connects on the hosted
+ * page, is funded with the CLI over the admin API (the printed variables), chats, and pays.
+ */
+describe('the README walkthrough', () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-walkthrough-'));
+  const env = {
+    ...process.env,
+    DATABASE_URL: '',
+    REDIS_URL: '',
+    TOLLGATE_ENCRYPTION_KEY: '',
+    TOLLGATE_ADMIN_TOKEN: '',
+    TOLLGATE_URL: '',
+    HOST: '',
+    TOLLGATE_DATA_DIR: dataDir,
+    LOG_LEVEL: 'warn',
+  };
+  let child: ChildProcess | undefined;
+  afterAll(() => {
+    child?.kill('SIGKILL');
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  it('goes from tollgate dev to a paid chat', async () => {
+    child = spawn(process.execPath, ['cmd/tollgate.ts', 'dev'], {
+      env: { ...env, PORT: '0' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stderr!.on('data', (c: Buffer) => {
+      out += c.toString();
+    });
+    await new Promise<void>((resolve, reject) => {
+      child!.stdout!.on('data', (c: Buffer) => {
+        out += c.toString();
+        if (out.includes('Press Ctrl+C')) resolve();
+      });
+      child!.once('exit', (code) => reject(new Error(`dev exited with ${code}: ${out}`)));
+    });
+    const base = /running at (http:\/\/\S+)\/v1/.exec(out)![1]!;
+    const key = /API key:\s+(tg_\S+)/.exec(out)![1]!;
+    const projectId = /project:\s+(pw_\S+)/.exec(out)![1]!;
+    const exported = /export (TOLLGATE_URL=\S+) (TOLLGATE_ADMIN_TOKEN=\S+)/.exec(out)!;
+
+    // 1. A new end user chats and gets the connect link.
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0 });
+    const ask = async () =>
+      (
+        await client.chat.completions.create({
+          model: 'demo-per-request',
+          user: 'alice',
+          messages: [{ role: 'user', content: 'Hello' }],
+        })
+      ).choices[0]!.message.content!;
+    const first = await ask();
+    expect(first).toMatch(/^To continue, connect your account to Demo\. Open this link to connect: http/);
+    const link = /(http:\/\/\S+\/connect\/\S+)/.exec(first)![1]!;
+
+    // 2. Alice opens the link and presses Connect (the page's own form).
+    const pageRes = await fetch(link);
+    expect(pageRes.status).toBe(200);
+    const page = await pageRes.text();
+    const fields = Object.fromEntries(
+      [...page.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)].map((m) => [m[1]!, m[2]!]),
+    );
+    const connected = await fetch(link, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams(fields).toString(),
+      redirect: 'manual',
+    });
+    expect(connected.status).toBeLessThan(400);
+
+    // 3. Funded with the CLI over the admin API, using the variables dev printed.
+    const vars = Object.fromEntries(exported.slice(1).map((kv) => kv.split('=', 2) as [string, string]));
+    const deposit = spawnSync(
+      'npm',
+      [
+        'run',
+        '--silent',
+        'tollgate',
+        '--',
+        'users',
+        'deposit',
+        '--project',
+        projectId,
+        '--user',
+        'alice',
+        '--amount',
+        '5.00',
+      ],
+      { env: { ...env, ...vars }, encoding: 'utf8', timeout: 60_000 },
+    );
+    expect(deposit.status, deposit.stderr).toBe(0);
+    expect(deposit.stdout).toContain('Deposited 5.00 usd to alice; balance 5.00 usd');
+
+    // 4. She chats, and her balance goes down.
+    expect(await ask()).toBe('[echo provider] Hello');
+    let balance: { balance: string } = { balance: '' };
+    for (let i = 0; i < 30 && balance.balance !== '4.99'; i++) {
+      const res = await fetch(`${base}/v1/user/balance?user=alice`, {
+        headers: { authorization: `Bearer ${key}` },
+      });
+      balance = (await res.json()) as { balance: string };
+      if (balance.balance !== '4.99') await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(balance).toMatchObject({ user: 'alice', connected: true, balance: '4.99', currency: 'usd' });
+
+    // GET / answers the home page.
+    const home = await fetch(`${base}/`);
+    expect(await home.text()).toContain('href="/dashboard"');
+
+    const exited = new Promise<number | null>((resolve) => child!.once('exit', resolve));
+    child.kill('SIGINT');
+    expect(await exited).toBe(0);
+    child = undefined;
+  }, 180_000);
+});
