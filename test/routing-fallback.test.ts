@@ -53,6 +53,7 @@ const MODELS: ModelSpec[] = [
     { provider: 'a', model: 'fail500-2' },
     { provider: 'b', model: 'fail503' },
   ]),
+  model('retry-short', [{ provider: 'a', model: 'rate429-short' }]),
   model('spread', [
     { provider: 'a', model: 'w-a', priority: 0, weight: 3 },
     { provider: 'b', model: 'w-b', priority: 0, weight: 1 },
@@ -204,6 +205,19 @@ describe('fallback before the first byte', () => {
     // The second request did not try the rate-limited route again (Retry-After: 30).
     expect(sentTo(f.mock, 'rate429')).toBe(before + 1);
     expect(await charges('limited')).toEqual({ count: 2, total: '0.02', held: '0' });
+  });
+
+  it('a 429 whose Retry-After fits the deadline is waited for and the route tried again, charged once', async () => {
+    await f.fund('patient', '1.00');
+    f.mock.behaviors.set('rate429-short', { failStatus: 429, retryAfter: '1' });
+    // The provider recovers while Tollgate waits out its Retry-After.
+    const recover = setTimeout(() => f.mock.behaviors.set('rate429-short', {}), 300);
+    const started = Date.now();
+    expect(await ask('retry-short', 'patient', false)).toBe(' hello hello hello hello hello');
+    clearTimeout(recover);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(900);
+    expect(sentTo(f.mock, 'rate429-short')).toBe(2);
+    expect(await charges('patient')).toEqual({ count: 1, total: PRICE, held: '0' });
   });
 
   it('a stream cut after its first byte is not retried: the client gets an error, nothing is charged', async () => {

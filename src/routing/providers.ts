@@ -57,7 +57,11 @@ export async function upsertProvider(
   input: ProviderInput,
 ): Promise<ProviderView> {
   const parsed = parseInput(providerInputSchema, input, 'provider');
-  const project = await db.selectFrom('projects').select('id').where('id', '=', projectId).executeTakeFirst();
+  const project = await db
+    .selectFrom('projects')
+    .select(['id', 'upstream_key_sealed'])
+    .where('id', '=', projectId)
+    .executeTakeFirst();
   if (!project) throw notFound(`No project ${projectId}.`, 'project_not_found');
   const baseUrl = parsed.baseUrl.replace(/\/+$/, '');
   const keyColumn =
@@ -72,7 +76,8 @@ export async function upsertProvider(
       project_id: projectId,
       name: parsed.name,
       base_url: baseUrl,
-      key_sealed: null,
+      // A new `default` without a key keeps the project's upstream key.
+      key_sealed: parsed.name === DEFAULT_PROVIDER ? project.upstream_key_sealed : null,
       ...keyColumn,
       ...timeouts,
     })
