@@ -1,8 +1,9 @@
 import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CompiledQuery, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely';
+import { CompiledQuery, Kysely, sql } from 'kysely';
 import { Migrator } from 'kysely/migration';
 import pg from 'pg';
+import { TollgatePGliteDialect, TollgatePostgresDialect } from './introspection.ts';
 import { acquireEmbeddedLock, type HeldLock } from './lock.ts';
 import { migrations } from './migrations/index.ts';
 import type { DB } from './schema.ts';
@@ -74,7 +75,7 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
       await pool.end().catch(() => {});
       throw connectError(err, options.url);
     }
-    const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
+    const db = new Kysely<DB>({ dialect: new TollgatePostgresDialect({ pool }) });
     return {
       db,
       kind: 'postgres',
@@ -100,7 +101,7 @@ export async function openDatabase(options: DatabaseOptions): Promise<DatabaseHa
     lock.release();
     throw err;
   }
-  const db = new Kysely<DB>({ dialect: new PGliteDialect({ pglite }) });
+  const db = new Kysely<DB>({ dialect: new TollgatePGliteDialect({ pglite }) });
   return {
     db,
     kind: 'embedded',
