@@ -234,10 +234,11 @@ describe.skipIf(!available)('every dashboard query against a real Prometheus', (
       clearTimeout(timer);
     }
     await worker?.stop(1000);
+    receiver?.closeAllConnections();
     await new Promise((resolve) => receiver?.close(resolve));
     await server?.close();
     if (dir) rmSync(dir, { recursive: true, force: true });
-  }, 30_000);
+  }, 60_000);
 
   it('returns data, with a number, for every query of every panel', async () => {
     const targets = panels.flatMap((p) =>
