@@ -352,12 +352,26 @@ async function main() {
   memory.push([tollgateRequests, await memoryOf(tollgate)]);
 
   const cells: Cell[] = [];
+  const batchLines: string[] = [];
   for (const stream of [false, true]) {
     for (const concurrency of CONCURRENCY) {
       const total = concurrency === 1 ? Math.max(1000, Math.round(PER_CELL / 3)) : PER_CELL;
       const warmup = Math.min(500, Math.round(total / 5));
       for (const target of targets) {
+        const before = target.name === 'tollgate' ? await batchStats(tollgate.info.url!) : undefined;
         const cell = await load(target, concurrency, stream, total, warmup, target.pid, upstream.child.pid!);
+        if (before) {
+          const after = await batchStats(tollgate.info.url!);
+          const line = (statement: 'hold' | 'close') => {
+            const n = after[statement].count - before[statement].count;
+            const size = (after[statement].size - before[statement].size) / n;
+            const took = (1000 * (after[statement].seconds - before[statement].seconds)) / n;
+            return `${statement} ${size.toFixed(1)} requests in ${took.toFixed(2)} ms`;
+          };
+          batchLines.push(
+            `- ${stream ? 'streaming' : 'non-streaming'}, concurrency ${concurrency}: ${line('hold')}, ${line('close')} per batch on average`,
+          );
+        }
         if (target.name.startsWith('tollgate')) tollgateRequests += total + warmup;
         cells.push(cell);
         console.log(
@@ -388,9 +402,22 @@ async function main() {
   await stop(upstream);
   const ledger = ledgerLines.map((l) => JSON.parse(l)).find((l) => l.ledger)?.ledger;
 
-  const report = render(cells, memory, machineLines, startedAt, ledger);
+  const report = render(cells, memory, machineLines, startedAt, ledger, batchLines);
   console.log(`\n${report}`);
   if (process.env.BENCH_WRITE !== '0') writeResultsBlock('proxy-benchmark', 'Proxy', report);
+}
+
+/** Sums of the billing batch histograms of a Tollgate process, by statement. */
+async function batchStats(url: string) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const value = (name: string, statement: string) =>
+    Number(text.match(new RegExp(`^${name}\\{statement="${statement}"\\} (\\S+)`, 'm'))?.[1] ?? 0);
+  const of = (statement: string) => ({
+    count: value('tollgate_billing_batch_size_count', statement),
+    size: value('tollgate_billing_batch_size_sum', statement),
+    seconds: value('tollgate_billing_batch_duration_seconds_sum', statement),
+  });
+  return { hold: of('hold'), close: of('close') };
 }
 
 function render(
@@ -399,6 +426,7 @@ function render(
   machineLines: string[],
   startedAt: Date,
   ledger: Record<string, string> | undefined,
+  batchLines: string[],
 ): string {
   const find = (target: string, c: number, stream: boolean) =>
     cells.find((x) => x.target === target && x.concurrency === c && x.stream === stream)!;
@@ -466,6 +494,10 @@ function render(
     ...verdicts,
     '',
     cpuLine,
+    '',
+    "Group commit in Tollgate's cells (from its `tollgate_billing_batch_*` metrics; a close is the settle):",
+    '',
+    ...batchLines,
     '',
     `Memory of the Tollgate process after a full GC (V8 heap used / resident set): ${memory.map(([n, m]) => `${m.heap} / ${m.rss} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — the heap ${growth <= 0 ? 'did not grow' : `grew by ${growth} MB`} from the first sample to the last.`,
     ...(ledger
