@@ -6,6 +6,7 @@ import type { Project } from '../src/db/schema.ts';
 import { recordEverything } from '../src/events/outbox.ts';
 import { getProject } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
+import { heldByOpenHolds } from './helpers/chat-fixture.ts';
 import { createTestContext } from './helpers/context.ts';
 import { seedProject } from './helpers/server.ts';
 
@@ -34,13 +35,7 @@ async function expectLedgerConsistent(externalId: string) {
     .where('user_id', '=', wallet.userId)
     .execute();
   const sum = entries.reduce((acc, e) => acc.plus(e.amount), new Money(0));
-  const open = await ctx.db
-    .selectFrom('holds')
-    .select('amount')
-    .where('user_id', '=', wallet.userId)
-    .where('status', '=', 'open')
-    .execute();
-  const held = open.reduce((acc, h) => acc.plus(h.amount), new Money(0));
+  const held = await heldByOpenHolds(ctx, wallet.userId);
   expect(sum.toFixed()).toBe(new Money(wallet.balance).toFixed());
   expect(held.toFixed()).toBe(new Money(wallet.held).toFixed());
   return { wallet, entries };

@@ -134,23 +134,7 @@ export async function deposit(
     .where('id', '=', userId)
     .returning(['id', 'external_id', 'connected', 'balance', 'held'])
     .executeTakeFirstOrThrow();
-  const entry = await tx
-    .insertInto('ledger_entries')
-    .values({
-      id: newId('act'),
-      project_id: input.project.id,
-      user_id: user.id,
-      kind: 'deposit',
-      amount: input.amount,
-      held_delta: '0',
-      balance_after: user.balance,
-      held_after: user.held,
-      source: input.source,
-      description: input.description ?? null,
-      metadata: JSON.stringify(input.metadata ?? {}),
-    })
-    .returningAll()
-    .executeTakeFirstOrThrow();
+  const entry = await writeEntry(tx, input, user, 'deposit', input.amount);
   const wallet = walletOf(user);
   const event = await events.record(tx, {
     project: input.project,
@@ -196,23 +180,7 @@ export async function charge(
     .returning(['id', 'external_id', 'connected', 'balance', 'held'])
     .executeTakeFirst();
   if (!user) return refusal(tx, input.project.id, input.externalId, input.amount);
-  const entry = await tx
-    .insertInto('ledger_entries')
-    .values({
-      id: newId('act'),
-      project_id: input.project.id,
-      user_id: user.id,
-      kind: 'charge',
-      amount: formatAmount(new Money(input.amount).neg()),
-      held_delta: '0',
-      balance_after: user.balance,
-      held_after: user.held,
-      source: input.source,
-      description: input.description ?? null,
-      metadata: JSON.stringify(input.metadata ?? {}),
-    })
-    .returningAll()
-    .executeTakeFirstOrThrow();
+  const entry = await writeEntry(tx, input, user, 'charge', formatAmount(new Money(input.amount).neg()));
   const wallet = walletOf(user);
   const event = await events.record(tx, {
     project: input.project,
@@ -226,6 +194,33 @@ export async function charge(
     metadata: input.metadata,
   });
   return { ok: true, entry, wallet, event };
+}
+
+/** Appends the ledger entry of a deposit or charge, with the wallet's values after it. */
+function writeEntry(
+  tx: Transaction<DB>,
+  input: DepositInput | ChargeInput,
+  user: Pick<EndUser, 'id' | 'balance' | 'held'>,
+  kind: 'deposit' | 'charge',
+  amount: string,
+): Promise<LedgerEntry> {
+  return tx
+    .insertInto('ledger_entries')
+    .values({
+      id: newId('act'),
+      project_id: input.project.id,
+      user_id: user.id,
+      kind,
+      amount,
+      held_delta: '0',
+      balance_after: user.balance,
+      held_after: user.held,
+      source: input.source,
+      description: input.description ?? null,
+      metadata: JSON.stringify(input.metadata ?? {}),
+    })
+    .returningAll()
+    .executeTakeFirstOrThrow();
 }
 
 /** Works out why a debit was refused: unknown or disconnected user, or not enough available balance. */

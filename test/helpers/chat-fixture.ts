@@ -83,13 +83,7 @@ export async function startChatFixture(options: {
         .orderBy('id')
         .execute();
       const balance = entries.reduce((sum, e) => sum.plus(e.amount), new Money(0));
-      const open = await ctx.db
-        .selectFrom('holds')
-        .select('amount')
-        .where('user_id', '=', wallet.userId)
-        .where('status', '=', 'open')
-        .execute();
-      const held = open.reduce((sum, h) => sum.plus(h.amount), new Money(0));
+      const held = await heldByOpenHolds(ctx, wallet.userId);
       if (!balance.eq(wallet.balance) || !held.eq(wallet.held)) {
         throw new Error(
           `ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${wallet.held}`,
@@ -113,6 +107,17 @@ export async function startChatFixture(options: {
     },
   };
   return fixture;
+}
+
+/** What a wallet's `held` must be: the sum of its open holds. */
+export async function heldByOpenHolds(ctx: AppContext, userId: string): Promise<Money> {
+  const open = await ctx.db
+    .selectFrom('holds')
+    .select('amount')
+    .where('user_id', '=', userId)
+    .where('status', '=', 'open')
+    .execute();
+  return open.reduce((sum, h) => sum.plus(h.amount), new Money(0));
 }
 
 /** Sum of the chat charges of a user's ledger (a positive decimal string). */
