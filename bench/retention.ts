@@ -61,19 +61,25 @@ async function chatLoad(origin: string, apiKey: string, until: () => boolean): P
       while (!until()) {
         const i = n++;
         const started = performance.now();
-        const res = await pool.request({
-          path: '/v1/chat/completions',
-          method: 'POST',
-          headers: { 'content-type': 'application/json', authorization: `Bearer ${apiKey}` },
-          body: JSON.stringify({
-            model: 'bench-model',
-            user: `user-${i % USERS}`,
-            max_tokens: 16,
-            messages: [{ role: 'user', content: `Hello! This is request ${i}.` }],
-          }),
-        });
-        await res.body.dump();
-        if (res.statusCode !== 200) errors++;
+        try {
+          const res = await pool.request({
+            path: '/v1/chat/completions',
+            method: 'POST',
+            headers: { 'content-type': 'application/json', authorization: `Bearer ${apiKey}` },
+            body: JSON.stringify({
+              model: 'bench-model',
+              user: `user-${i % USERS}`,
+              max_tokens: 16,
+              messages: [{ role: 'user', content: `Hello! This is request ${i}.` }],
+            }),
+          });
+          await res.body.dump();
+          if (res.statusCode !== 200) errors++;
+        } catch (err) {
+          // A connection reset (the server closing a kept-alive socket as it is reused) counts as an error.
+          errors++;
+          if (errors <= 3) console.warn(`request failed: ${(err as Error).message}`);
+        }
         latencies.push(performance.now() - started);
       }
     }),

@@ -54,14 +54,21 @@ const statements: Record<PrunedKind, Statement> = {
           LIMIT ${limit}
           FOR UPDATE SKIP LOCKED)`.execute(db),
     ),
+  // The oldest events first, from the created_at index, a bounded window at a time: each batch costs
+  // the same however many old events there are (an anti-join over the whole table would not).
   events: async (db, cutoff, limit) =>
     affected(
       await sql`
+        WITH oldest AS MATERIALIZED (
+          SELECT id FROM events
+          WHERE created_at < ${cutoff}::timestamptz AND dispatched_at IS NOT NULL
+          ORDER BY created_at
+          LIMIT ${limit * 4}
+        )
         DELETE FROM events WHERE id IN (
           SELECT e.id FROM events e
-          WHERE e.created_at < ${cutoff}::timestamptz AND e.dispatched_at IS NOT NULL
+          WHERE e.id IN (SELECT id FROM oldest)
             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
-          ORDER BY e.created_at
           LIMIT ${limit}
           FOR UPDATE OF e SKIP LOCKED)`.execute(db),
     ),
