@@ -8,6 +8,7 @@ import {
   FIELD_MANAGER,
   FINALIZER,
   GROUP,
+  isConflict,
   isNotFound,
   KIND,
   type KubeClients,
@@ -325,7 +326,8 @@ export class Reconciler {
         resource = next;
       });
     } catch (err) {
-      if (err instanceof TerminalError || !isKubeError(err)) throw err;
+      // A 409 is optimistic concurrency at work (our cached copy was stale): retried, not reported.
+      if (err instanceof TerminalError || !isKubeError(err) || isConflict(err)) throw err;
       return this.#fail(resource, kubeFailure(err));
     }
   }
