@@ -267,10 +267,17 @@ function fmt(n: number, digits = 0): string {
     : '—';
 }
 
+const loadAverage = () =>
+  os
+    .loadavg()
+    .map((l) => l.toFixed(2))
+    .join(', ');
+const loadAtStart = loadAverage();
+
 function report(rows: Row[], ctx: AppContext, seconds: number): string {
   const c = ctx.config;
   return [
-    `Measured ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC on ${os.cpus().length} × ${os.cpus()[0]?.model.trim() ?? 'CPU'}, Node ${process.version}, ${ctx.database.kind === 'postgres' ? 'Postgres' : 'embedded Postgres'} and ${ctx.bus.kind === 'redis' ? 'Redis' : 'the in-process bus'} on the same machine, which other workloads shared during the run (numbers are lower bounds of what the code does on a quiet machine).`,
+    `Measured ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC on ${os.cpus().length} × ${os.cpus()[0]?.model.trim() ?? 'CPU'}, Node ${process.version}, ${ctx.database.kind === 'postgres' ? 'Postgres' : 'embedded Postgres'} and ${ctx.bus.kind === 'redis' ? 'Redis' : 'the in-process bus'} on the same machine, which other workloads shared during the run (numbers are lower bounds of what the code does on a quiet machine). Load average (1, 5, 15 min) at the start: ${loadAtStart}; at the end: ${loadAverage()}.`,
     `One worker; "Worker" is its concurrency / per-subscription concurrency (the defaults are ${c.WEBHOOK_WORKER_CONCURRENCY} / ${c.WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY}, set by WEBHOOK_WORKER_CONCURRENCY and WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY). Receiver: a plain-HTTP keep-alive server in its own process answering 200 at once. Whole run: ${fmt(seconds)} s.`,
     '',
     '| Subscriptions | Worker | Backlog (events → deliveries) | Events fanned out/s | Deliveries created/s | Deliveries sent/s | Steady load (deliveries/s asked → achieved) | Commit → receipt p50 | p99 | Mean request |',

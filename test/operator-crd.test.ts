@@ -1,7 +1,8 @@
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
-import { GROUP, type KubeClients, makeClients, PLURAL, VERSION } from '../src/operator/runtime/kube.ts';
+import { GROUP, PLURAL, VERSION } from '../src/operator/api.ts';
+import { type KubeClients, makeClients } from '../src/operator/runtime/kube.ts';
 import { CRD_FILE, type KubeTarget, kubeTarget } from './helpers/fake-kube-apiserver.ts';
 
 /**

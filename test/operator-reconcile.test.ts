@@ -2,18 +2,11 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
 import { buildServer } from '../src/http/server.ts';
+import { FINALIZER, GROUP, PLURAL, VERSION } from '../src/operator/api.ts';
 import { Controller } from '../src/operator/controller.ts';
 import { type RunningOperator, startOperator, subscriptionStore } from '../src/operator/main.ts';
 import { Reconciler } from '../src/operator/reconciler.ts';
-import {
-  FINALIZER,
-  GROUP,
-  type KubeClients,
-  makeClients,
-  mergePatch,
-  PLURAL,
-  VERSION,
-} from '../src/operator/runtime/kube.ts';
+import { type KubeClients, makeClients, mergePatch } from '../src/operator/runtime/kube.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
 import { subscriptionsChangedChannel } from '../src/webhooks/filter.ts';
 import { disableFailingSubscriptions } from '../src/webhooks/health.ts';

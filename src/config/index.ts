@@ -138,7 +138,7 @@ export const configDocs: Record<keyof Config, string> = {
   RETENTION_DELIVERIES_DAYS:
     'Finished webhook deliveries (and their attempts) older than this are pruned; 0: kept forever.',
   RETENTION_EVENTS_DAYS:
-    'Outbox events older than this are pruned once none of their deliveries is left; 0: kept forever.',
+    'Outbox events older than this (and at least a day older than `RETENTION_DELIVERIES_DAYS`, whose log shows them) are pruned unless a delivery of theirs is pending; 0: kept forever.',
   RETENTION_IDEMPOTENCY_HOURS: 'Expired idempotency keys older than this are pruned; 0: kept forever.',
   RETENTION_HOLDS_DAYS:
     'Closed (settled, released, expired) holds older than this are pruned; ledger entries never are. 0: kept forever.',

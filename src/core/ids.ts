@@ -85,3 +85,14 @@ export function newId(prefix: IdPrefix): string {
 export function randomToken(bytes = 32): string {
   return randomBytes(bytes).toString('base64url');
 }
+
+/** The smallest id with this prefix made at `ms`: every id made earlier sorts below it (retention). */
+export function idBound(prefix: IdPrefix, ms: number): string {
+  return `${prefix}_${encodeTime(ms)}`;
+}
+
+/** An id as if made at `ms` (tests and benchmarks that need old rows). */
+export function idAt(prefix: IdPrefix, ms: number): string {
+  const random = Array.from(randomBytes(16), (b) => ALPHABET[b % 32]).join('');
+  return `${idBound(prefix, ms)}${random}`;
+}

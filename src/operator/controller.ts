@@ -1,9 +1,10 @@
 import type { V1Secret } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics/registry.ts';
+import { GROUP, PLURAL, VERSION } from './api.ts';
 import { Reconciler, type SubscriptionStore, secretSourceOf } from './reconciler.ts';
 import { Informer, type InformerEvent } from './runtime/informer.ts';
-import { GROUP, type KubeClients, keyOf, kubeErrorMessage, PLURAL, VERSION } from './runtime/kube.ts';
+import { type KubeClients, keyOf, kubeErrorMessage } from './runtime/kube.ts';
 import { isTerminal } from './runtime/reconcile.ts';
 import { WorkQueue } from './runtime/workqueue.ts';
 import type { WebhookSubscription } from './status.ts';

@@ -3,20 +3,16 @@ import { ApiException, type CoreV1Event, type V1Secret } from '@kubernetes/clien
 import type { Logger } from 'pino';
 import { ApiError } from '../core/errors.ts';
 import { DESCRIPTION_MAX, MAX_CUSTOM_HEADERS, type SubscriptionView } from '../webhooks/subscriptions.ts';
+import { API_VERSION, FINALIZER, GROUP, KIND, PLURAL, VERSION } from './api.ts';
 import {
-  API_VERSION,
   FIELD_MANAGER,
-  FINALIZER,
-  GROUP,
+  isConflict,
   isNotFound,
-  KIND,
   type KubeClients,
   kubeErrorMessage,
   mergePatch,
-  PLURAL,
   splitKey,
   statusOf,
-  VERSION,
 } from './runtime/kube.ts';
 import { type Result, TerminalError } from './runtime/reconcile.ts';
 import {
@@ -325,7 +321,8 @@ export class Reconciler {
         resource = next;
       });
     } catch (err) {
-      if (err instanceof TerminalError || !isKubeError(err)) throw err;
+      // A 409 is optimistic concurrency at work (our cached copy was stale): retried, not reported.
+      if (err instanceof TerminalError || !isKubeError(err) || isConflict(err)) throw err;
       return this.#fail(resource, kubeFailure(err));
     }
   }

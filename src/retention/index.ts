@@ -1,5 +1,6 @@
 import { type Kysely, sql } from 'kysely';
 import type { AppContext } from '../app/context.ts';
+import { idBound } from '../core/ids.ts';
 import type { DB } from '../db/schema.ts';
 
 /**
@@ -11,9 +12,8 @@ import type { DB } from '../db/schema.ts';
  *
  * - webhook deliveries finished (`success`/`error`) more than RETENTION_DELIVERIES_DAYS ago, with their
  *   attempts (ON DELETE CASCADE);
- * - outbox events older than RETENTION_EVENTS_DAYS that were fanned out and have no delivery left (their
- *   deliveries are pruned first; an event is never deleted from under a delivery, so the delete never
- *   cascades into a row a worker holds);
+ * - outbox events older than RETENTION_EVENTS_DAYS — and at least a day older than the deliveries kept,
+ *   whose log shows them — that were fanned out and have no pending delivery;
  * - idempotency keys that expired and are older than RETENTION_IDEMPOTENCY_HOURS;
  * - holds closed (settled, released, expired) more than RETENTION_HOLDS_DAYS ago. Ledger entries are
  *   never pruned: `ledger_entries.hold_id` keeps the id of the hold (no foreign key since 0008).
@@ -39,39 +39,43 @@ export interface PruneOptions {
   minPauseMs?: number;
 }
 
-type Statement = (db: Kysely<DB>, cutoff: string, limit: number) => Promise<number>;
+type Statement = (db: Kysely<DB>, cutoffMs: number, limit: number) => Promise<number>;
 
 const affected = (res: { numAffectedRows?: bigint }) => Number(res.numAffectedRows ?? 0);
+const iso = (ms: number) => new Date(ms).toISOString();
 
+// Old rows are found by primary key range: ids sort by creation time (src/core/ids.ts), so everything
+// made before the cutoff sorts below `idBound(prefix, cutoff)`. No extra index on the hot tables.
 const statements: Record<PrunedKind, Statement> = {
   deliveries: async (db, cutoff, limit) =>
     affected(
       await sql`
         DELETE FROM webhook_deliveries WHERE id IN (
           SELECT id FROM webhook_deliveries
-          WHERE status <> 'pending' AND finished_at < ${cutoff}::timestamptz
-          ORDER BY finished_at
+          WHERE id < ${idBound('dlv', cutoff)} AND status <> 'pending' AND finished_at < ${iso(cutoff)}::timestamptz
+          ORDER BY id
           LIMIT ${limit}
           FOR UPDATE SKIP LOCKED)`.execute(db),
     ),
+  // An event goes once its deliveries may have gone (see retentionAges) and none of them is pending.
   events: async (db, cutoff, limit) =>
     affected(
       await sql`
         DELETE FROM events WHERE id IN (
-          SELECT e.id FROM events e
-          WHERE e.created_at < ${cutoff}::timestamptz AND e.dispatched_at IS NOT NULL
-            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id)
-          ORDER BY e.created_at
+          SELECT id FROM events
+          WHERE id < ${idBound('evt', cutoff)} AND dispatched_at IS NOT NULL
+            AND id NOT IN (SELECT event_id FROM webhook_deliveries WHERE status = 'pending')
+          ORDER BY id
           LIMIT ${limit}
-          FOR UPDATE OF e SKIP LOCKED)`.execute(db),
+          FOR UPDATE SKIP LOCKED)`.execute(db),
     ),
   idempotencyKeys: async (db, cutoff, limit) =>
     affected(
       await sql`
         DELETE FROM idempotency_keys WHERE (project_id, endpoint, key) IN (
           SELECT project_id, endpoint, key FROM idempotency_keys
-          WHERE created_at < ${cutoff}::timestamptz AND expires_at <= now()
-          ORDER BY created_at
+          WHERE expires_at <= now() AND created_at < ${iso(cutoff)}::timestamptz
+          ORDER BY expires_at
           LIMIT ${limit}
           FOR UPDATE SKIP LOCKED)`.execute(db),
     ),
@@ -80,8 +84,8 @@ const statements: Record<PrunedKind, Statement> = {
       await sql`
         DELETE FROM holds WHERE id IN (
           SELECT id FROM holds
-          WHERE status <> 'open' AND closed_at < ${cutoff}::timestamptz
-          ORDER BY closed_at
+          WHERE id < ${idBound('hold', cutoff)} AND status <> 'open' AND closed_at < ${iso(cutoff)}::timestamptz
+          ORDER BY id
           LIMIT ${limit}
           FOR UPDATE SKIP LOCKED)`.execute(db),
     ),
@@ -90,15 +94,21 @@ const statements: Record<PrunedKind, Statement> = {
 /** The age past which each kind is pruned, in milliseconds (undefined: kept forever). */
 export function retentionAges(config: AppContext['config']): Record<PrunedKind, number | undefined> {
   const days = (d: number) => (d > 0 ? d * 24 * 3600_000 : undefined);
+  const deliveries = days(config.RETENTION_DELIVERIES_DAYS);
+  const events = days(config.RETENTION_EVENTS_DAYS);
   return {
-    deliveries: days(config.RETENTION_DELIVERIES_DAYS),
-    events: days(config.RETENTION_EVENTS_DAYS),
+    deliveries,
+    // The delivery log shows each delivery's event: an event stays at least a day longer than the
+    // deliveries made from it (their last attempt may come hours after the event), and forever when
+    // they do.
+    events: events === undefined || deliveries === undefined ? undefined : Math.max(events, deliveries + DAY),
     idempotencyKeys:
       config.RETENTION_IDEMPOTENCY_HOURS > 0 ? config.RETENTION_IDEMPOTENCY_HOURS * 3600_000 : undefined,
     holds: days(config.RETENTION_HOLDS_DAYS),
   };
 }
 
+const DAY = 24 * 3600_000;
 const pause = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /**
@@ -115,7 +125,7 @@ export async function pruneOnce(ctx: AppContext, options: PruneOptions = {}): Pr
   for (const kind of ['deliveries', 'events', 'idempotencyKeys', 'holds'] as const) {
     const age = ages[kind];
     if (age === undefined) continue;
-    const cutoff = new Date(now - age).toISOString();
+    const cutoff = now - age;
     for (let batch = 0; batch < maxBatches && !options.signal?.aborted; batch++) {
       const started = performance.now();
       const deleted = await statements[kind](ctx.db, cutoff, limit);

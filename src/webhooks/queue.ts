@@ -108,9 +108,18 @@ export async function claimDue(
       ORDER BY d.next_attempt_at
       LIMIT ${scan}
     ),
-    owned AS MATERIALIZED (
+    -- Owned with more than half the lease left: no other worker can take these meanwhile (they take
+    -- only expired rows), so they need neither a lock nor a write.
+    mine AS MATERIALIZED (
       SELECT o.subscription_id FROM webhook_subscription_owners o
       WHERE o.subscription_id IN (SELECT subscription_id FROM due)
+        AND o.owner = ${options.owner}
+        AND o.expires_at > now() + ${options.ownerLeaseMs / 2}::float8 * interval '1 millisecond'
+    ),
+    takeable AS MATERIALIZED (
+      SELECT o.subscription_id FROM webhook_subscription_owners o
+      WHERE o.subscription_id IN (SELECT subscription_id FROM due)
+        AND o.subscription_id NOT IN (SELECT subscription_id FROM mine)
         AND (o.owner = ${options.owner} OR o.owner IS NULL OR o.expires_at <= now())
       ORDER BY o.subscription_id
       FOR NO KEY UPDATE SKIP LOCKED
@@ -118,7 +127,10 @@ export async function claimDue(
     taken AS (
       UPDATE webhook_subscription_owners o
       SET owner = ${options.owner}, expires_at = now() + ${options.ownerLeaseMs}::float8 * interval '1 millisecond'
-      WHERE o.subscription_id IN (SELECT subscription_id FROM owned)
+      WHERE o.subscription_id IN (SELECT subscription_id FROM takeable)
+    ),
+    owned AS MATERIALIZED (
+      SELECT subscription_id FROM mine UNION ALL SELECT subscription_id FROM takeable
     ),
     ranked AS MATERIALIZED (
       SELECT id FROM (

@@ -9,9 +9,12 @@ import { runStatements } from './run-statements.ts';
  *   across all workers. A trigger makes the row with the subscription.
  * - endpoint health: `failing_since` (first failed attempt since the last success), `disabled_at` and
  *   `disabled_reason` (set when a subscription was disabled for failing too long; cleared on re-enable).
- * - retention: indexes for pruning by age (and `webhook_deliveries (event_id)`, which deleting an event
- *   needs for its cascade); `ledger_entries.hold_id` stops being a foreign key (closed
- *   holds are pruned, the ledger never is: the column keeps the id of the hold it moved money for).
+ * - retention: no new index on the hot tables (each one would cost every claim and result write an
+ *   index entry; measured: a third of the delivery throughput with 100 subscriptions). Old rows are
+ *   found by primary key range, ids sorting by creation time. `ledger_entries.hold_id` stops being a
+ *   foreign key (closed holds are pruned, the ledger never is: the column keeps the id of the hold it
+ *   moved money for), and so does `webhook_deliveries.event_id` (an event is pruned only after its
+ *   deliveries, by age, so deleting it needs no cascade and no index on event_id).
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
   await runStatements(
@@ -35,11 +38,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       WHERE is_active AND failing_since IS NOT NULL;
 
     ALTER TABLE ledger_entries DROP CONSTRAINT IF EXISTS ledger_entries_hold_id_fkey;
-    CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (finished_at) WHERE status <> 'pending';
-    CREATE INDEX webhook_deliveries_event ON webhook_deliveries (event_id);
-    CREATE INDEX events_created ON events (created_at);
-    CREATE INDEX holds_closed ON holds (closed_at) WHERE status <> 'open';
-    CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at);
+    ALTER TABLE webhook_deliveries DROP CONSTRAINT IF EXISTS webhook_deliveries_event_id_fkey;
   `,
   );
 }
@@ -48,11 +47,7 @@ export async function down(db: Kysely<unknown>): Promise<void> {
   await runStatements(
     db,
     `
-    DROP INDEX idempotency_keys_created;
-    DROP INDEX holds_closed;
-    DROP INDEX events_created;
-    DROP INDEX webhook_deliveries_event;
-    DROP INDEX webhook_deliveries_finished;
+    ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES events(id) ON DELETE CASCADE NOT VALID;
     ALTER TABLE ledger_entries ADD CONSTRAINT ledger_entries_hold_id_fkey FOREIGN KEY (hold_id) REFERENCES holds(id) NOT VALID;
     DROP INDEX webhook_subscriptions_failing;
     ALTER TABLE webhook_subscriptions DROP COLUMN failing_since, DROP COLUMN disabled_at, DROP COLUMN disabled_reason;

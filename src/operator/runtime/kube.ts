@@ -8,13 +8,6 @@ import {
   setHeaderOptions,
 } from '@kubernetes/client-node';
 
-/** The custom resource this operator reconciles. */
-export const GROUP = 'tollgate.dev';
-export const VERSION = 'v1alpha1';
-export const KIND = 'WebhookSubscription';
-export const PLURAL = 'webhooksubscriptions';
-export const API_VERSION = `${GROUP}/${VERSION}`;
-export const FINALIZER = 'tollgate.dev/subscription';
 /** Field manager reported to the API server on every write. */
 export const FIELD_MANAGER = 'tollgate-operator';
 

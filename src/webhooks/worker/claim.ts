@@ -47,9 +47,12 @@ export class ClaimLoop {
     this.#loop.request();
   }
 
-  /** A held delivery finished: claim again when there is room and likely more work. */
-  freed(subscriptionWasFull: boolean): void {
-    if (subscriptionWasFull) this.#lastShort = false;
+  /**
+   * A held delivery finished: claim again when there is room and likely more work (the last claim was
+   * full, or this subscription just fell below its claim bound, which the last claim left it out for).
+   */
+  freed(subscriptionRoomAgain: boolean): void {
+    if (subscriptionRoomAgain) this.#lastShort = false;
     if (!this.#lastShort && this.#o.concurrency - this.#o.slots.held >= this.#minClaim) this.#loop.request();
   }
 

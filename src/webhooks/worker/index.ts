@@ -139,7 +139,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
   }
 
   function freeSlot(d: ClaimedDelivery): void {
-    const { next, wasFull } = slots.release(d.subscription_id);
+    const { next, roomAgain } = slots.release(d.subscription_id);
     if (next) {
       if (!stopping) send(next);
       else {
@@ -150,7 +150,7 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
         tasks.add(give);
       }
     }
-    claims.freed(wasFull);
+    claims.freed(roomAgain);
   }
 
   /** Records an attempt's result under its claim (in a group with others), then counts it. */

@@ -45,11 +45,12 @@ export class SubscriptionSlots {
 
   /**
    * A delivery's request is over: frees its slot and returns the next waiting delivery of the same
-   * subscription, which now holds that slot (to be sent), with whether the subscription was at its
-   * claim bound before (so a claim may find room again).
+   * subscription, which now holds that slot (to be sent), with whether this release took the
+   * subscription below its claim bound (so the next claim takes it in again: claiming for it while it
+   * is still at the bound would only come back empty).
    */
-  release(subscriptionId: string): { next: ClaimedDelivery | undefined; wasFull: boolean } {
-    const wasFull = this.load(subscriptionId) >= this.claimedPerSubscription;
+  release(subscriptionId: string): { next: ClaimedDelivery | undefined; roomAgain: boolean } {
+    const roomAgain = this.load(subscriptionId) === this.claimedPerSubscription;
     this.#held--;
     const queue = this.#waiting.get(subscriptionId);
     const next = queue?.shift();
@@ -59,7 +60,7 @@ export class SubscriptionSlots {
       if (left > 0) this.#sending.set(subscriptionId, left);
       else this.#sending.delete(subscriptionId);
     }
-    return { next, wasFull };
+    return { next, roomAgain };
   }
 
   /** A delivery handed out by `release` that will not be sent after all (the worker is stopping). */

@@ -1,0 +1,10 @@
+/**
+ * The custom resource this operator reconciles (its API types are in status.ts), apart from the generic
+ * runtime in runtime/.
+ */
+export const GROUP = 'tollgate.dev';
+export const VERSION = 'v1alpha1';
+export const KIND = 'WebhookSubscription';
+export const PLURAL = 'webhooksubscriptions';
+export const API_VERSION = `${GROUP}/${VERSION}`;
+export const FINALIZER = 'tollgate.dev/subscription';
