@@ -1,0 +1,307 @@
+import { createOpenAI } from '@ai-sdk/openai';
+import { tool as langchainTool } from '@langchain/core/tools';
+import { ChatOpenAI } from '@langchain/openai';
+import { generateText, type LanguageModel, stepCountIs, streamText, tool } from 'ai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { Money } from '../src/core/money.ts';
+import { tokenCost } from '../src/metering/cost.ts';
+import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat-fixture.ts';
+
+/**
+ * The libraries real apps use, pointed at a real Tollgate server whose provider is the mock on loopback:
+ * the Vercel AI SDK (`ai` + `@ai-sdk/openai`, over Chat Completions and over the Responses API) and
+ * LangChain JS (`@langchain/openai`'s ChatOpenAI). Each served call is charged exactly from the
+ * provider's usage, nothing stays held, and a user who cannot pay gets the link as ordinary assistant
+ * text without the library throwing.
+ */
+let f: ChatFixture;
+
+const IN = '0.15';
+const OUT = '0.6';
+const price = { inputPerMillion: new Money(IN), outputPerMillion: new Money(OUT) };
+const perToken = { mode: 'per_token' as const, inputPerMillion: IN, outputPerMillion: OUT };
+/** One served turn of the mock: 12 prompt tokens, 5 completion tokens (' hello' × 5). */
+const TURN = tokenCost(price, 12, 5);
+const TEXT = ' hello'.repeat(5);
+const weatherCall = { name: 'get_weather', arguments: '{"city":"Paris"}' };
+const connectLink = /http:\/\/\S+\/connect\/[A-Za-z0-9_.-]+/;
+
+beforeAll(async () => {
+  f = await startChatFixture({
+    models: [
+      { id: 'metered', upstreamModel: 'mock-model', pricing: perToken },
+      { id: 'tools', upstreamModel: 'mock-tools', pricing: perToken },
+    ],
+    settings: { maxCompletionTokens: 100 },
+  });
+  f.mock.behaviors.set('mock-tools', { toolCalls: [weatherCall] });
+});
+afterAll(() => f.close());
+
+/** Charged exactly `turns` served turns (source `chat` or `responses`), and nothing left held. */
+async function expectCharged(user: string, turns: number, source: 'chat' | 'responses') {
+  await f.settled();
+  const entries = await f.ledger(user);
+  expect(chargedTotal(entries, source)).toBe(new Money(TURN).times(turns).toFixed());
+  expect(entries.filter((e) => e.kind === 'charge')).toHaveLength(turns);
+  expect((await f.holds(user)).filter((h) => h.status === 'open')).toEqual([]);
+  expect((await f.wallet(user))!.held).toBe('0');
+}
+
+/** An AI SDK provider for Tollgate, with the end user in the `X-Service-User` header. */
+function aiSdk(user: string) {
+  return createOpenAI({
+    baseURL: `${f.server.url}/v1`,
+    apiKey: f.apiKey,
+    headers: { 'X-Service-User': user },
+  });
+}
+
+const weatherTool = () =>
+  tool({
+    description: 'Current weather of a city',
+    inputSchema: z.object({ city: z.string() }),
+    execute: async ({ city }) => ({ city, temperature: 18 }),
+  });
+
+describe('Vercel AI SDK', () => {
+  const apis = [
+    ['chat completions', (user: string) => aiSdk(user).chat('metered'), 'chat'],
+    ['responses (the default provider)', (user: string) => aiSdk(user)('metered'), 'responses'],
+    ['responses (openai.responses)', (user: string) => aiSdk(user).responses('metered'), 'responses'],
+  ] as const satisfies ReadonlyArray<readonly [string, (user: string) => LanguageModel, string]>;
+
+  for (const [api, model, source] of apis) {
+    it(`generateText over ${api}: the text and usage, charged exactly`, async () => {
+      const user = `ai-gen-${source}-${api.length}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const result = await generateText({ model: model(user), prompt: 'Say hello', maxRetries: 0 });
+      expect(result.text).toBe(TEXT);
+      expect(result.usage).toMatchObject({ inputTokens: 12, outputTokens: 5, totalTokens: 17 });
+      expect(f.mock.requests).toHaveLength(1);
+      await expectCharged(user, 1, source);
+    });
+
+    it(`streamText over ${api}: the streamed text and usage, charged exactly`, async () => {
+      const user = `ai-stream-${source}-${api.length}`;
+      await f.fund(user, '1.00');
+      const result = streamText({ model: model(user), prompt: 'Say hello', maxRetries: 0 });
+      const deltas: string[] = [];
+      for await (const delta of result.textStream) deltas.push(delta);
+      expect(deltas.join('')).toBe(TEXT);
+      expect(deltas.length).toBeGreaterThan(1);
+      expect(await result.usage).toMatchObject({ inputTokens: 12, outputTokens: 5, totalTokens: 17 });
+      await expectCharged(user, 1, source);
+    });
+
+    it(`paywall over ${api}: an unconnected user gets the connect link as assistant text`, async () => {
+      const user = `ai-stranger-${source}-${api.length}`;
+      const generated = await generateText({ model: model(user), prompt: 'Hi', maxRetries: 0 });
+      expect(generated.text).toMatch(connectLink);
+      expect(generated.finishReason).toBe('stop');
+
+      let error: unknown;
+      const streamed = streamText({
+        model: model(user),
+        prompt: 'Hi',
+        maxRetries: 0,
+        onError: ({ error: e }) => {
+          error = e;
+        },
+      });
+      let text = '';
+      for await (const delta of streamed.textStream) text += delta;
+      expect(error).toBeUndefined();
+      expect(text).toMatch(connectLink);
+      expect(await streamed.finishReason).toBe('stop');
+      await f.settled();
+      expect(await f.wallet(user)).toBeUndefined();
+    });
+  }
+
+  it('runs a tool-call round trip over chat completions (generateText), charging both turns', async () => {
+    const user = 'ai-tools';
+    await f.fund(user, '1.00');
+    f.mock.requests.length = 0;
+    let ran: unknown;
+    const result = await generateText({
+      model: aiSdk(user).chat('tools'),
+      prompt: 'What is the weather in Paris?',
+      tools: {
+        get_weather: tool({
+          description: 'Current weather of a city',
+          inputSchema: z.object({ city: z.string() }),
+          execute: async (input) => {
+            ran = input;
+            return { temperature: 18 };
+          },
+        }),
+      },
+      stopWhen: stepCountIs(3),
+      maxRetries: 0,
+    });
+    expect(ran).toEqual({ city: 'Paris' });
+    expect(result.steps).toHaveLength(2);
+    expect(result.steps[0]!.toolCalls).toMatchObject([{ toolName: 'get_weather', input: { city: 'Paris' } }]);
+    expect(result.steps[0]!.finishReason).toBe('tool-calls');
+    expect(result.text).toBe(TEXT);
+    expect(result.totalUsage).toMatchObject({ inputTokens: 24, outputTokens: 10 });
+
+    // The second turn carried the assistant's tool call and the tool's answer, forwarded as sent.
+    expect(f.mock.requests).toHaveLength(2);
+    const second = f.mock.requests[1]!.body;
+    expect(second.tools[0]).toMatchObject({ type: 'function', function: { name: 'get_weather' } });
+    expect(second.messages.at(-2)).toMatchObject({
+      role: 'assistant',
+      tool_calls: [{ type: 'function', function: { name: 'get_weather' } }],
+    });
+    expect(second.messages.at(-1)).toMatchObject({ role: 'tool', tool_call_id: 'call_0' });
+    expect(JSON.parse(second.messages.at(-1).content)).toEqual({ temperature: 18 });
+    await expectCharged(user, 2, 'chat');
+  });
+
+  it('runs a tool-call round trip over chat completions (streamText), charging both turns', async () => {
+    const user = 'ai-tools-stream';
+    await f.fund(user, '1.00');
+    const result = streamText({
+      model: aiSdk(user).chat('tools'),
+      prompt: 'What is the weather in Paris?',
+      tools: { get_weather: weatherTool() },
+      stopWhen: stepCountIs(3),
+      maxRetries: 0,
+    });
+    let text = '';
+    for await (const delta of result.textStream) text += delta;
+    expect(text).toBe(TEXT);
+    const steps = await result.steps;
+    expect(steps).toHaveLength(2);
+    expect(steps[0]!.toolResults).toMatchObject([
+      { toolName: 'get_weather', output: { city: 'Paris', temperature: 18 } },
+    ]);
+    expect(await result.totalUsage).toMatchObject({ inputTokens: 24, outputTokens: 10 });
+    await expectCharged(user, 2, 'chat');
+  });
+
+  it('pays the paywall with tools too: the link as text, no tool run', async () => {
+    let ran = false;
+    const result = await generateText({
+      model: aiSdk('ai-tools-stranger').chat('tools'),
+      prompt: 'What is the weather in Paris?',
+      tools: {
+        get_weather: tool({
+          inputSchema: z.object({ city: z.string() }),
+          execute: async () => {
+            ran = true;
+            return {};
+          },
+        }),
+      },
+      stopWhen: stepCountIs(3),
+      maxRetries: 0,
+    });
+    expect(ran).toBe(false);
+    expect(result.steps).toHaveLength(1);
+    expect(result.text).toMatch(connectLink);
+  });
+
+  it('passes the end user as providerOptions.openai.user as well as by header', async () => {
+    await f.fund('ai-body-user', '1.00');
+    const provider = createOpenAI({ baseURL: `${f.server.url}/v1`, apiKey: f.apiKey });
+    const result = await generateText({
+      model: provider.chat('metered'),
+      prompt: 'Say hello',
+      providerOptions: { openai: { user: 'ai-body-user' } },
+      maxRetries: 0,
+    });
+    expect(result.text).toBe(TEXT);
+    await expectCharged('ai-body-user', 1, 'chat');
+  });
+});
+
+describe('LangChain JS (ChatOpenAI)', () => {
+  const chat = (user: string, model = 'metered') =>
+    new ChatOpenAI({
+      model,
+      apiKey: f.apiKey,
+      maxRetries: 0,
+      configuration: { baseURL: `${f.server.url}/v1`, defaultHeaders: { 'X-Service-User': user } },
+    });
+
+  it('invoke: the text and usage metadata, charged exactly', async () => {
+    await f.fund('lc-invoke', '1.00');
+    const message = await chat('lc-invoke').invoke('Say hello');
+    expect(message.content).toBe(TEXT);
+    expect(message.usage_metadata).toMatchObject({ input_tokens: 12, output_tokens: 5, total_tokens: 17 });
+    await expectCharged('lc-invoke', 1, 'chat');
+  });
+
+  it('stream: the chunks concatenate to the text, usage included, charged exactly', async () => {
+    await f.fund('lc-stream', '1.00');
+    const chunks = [];
+    for await (const chunk of await chat('lc-stream').stream('Say hello')) chunks.push(chunk);
+    const text = chunks.map((c) => c.content).join('');
+    expect(text).toBe(TEXT);
+    const withUsage = chunks.find((c) => c.usage_metadata);
+    expect(withUsage?.usage_metadata).toMatchObject({ input_tokens: 12, output_tokens: 5 });
+    await expectCharged('lc-stream', 1, 'chat');
+  });
+
+  it('bindTools: a tool call, the tool run, and the answer to the second turn', async () => {
+    await f.fund('lc-tools', '1.00');
+    const getWeather = langchainTool(async ({ city }) => JSON.stringify({ city, temperature: 18 }), {
+      name: 'get_weather',
+      description: 'Current weather of a city',
+      schema: z.object({ city: z.string() }),
+    });
+    const model = chat('lc-tools', 'tools').bindTools([getWeather]);
+    const first = await model.invoke('What is the weather in Paris?');
+    expect(first.tool_calls).toMatchObject([{ name: 'get_weather', args: { city: 'Paris' }, id: 'call_0' }]);
+    const toolMessage = await getWeather.invoke(first.tool_calls![0]!);
+    const second = await model.invoke([
+      { role: 'user', content: 'What is the weather in Paris?' },
+      first,
+      toolMessage,
+    ]);
+    expect(second.content).toBe(TEXT);
+    expect(second.tool_calls ?? []).toEqual([]);
+    await expectCharged('lc-tools', 2, 'chat');
+  });
+
+  it('bindTools while streaming: the tool call reassembled from the deltas', async () => {
+    await f.fund('lc-tools-stream', '1.00');
+    const getWeather = langchainTool(async ({ city }) => `18 degrees in ${city}`, {
+      name: 'get_weather',
+      description: 'Current weather of a city',
+      schema: z.object({ city: z.string() }),
+    });
+    const model = chat('lc-tools-stream', 'tools').bindTools([getWeather]);
+    let whole: any;
+    for await (const chunk of await model.stream('What is the weather in Paris?')) {
+      whole = whole === undefined ? chunk : whole.concat(chunk);
+    }
+    expect(whole.tool_calls).toMatchObject([{ name: 'get_weather', args: { city: 'Paris' } }]);
+    await expectCharged('lc-tools-stream', 1, 'chat');
+  });
+
+  it('paywall: the connect link as the message content, invoke and stream, tools bound or not', async () => {
+    const user = 'lc-stranger';
+    const invoked = await chat(user).invoke('Hi');
+    expect(invoked.content).toMatch(connectLink);
+
+    let text = '';
+    for await (const chunk of await chat(user).stream('Hi')) text += chunk.content;
+    expect(text).toMatch(connectLink);
+
+    const getWeather = langchainTool(async () => 'sunny', {
+      name: 'get_weather',
+      schema: z.object({ city: z.string() }),
+    });
+    const withTools = await chat(user, 'tools').bindTools([getWeather]).invoke('Weather in Paris?');
+    expect(withTools.content).toMatch(connectLink);
+    expect(withTools.tool_calls ?? []).toEqual([]);
+    await f.settled();
+    expect(await f.wallet(user)).toBeUndefined();
+  });
+});
