@@ -121,75 +121,88 @@ describe('Vercel AI SDK', () => {
     });
   }
 
-  it('runs a tool-call round trip over chat completions (generateText), charging both turns', async () => {
-    const user = 'ai-tools';
-    await f.fund(user, '1.00');
-    f.mock.requests.length = 0;
-    let ran: unknown;
-    const result = await generateText({
-      model: aiSdk(user).chat('tools'),
-      prompt: 'What is the weather in Paris?',
-      tools: {
-        get_weather: tool({
-          description: 'Current weather of a city',
-          inputSchema: z.object({ city: z.string() }),
-          execute: async (input) => {
-            ran = input;
-            return { temperature: 18 };
-          },
-        }),
-      },
-      stopWhen: stepCountIs(3),
-      maxRetries: 0,
-    });
-    expect(ran).toEqual({ city: 'Paris' });
-    expect(result.steps).toHaveLength(2);
-    expect(result.steps[0]!.toolCalls).toMatchObject([{ toolName: 'get_weather', input: { city: 'Paris' } }]);
-    expect(result.steps[0]!.finishReason).toBe('tool-calls');
-    expect(result.text).toBe(TEXT);
-    expect(result.totalUsage).toMatchObject({ inputTokens: 24, outputTokens: 10 });
+  const toolApis = [
+    ['chat completions', (user: string) => aiSdk(user).chat('tools'), 'chat'],
+    ['responses (the default provider)', (user: string) => aiSdk(user)('tools'), 'responses'],
+  ] as const;
 
-    // The second turn carried the assistant's tool call and the tool's answer, forwarded as sent.
-    expect(f.mock.requests).toHaveLength(2);
-    const second = f.mock.requests[1]!.body;
-    expect(second.tools[0]).toMatchObject({ type: 'function', function: { name: 'get_weather' } });
-    expect(second.messages.at(-2)).toMatchObject({
-      role: 'assistant',
-      tool_calls: [{ type: 'function', function: { name: 'get_weather' } }],
-    });
-    expect(second.messages.at(-1)).toMatchObject({ role: 'tool', tool_call_id: 'call_0' });
-    expect(JSON.parse(second.messages.at(-1).content)).toEqual({ temperature: 18 });
-    await expectCharged(user, 2, 'chat');
-  });
+  for (const [api, model, source] of toolApis) {
+    it(`runs a tool-call round trip over ${api} (generateText), charging both turns`, async () => {
+      const user = `ai-tools-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      let ran: unknown;
+      const result = await generateText({
+        model: model(user),
+        prompt: 'What is the weather in Paris?',
+        tools: {
+          get_weather: tool({
+            description: 'Current weather of a city',
+            inputSchema: z.object({ city: z.string() }),
+            execute: async (input) => {
+              ran = input;
+              return { temperature: 18 };
+            },
+          }),
+        },
+        stopWhen: stepCountIs(3),
+        maxRetries: 0,
+      });
+      expect(ran).toEqual({ city: 'Paris' });
+      expect(result.steps).toHaveLength(2);
+      expect(result.steps[0]!.toolCalls).toMatchObject([
+        { toolName: 'get_weather', toolCallId: 'call_0', input: { city: 'Paris' } },
+      ]);
+      expect(result.steps[0]!.finishReason).toBe('tool-calls');
+      expect(result.text).toBe(TEXT);
+      expect(result.totalUsage).toMatchObject({ inputTokens: 24, outputTokens: 10 });
 
-  it('runs a tool-call round trip over chat completions (streamText), charging both turns', async () => {
-    const user = 'ai-tools-stream';
-    await f.fund(user, '1.00');
-    const result = streamText({
-      model: aiSdk(user).chat('tools'),
-      prompt: 'What is the weather in Paris?',
-      tools: { get_weather: weatherTool() },
-      stopWhen: stepCountIs(3),
-      maxRetries: 0,
+      // The second turn carried the assistant's tool call and the tool's answer, forwarded as sent.
+      expect(f.mock.requests).toHaveLength(2);
+      const second = f.mock.requests[1]!.body;
+      if (source === 'chat') {
+        expect(second.tools[0]).toMatchObject({ type: 'function', function: { name: 'get_weather' } });
+        expect(second.messages.at(-2)).toMatchObject({
+          role: 'assistant',
+          tool_calls: [{ id: 'call_0', type: 'function', function: { name: 'get_weather' } }],
+        });
+        expect(second.messages.at(-1)).toMatchObject({ role: 'tool', tool_call_id: 'call_0' });
+        expect(JSON.parse(second.messages.at(-1).content)).toEqual({ temperature: 18 });
+      } else {
+        expect(second.tools[0]).toMatchObject({ type: 'function', name: 'get_weather' });
+        const output = second.input.find((i: any) => i.type === 'function_call_output');
+        expect(output).toMatchObject({ call_id: 'call_0' });
+        expect(JSON.parse(output.output)).toEqual({ temperature: 18 });
+      }
+      await expectCharged(user, 2, source);
     });
-    let text = '';
-    for await (const delta of result.textStream) text += delta;
-    expect(text).toBe(TEXT);
-    const steps = await result.steps;
-    expect(steps).toHaveLength(2);
-    expect(steps[0]!.toolResults).toMatchObject([
-      { toolName: 'get_weather', output: { city: 'Paris', temperature: 18 } },
-    ]);
-    expect(await result.totalUsage).toMatchObject({ inputTokens: 24, outputTokens: 10 });
-    await expectCharged(user, 2, 'chat');
-  });
 
-  it('pays the paywall with tools too: the link as text, no tool run', async () => {
-    let ran = false;
-    const result = await generateText({
-      model: aiSdk('ai-tools-stranger').chat('tools'),
-      prompt: 'What is the weather in Paris?',
-      tools: {
+    it(`runs a tool-call round trip over ${api} (streamText), charging both turns`, async () => {
+      const user = `ai-tools-stream-${source}`;
+      await f.fund(user, '1.00');
+      const result = streamText({
+        model: model(user),
+        prompt: 'What is the weather in Paris?',
+        tools: { get_weather: weatherTool() },
+        stopWhen: stepCountIs(3),
+        maxRetries: 0,
+      });
+      let text = '';
+      for await (const delta of result.textStream) text += delta;
+      expect(text).toBe(TEXT);
+      const steps = await result.steps;
+      expect(steps).toHaveLength(2);
+      expect(steps[0]!.toolResults).toMatchObject([
+        { toolName: 'get_weather', output: { city: 'Paris', temperature: 18 } },
+      ]);
+      expect(await result.totalUsage).toMatchObject({ inputTokens: 24, outputTokens: 10 });
+      await expectCharged(user, 2, source);
+    });
+
+    it(`paywall with tools over ${api}: the link as text, no tool run, streaming or not`, async () => {
+      const user = `ai-tools-stranger-${source}`;
+      let ran = false;
+      const tools = {
         get_weather: tool({
           inputSchema: z.object({ city: z.string() }),
           execute: async () => {
@@ -197,14 +210,38 @@ describe('Vercel AI SDK', () => {
             return {};
           },
         }),
-      },
-      stopWhen: stepCountIs(3),
-      maxRetries: 0,
+      };
+      const prompt = 'What is the weather in Paris?';
+      const result = await generateText({
+        model: model(user),
+        prompt,
+        tools,
+        stopWhen: stepCountIs(3),
+        maxRetries: 0,
+      });
+      expect(result.steps).toHaveLength(1);
+      expect(result.text).toMatch(connectLink);
+      expect(result.toolCalls).toEqual([]);
+
+      let error: unknown;
+      const streamed = streamText({
+        model: model(user),
+        prompt,
+        tools,
+        stopWhen: stepCountIs(3),
+        maxRetries: 0,
+        onError: ({ error: e }) => {
+          error = e;
+        },
+      });
+      let text = '';
+      for await (const delta of streamed.textStream) text += delta;
+      expect(error).toBeUndefined();
+      expect(text).toMatch(connectLink);
+      expect(await streamed.steps).toHaveLength(1);
+      expect(ran).toBe(false);
     });
-    expect(ran).toBe(false);
-    expect(result.steps).toHaveLength(1);
-    expect(result.text).toMatch(connectLink);
-  });
+  }
 
   it('passes the end user as providerOptions.openai.user as well as by header', async () => {
     await f.fund('ai-body-user', '1.00');
@@ -221,87 +258,109 @@ describe('Vercel AI SDK', () => {
 });
 
 describe('LangChain JS (ChatOpenAI)', () => {
-  const chat = (user: string, model = 'metered') =>
-    new ChatOpenAI({
-      model,
-      apiKey: f.apiKey,
-      maxRetries: 0,
-      configuration: { baseURL: `${f.server.url}/v1`, defaultHeaders: { 'X-Service-User': user } },
-    });
+  const apis = [
+    ['chat completions', false, 'chat'],
+    ['the Responses API (useResponsesApi)', true, 'responses'],
+  ] as const;
 
-  it('invoke: the text and usage metadata, charged exactly', async () => {
-    await f.fund('lc-invoke', '1.00');
-    const message = await chat('lc-invoke').invoke('Say hello');
-    expect(message.content).toBe(TEXT);
-    expect(message.usage_metadata).toMatchObject({ input_tokens: 12, output_tokens: 5, total_tokens: 17 });
-    await expectCharged('lc-invoke', 1, 'chat');
-  });
-
-  it('stream: the chunks concatenate to the text, usage included, charged exactly', async () => {
-    await f.fund('lc-stream', '1.00');
-    const chunks = [];
-    for await (const chunk of await chat('lc-stream').stream('Say hello')) chunks.push(chunk);
-    const text = chunks.map((c) => c.content).join('');
-    expect(text).toBe(TEXT);
-    const withUsage = chunks.find((c) => c.usage_metadata);
-    expect(withUsage?.usage_metadata).toMatchObject({ input_tokens: 12, output_tokens: 5 });
-    await expectCharged('lc-stream', 1, 'chat');
-  });
-
-  it('bindTools: a tool call, the tool run, and the answer to the second turn', async () => {
-    await f.fund('lc-tools', '1.00');
+  for (const [api, useResponsesApi, source] of apis) {
+    const chat = (user: string, model = 'metered') =>
+      new ChatOpenAI({
+        model,
+        apiKey: f.apiKey,
+        maxRetries: 0,
+        useResponsesApi,
+        configuration: { baseURL: `${f.server.url}/v1`, defaultHeaders: { 'X-Service-User': user } },
+      });
     const getWeather = langchainTool(async ({ city }) => JSON.stringify({ city, temperature: 18 }), {
       name: 'get_weather',
       description: 'Current weather of a city',
       schema: z.object({ city: z.string() }),
     });
-    const model = chat('lc-tools', 'tools').bindTools([getWeather]);
-    const first = await model.invoke('What is the weather in Paris?');
-    expect(first.tool_calls).toMatchObject([{ name: 'get_weather', args: { city: 'Paris' }, id: 'call_0' }]);
-    const toolMessage = await getWeather.invoke(first.tool_calls![0]!);
-    const second = await model.invoke([
-      { role: 'user', content: 'What is the weather in Paris?' },
-      first,
-      toolMessage,
-    ]);
-    expect(second.content).toBe(TEXT);
-    expect(second.tool_calls ?? []).toEqual([]);
-    await expectCharged('lc-tools', 2, 'chat');
-  });
 
-  it('bindTools while streaming: the tool call reassembled from the deltas', async () => {
-    await f.fund('lc-tools-stream', '1.00');
-    const getWeather = langchainTool(async ({ city }) => `18 degrees in ${city}`, {
-      name: 'get_weather',
-      description: 'Current weather of a city',
-      schema: z.object({ city: z.string() }),
+    it(`invoke over ${api}: the text and usage metadata, charged exactly`, async () => {
+      const user = `lc-invoke-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const message = await chat(user).invoke('Say hello');
+      expect(message.text).toBe(TEXT);
+      expect(message.usage_metadata).toMatchObject({ input_tokens: 12, output_tokens: 5, total_tokens: 17 });
+      expect(f.mock.requests).toHaveLength(1);
+      expect(f.mock.requests[0]!.body).toHaveProperty(source === 'chat' ? 'messages' : 'input');
+      await expectCharged(user, 1, source);
     });
-    const model = chat('lc-tools-stream', 'tools').bindTools([getWeather]);
-    let whole: any;
-    for await (const chunk of await model.stream('What is the weather in Paris?')) {
-      whole = whole === undefined ? chunk : whole.concat(chunk);
-    }
-    expect(whole.tool_calls).toMatchObject([{ name: 'get_weather', args: { city: 'Paris' } }]);
-    await expectCharged('lc-tools-stream', 1, 'chat');
-  });
 
-  it('paywall: the connect link as the message content, invoke and stream, tools bound or not', async () => {
-    const user = 'lc-stranger';
-    const invoked = await chat(user).invoke('Hi');
-    expect(invoked.content).toMatch(connectLink);
-
-    let text = '';
-    for await (const chunk of await chat(user).stream('Hi')) text += chunk.content;
-    expect(text).toMatch(connectLink);
-
-    const getWeather = langchainTool(async () => 'sunny', {
-      name: 'get_weather',
-      schema: z.object({ city: z.string() }),
+    it(`stream over ${api}: the chunks concatenate to the text, usage included, charged exactly`, async () => {
+      const user = `lc-stream-${source}`;
+      await f.fund(user, '1.00');
+      const chunks = [];
+      for await (const chunk of await chat(user).stream('Say hello')) chunks.push(chunk);
+      expect(chunks.map((c) => c.text).join('')).toBe(TEXT);
+      expect(chunks.length).toBeGreaterThan(2);
+      const withUsage = chunks.find((c) => c.usage_metadata);
+      expect(withUsage?.usage_metadata).toMatchObject({ input_tokens: 12, output_tokens: 5 });
+      await expectCharged(user, 1, source);
     });
-    const withTools = await chat(user, 'tools').bindTools([getWeather]).invoke('Weather in Paris?');
-    expect(withTools.content).toMatch(connectLink);
-    expect(withTools.tool_calls ?? []).toEqual([]);
-    await f.settled();
-    expect(await f.wallet(user)).toBeUndefined();
-  });
+
+    it(`bindTools over ${api}: a tool call, the tool run, and the answer to the second turn`, async () => {
+      const user = `lc-tools-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const model = chat(user, 'tools').bindTools([getWeather]);
+      const question = { role: 'user', content: 'What is the weather in Paris?' };
+      const first = await model.invoke([question]);
+      expect(first.tool_calls).toMatchObject([
+        { name: 'get_weather', args: { city: 'Paris' }, id: 'call_0' },
+      ]);
+      const toolMessage = await getWeather.invoke(first.tool_calls![0]!);
+      const second = await model.invoke([question, first, toolMessage]);
+      expect(second.text).toBe(TEXT);
+      expect(second.tool_calls ?? []).toEqual([]);
+      expect(f.mock.requests).toHaveLength(2);
+      const sent = f.mock.requests[1]!.body;
+      if (source === 'chat') {
+        expect(sent.messages.at(-1)).toMatchObject({ role: 'tool', tool_call_id: 'call_0' });
+      } else {
+        expect(sent.input.find((i: any) => i.type === 'function_call_output')).toMatchObject({
+          call_id: 'call_0',
+        });
+      }
+      await expectCharged(user, 2, source);
+    });
+
+    it(`bindTools while streaming over ${api}: the tool call reassembled from the deltas`, async () => {
+      const user = `lc-tools-stream-${source}`;
+      await f.fund(user, '1.00');
+      const model = chat(user, 'tools').bindTools([getWeather]);
+      let whole: any;
+      for await (const chunk of await model.stream('What is the weather in Paris?')) {
+        whole = whole === undefined ? chunk : whole.concat(chunk);
+      }
+      expect(whole.tool_calls).toMatchObject([{ name: 'get_weather', args: { city: 'Paris' } }]);
+      await expectCharged(user, 1, source);
+    });
+
+    it(`paywall over ${api}: the connect link as the message content, invoke and stream, tools bound or not`, async () => {
+      const user = `lc-stranger-${source}`;
+      const invoked = await chat(user).invoke('Hi');
+      expect(invoked.text).toMatch(connectLink);
+
+      let text = '';
+      for await (const chunk of await chat(user).stream('Hi')) text += chunk.text;
+      expect(text).toMatch(connectLink);
+
+      const withTools = await chat(user, 'tools').bindTools([getWeather]).invoke('Weather in Paris?');
+      expect(withTools.text).toMatch(connectLink);
+      expect(withTools.tool_calls ?? []).toEqual([]);
+
+      let streamed: any;
+      for await (const chunk of await chat(user, 'tools').bindTools([getWeather]).stream('Weather?')) {
+        streamed = streamed === undefined ? chunk : streamed.concat(chunk);
+      }
+      expect(streamed.text).toMatch(connectLink);
+      expect(streamed.tool_calls ?? []).toEqual([]);
+      await f.settled();
+      expect(await f.wallet(user)).toBeUndefined();
+    });
+  }
 });
