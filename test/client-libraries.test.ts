@@ -1,7 +1,17 @@
 import { createOpenAI } from '@ai-sdk/openai';
+import { HumanMessage, SystemMessage } from '@langchain/core/messages';
 import { tool as langchainTool } from '@langchain/core/tools';
-import { ChatOpenAI } from '@langchain/openai';
-import { generateText, type LanguageModel, stepCountIs, streamText, tool } from 'ai';
+import { ChatOpenAI, OpenAIEmbeddings } from '@langchain/openai';
+import {
+  embed,
+  embedMany,
+  generateText,
+  type LanguageModel,
+  Output,
+  stepCountIs,
+  streamText,
+  tool,
+} from 'ai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { Money } from '../src/core/money.ts';
@@ -24,7 +34,16 @@ const perToken = { mode: 'per_token' as const, inputPerMillion: IN, outputPerMil
 /** One served turn of the mock: 12 prompt tokens, 5 completion tokens (' hello' × 5). */
 const TURN = tokenCost(price, 12, 5);
 const TEXT = ' hello'.repeat(5);
+/** One embeddings call of the mock: 2 input tokens at 0.02 per million. */
+const EMBED_CALL = tokenCost({ inputPerMillion: new Money('0.02'), outputPerMillion: new Money(0) }, 2, 0);
 const weatherCall = { name: 'get_weather', arguments: '{"city":"Paris"}' };
+const JSON_ANSWER = '{"city":"Paris","temperature":18}';
+const weatherSchema = z.object({ city: z.string(), temperature: z.number() });
+/** A 1×1 PNG. */
+const PNG = Buffer.from(
+  'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==',
+  'base64',
+);
 const connectLink = /http:\/\/\S+\/connect\/[A-Za-z0-9_.-]+/;
 
 beforeAll(async () => {
@@ -32,18 +51,33 @@ beforeAll(async () => {
     models: [
       { id: 'metered', upstreamModel: 'mock-model', pricing: perToken },
       { id: 'tools', upstreamModel: 'mock-tools', pricing: perToken },
+      { id: 'json', upstreamModel: 'mock-json', pricing: perToken },
+      {
+        id: 'embed',
+        upstreamModel: 'mock-embed',
+        pricing: { mode: 'per_token', inputPerMillion: '0.02' },
+        endpoints: ['embeddings'],
+      },
     ],
     settings: { maxCompletionTokens: 100 },
   });
   f.mock.behaviors.set('mock-tools', { toolCalls: [weatherCall] });
+  // One piece of JSON, reported as one completion token.
+  f.mock.behaviors.set('mock-json', { piece: JSON_ANSWER, tokens: 1 });
+  f.mock.behaviors.set('mock-embed', { promptTokens: 2 });
 });
 afterAll(() => f.close());
 
 /** Charged exactly `turns` served turns (source `chat` or `responses`), and nothing left held. */
-async function expectCharged(user: string, turns: number, source: 'chat' | 'responses') {
+async function expectCharged(
+  user: string,
+  turns: number,
+  source: 'chat' | 'responses' | 'embeddings',
+  turn = TURN,
+) {
   await f.settled();
   const entries = await f.ledger(user);
-  expect(chargedTotal(entries, source)).toBe(new Money(TURN).times(turns).toFixed());
+  expect(chargedTotal(entries, source)).toBe(new Money(turn).times(turns).toFixed());
   expect(entries.filter((e) => e.kind === 'charge')).toHaveLength(turns);
   expect((await f.holds(user)).filter((h) => h.status === 'open')).toEqual([]);
   expect((await f.wallet(user))!.held).toBe('0');
@@ -243,6 +277,71 @@ describe('Vercel AI SDK', () => {
     });
   }
 
+  for (const [api, model, source] of apis.slice(0, 2)) {
+    it(`over ${api}: system prompt, image parts (URL and bytes), temperature, topP and maxOutputTokens`, async () => {
+      const user = `ai-shapes-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const result = await generateText({
+        model: model(user),
+        system: 'Be brief.',
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'text', text: 'What is in these pictures?' },
+              { type: 'file', data: new URL('https://example.com/cat.png'), mediaType: 'image/png' },
+              { type: 'file', data: PNG, mediaType: 'image/png' },
+            ],
+          },
+        ],
+        maxOutputTokens: 50,
+        temperature: 0.2,
+        topP: 0.9,
+        maxRetries: 0,
+      });
+      expect(result.text).toBe(TEXT);
+      const sent = f.mock.requests[0]!.body;
+      expect(JSON.stringify(sent)).toContain('https://example.com/cat.png');
+      expect(JSON.stringify(sent)).toContain(`data:image/png;base64,${PNG.toString('base64')}`);
+      expect(sent).toMatchObject({ temperature: 0.2, top_p: 0.9 });
+      expect(sent[source === 'chat' ? 'max_tokens' : 'max_output_tokens']).toBe(50);
+      await expectCharged(user, 1, source);
+    });
+
+    it(`over ${api}: structured output (Output.object with a zod schema)`, async () => {
+      const user = `ai-json-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const result = await generateText({
+        model: aiSdk(user)[source === 'chat' ? 'chat' : 'responses']('json'),
+        prompt: 'The weather in Paris as JSON',
+        output: Output.object({ schema: weatherSchema }),
+        maxRetries: 0,
+      });
+      expect(result.output).toEqual({ city: 'Paris', temperature: 18 });
+      const sent = f.mock.requests[0]!.body;
+      if (source === 'chat') expect(sent.response_format).toMatchObject({ type: 'json_schema' });
+      else expect(sent.text.format).toMatchObject({ type: 'json_schema' });
+      await expectCharged(user, 1, source, tokenCost(price, 12, 1));
+    });
+  }
+
+  it('embed and embedMany: the vectors and usage, charged exactly', async () => {
+    const user = 'ai-embed';
+    await f.fund(user, '1.00');
+    const model = aiSdk(user).embedding('embed');
+    const one = await embed({ model, value: 'one', maxRetries: 0 });
+    expect(one.embedding).toEqual([0.25, 0.5, 0.75]);
+    expect(one.usage).toMatchObject({ tokens: 2 });
+    const many = await embedMany({ model, values: ['one', 'two'], maxRetries: 0 });
+    expect(many.embeddings).toEqual([
+      [0.25, 0.5, 0.75],
+      [0.25, 0.5, 0.75],
+    ]);
+    await expectCharged(user, 2, 'embeddings', EMBED_CALL);
+  });
+
   it('passes the end user as providerOptions.openai.user as well as by header', async () => {
     await f.fund('ai-body-user', '1.00');
     const provider = createOpenAI({ baseURL: `${f.server.url}/v1`, apiKey: f.apiKey });
@@ -340,6 +439,48 @@ describe('LangChain JS (ChatOpenAI)', () => {
       await expectCharged(user, 1, source);
     });
 
+    it(`over ${api}: a system message, an image part, sampling settings and maxTokens`, async () => {
+      const user = `lc-shapes-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const model = new ChatOpenAI({
+        model: 'metered',
+        apiKey: f.apiKey,
+        maxRetries: 0,
+        useResponsesApi,
+        temperature: 0.2,
+        topP: 0.9,
+        maxTokens: 50,
+        configuration: { baseURL: `${f.server.url}/v1`, defaultHeaders: { 'X-Service-User': user } },
+      });
+      const message = await model.invoke([
+        new SystemMessage('Be brief.'),
+        new HumanMessage({
+          content: [
+            { type: 'text', text: 'What is in this picture?' },
+            { type: 'image_url', image_url: { url: 'https://example.com/cat.png' } },
+          ],
+        }),
+      ]);
+      expect(message.text).toBe(TEXT);
+      const sent = f.mock.requests[0]!.body;
+      expect(JSON.stringify(sent)).toContain('https://example.com/cat.png');
+      expect(sent).toMatchObject({ temperature: 0.2, top_p: 0.9 });
+      expect(sent[source === 'chat' ? 'max_tokens' : 'max_output_tokens']).toBe(50);
+      await expectCharged(user, 1, source);
+    });
+
+    it(`withStructuredOutput over ${api}: the parsed object`, async () => {
+      const user = `lc-json-${source}`;
+      await f.fund(user, '1.00');
+      const structured = chat(user, 'json').withStructuredOutput(weatherSchema, { method: 'jsonSchema' });
+      expect(await structured.invoke('The weather in Paris as JSON')).toEqual({
+        city: 'Paris',
+        temperature: 18,
+      });
+      await expectCharged(user, 1, source, tokenCost(price, 12, 1));
+    });
+
     it(`paywall over ${api}: the connect link as the message content, invoke and stream, tools bound or not`, async () => {
       const user = `lc-stranger-${source}`;
       const invoked = await chat(user).invoke('Hi');
@@ -363,4 +504,18 @@ describe('LangChain JS (ChatOpenAI)', () => {
       expect(await f.wallet(user)).toBeUndefined();
     });
   }
+
+  it('OpenAIEmbeddings: embedQuery and embedDocuments, charged exactly', async () => {
+    const user = 'lc-embed';
+    await f.fund(user, '1.00');
+    const embeddings = new OpenAIEmbeddings({
+      model: 'embed',
+      apiKey: f.apiKey,
+      maxRetries: 0,
+      configuration: { baseURL: `${f.server.url}/v1`, defaultHeaders: { 'X-Service-User': user } },
+    });
+    expect(await embeddings.embedQuery('one')).toEqual([0.25, 0.5, 0.75]);
+    expect(await embeddings.embedDocuments(['one', 'two'])).toHaveLength(2);
+    await expectCharged(user, 2, 'embeddings', EMBED_CALL);
+  });
 });
