@@ -52,6 +52,8 @@ beforeAll(async () => {
       { id: 'metered', upstreamModel: 'mock-model', pricing: perToken },
       { id: 'tools', upstreamModel: 'mock-tools', pricing: perToken },
       { id: 'json', upstreamModel: 'mock-json', pricing: perToken },
+      // A reasoning model's name: the libraries then send the developer role, max_completion_tokens, reasoning effort.
+      { id: 'gpt-5-mini', upstreamModel: 'mock-model', pricing: perToken },
       {
         id: 'embed',
         upstreamModel: 'mock-embed',
@@ -324,6 +326,36 @@ describe('Vercel AI SDK', () => {
       if (source === 'chat') expect(sent.response_format).toMatchObject({ type: 'json_schema' });
       else expect(sent.text.format).toMatchObject({ type: 'json_schema' });
       await expectCharged(user, 1, source, tokenCost(price, 12, 1));
+    });
+  }
+
+  for (const [api, source] of [
+    ['chat completions', 'chat'],
+    ['responses', 'responses'],
+  ] as const) {
+    it(`over ${api} with a reasoning model's name: the developer role and reasoning effort`, async () => {
+      const user = `ai-reasoning-${source}`;
+      await f.fund(user, '1.00');
+      f.mock.requests.length = 0;
+      const provider = aiSdk(user);
+      const result = await generateText({
+        model: source === 'chat' ? provider.chat('gpt-5-mini') : provider.responses('gpt-5-mini'),
+        system: 'Be brief.',
+        prompt: 'Say hello',
+        maxOutputTokens: 60,
+        providerOptions: { openai: { reasoningEffort: 'low' } },
+        maxRetries: 0,
+      });
+      expect(result.text).toBe(TEXT);
+      const sent = f.mock.requests[0]!.body;
+      if (source === 'chat') {
+        expect(sent.messages[0]).toEqual({ role: 'developer', content: 'Be brief.' });
+        expect(sent).toMatchObject({ reasoning_effort: 'low', max_completion_tokens: 60 });
+      } else {
+        expect(sent.input[0]).toMatchObject({ role: 'developer', content: 'Be brief.' });
+        expect(sent).toMatchObject({ reasoning: { effort: 'low' }, max_output_tokens: 60 });
+      }
+      await expectCharged(user, 1, source);
     });
   }
 
