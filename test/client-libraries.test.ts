@@ -3,6 +3,7 @@ import { HumanMessage, SystemMessage } from '@langchain/core/messages';
 import { tool as langchainTool } from '@langchain/core/tools';
 import { ChatOpenAI, OpenAIEmbeddings } from '@langchain/openai';
 import {
+  APICallError,
   embed,
   embedMany,
   generateText,
@@ -44,6 +45,7 @@ const PNG = Buffer.from(
   'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==',
   'base64',
 );
+const topupLink = /http:\/\/\S+\/topup\/[A-Za-z0-9_.-]+/;
 const connectLink = /http:\/\/\S+\/connect\/[A-Za-z0-9_.-]+/;
 
 beforeAll(async () => {
@@ -374,6 +376,33 @@ describe('Vercel AI SDK', () => {
     await expectCharged(user, 2, 'embeddings', EMBED_CALL);
   });
 
+  it('a connected user who cannot pay gets the top-up link, over both APIs, streaming or not', async () => {
+    const user = 'ai-penniless';
+    await f.fund(user);
+    for (const model of [aiSdk(user).chat('metered'), aiSdk(user)('metered')]) {
+      expect((await generateText({ model, prompt: 'Hi', maxRetries: 0 })).text).toMatch(topupLink);
+      let text = '';
+      for await (const delta of streamText({ model, prompt: 'Hi', maxRetries: 0 }).textStream) text += delta;
+      expect(text).toMatch(topupLink);
+    }
+    await f.settled();
+    expect(await f.wallet(user)).toMatchObject({ balance: '0', held: '0' });
+    expect(await f.ledger(user)).toEqual([]);
+  });
+
+  it('embed for an unconnected user: the 402 with the link, thrown as an APICallError', async () => {
+    const error = await embed({
+      model: aiSdk('ai-embed-stranger').embedding('embed'),
+      value: 'x',
+      maxRetries: 0,
+    })
+      .then(() => undefined)
+      .catch((e: unknown) => e);
+    expect(APICallError.isInstance(error)).toBe(true);
+    expect((error as APICallError).statusCode).toBe(402);
+    expect((error as APICallError).message).toMatch(connectLink);
+  });
+
   it('passes the end user as providerOptions.openai.user as well as by header', async () => {
     await f.fund('ai-body-user', '1.00');
     const provider = createOpenAI({ baseURL: `${f.server.url}/v1`, apiKey: f.apiKey });
@@ -549,5 +578,41 @@ describe('LangChain JS (ChatOpenAI)', () => {
     expect(await embeddings.embedQuery('one')).toEqual([0.25, 0.5, 0.75]);
     expect(await embeddings.embedDocuments(['one', 'two'])).toHaveLength(2);
     await expectCharged(user, 2, 'embeddings', EMBED_CALL);
+  });
+
+  it('a connected user who cannot pay gets the top-up link as the content, over both APIs', async () => {
+    const user = 'lc-penniless';
+    await f.fund(user);
+    for (const useResponsesApi of [false, true]) {
+      const model = new ChatOpenAI({
+        model: 'metered',
+        apiKey: f.apiKey,
+        maxRetries: 0,
+        useResponsesApi,
+        configuration: { baseURL: `${f.server.url}/v1`, defaultHeaders: { 'X-Service-User': user } },
+      });
+      expect((await model.invoke('Hi')).text).toMatch(topupLink);
+      let text = '';
+      for await (const chunk of await model.stream('Hi')) text += chunk.text;
+      expect(text).toMatch(topupLink);
+    }
+    await f.settled();
+    expect(await f.wallet(user)).toMatchObject({ balance: '0', held: '0' });
+  });
+
+  it('OpenAIEmbeddings for an unconnected user: the 402 with the link, thrown', async () => {
+    const embeddings = new OpenAIEmbeddings({
+      model: 'embed',
+      apiKey: f.apiKey,
+      maxRetries: 0,
+      configuration: {
+        baseURL: `${f.server.url}/v1`,
+        defaultHeaders: { 'X-Service-User': 'lc-embed-stranger' },
+      },
+    });
+    const error: any = await embeddings.embedQuery('x').catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(Error);
+    expect(error.status).toBe(402);
+    expect(error.message).toMatch(connectLink);
   });
 });
