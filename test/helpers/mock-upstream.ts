@@ -8,7 +8,7 @@ import type { AddressInfo, Socket } from 'node:net';
  * report or omit usage, fail, stall and send malformed streams; with `toolCalls` it asks for tool calls
  * (until the conversation carries a `tool` message), with `n` it answers that many choices.
  * `POST /v1/responses` answers a Response (or its event stream) of the same text, cut at
- * `max_output_tokens`, and `GET /v1/responses/{id}` returns it again; `POST /v1/embeddings` answers a
+ * `max_output_tokens` (or `function_call` items, with `toolCalls`), and `GET /v1/responses/{id}` returns it again; `POST /v1/embeddings` answers a
  * 3-dimensional vector per input (floats or base64).
  *
  * Behaviour is chosen per upstream model name (`behaviors`), falling back to `defaults`, so tests that
@@ -39,7 +39,10 @@ export interface MockBehavior {
   malformed?: boolean;
   /** Streaming: end the body after this many content chunks without finish_reason or [DONE]. */
   truncateAfterChunks?: number;
-  /** Chat: answer with these tool calls (content null) unless the last message is a `tool` answer. */
+  /**
+   * Chat: answer with these tool calls (content null) unless the last message is a `tool` answer.
+   * Responses: answer with these `function_call` items unless the input carries a `function_call_output`.
+   */
   toolCalls?: Array<{ name: string; arguments: string }>;
   /** Cached input tokens to report (usage details). */
   cachedTokens?: number;
@@ -341,6 +344,17 @@ async function answerResponse(
   const text = piece.repeat(count);
   const part = { type: 'output_text', text, annotations: [], logprobs: [] };
   const message = { type: 'message', id: messageId, status: 'completed', role: 'assistant', content: [part] };
+  const answered =
+    Array.isArray(body.input) && body.input.some((item: any) => item?.type === 'function_call_output');
+  const calls = b.toolCalls && !answered ? b.toolCalls : undefined;
+  const callItems = (calls ?? []).map((call, i) => ({
+    type: 'function_call',
+    id: `fc_mock${i}`,
+    call_id: `call_${i}`,
+    name: call.name,
+    arguments: call.arguments,
+    status: 'completed',
+  }));
   const usage = {
     input_tokens: promptTokens,
     input_tokens_details: { cached_tokens: b.cachedTokens ?? 0 },
@@ -356,7 +370,7 @@ async function answerResponse(
     error: null,
     incomplete_details: status === 'incomplete' ? { reason: 'max_output_tokens' } : null,
     model: body.model,
-    output: [message],
+    output: calls ? callItems : [message],
     parallel_tool_calls: true,
     tool_choice: 'auto',
     tools: [],
@@ -378,6 +392,36 @@ async function answerResponse(
     type: 'response.created',
     response: { ...response, status: 'in_progress', output: [], usage: null },
   });
+  if (calls) {
+    // Each call: the item with empty arguments, the arguments 4 characters at a time, the item done.
+    for (const [index, call] of callItems.entries()) {
+      send({
+        type: 'response.output_item.added',
+        output_index: index,
+        item: { ...call, arguments: '', status: 'in_progress' },
+      });
+      for (let at = 0; at < call.arguments.length; at += 4) {
+        if (res.destroyed) return;
+        if (b.chunkDelayMs) await sleep(b.chunkDelayMs);
+        send({
+          type: 'response.function_call_arguments.delta',
+          item_id: call.id,
+          output_index: index,
+          delta: call.arguments.slice(at, at + 4),
+        });
+      }
+      send({
+        type: 'response.function_call_arguments.done',
+        item_id: call.id,
+        output_index: index,
+        arguments: call.arguments,
+      });
+      send({ type: 'response.output_item.done', output_index: index, item: call });
+    }
+    send({ type: 'response.completed', response });
+    res.end();
+    return;
+  }
   send({
     type: 'response.output_item.added',
     output_index: 0,
