@@ -329,7 +329,6 @@ describe('providers', () => {
       ],
     });
     const { connectUser } = await import('../src/users/service.ts');
-    const { deposit } = await import('../src/billing/ledger.ts');
     const project = { id: seeded.projectId, owner_user_id: 'x', currency: 'usd' };
     const trigger = { source: 't', actorType: 't', actorId: 't' };
     await connectUser(f.ctx.db, f.ctx.events, project, 'demo-user', trigger);

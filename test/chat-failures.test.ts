@@ -162,7 +162,6 @@ describe('upstream errors', () => {
     });
     const project = { id: seeded.projectId, owner_user_id: 'o', currency: 'usd' };
     const { connectUser } = await import('../src/users/service.ts');
-    const { deposit } = await import('../src/billing/ledger.ts');
     const trigger = { source: 't', actorType: 't', actorId: 't' };
     await connectUser(f.ctx.db, f.ctx.events, project, 'u', trigger);
     await f.ctx.billing.deposit({ project, externalId: 'u', amount: '1.00', source: 't', trigger });
