@@ -10,21 +10,9 @@ import { createProject, getProject, updateProject } from '../projects/service.ts
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
 import { connectUser } from '../users/service.ts';
 import { type Output, UsageError } from './output.ts';
+import { optional, required, settingsFrom, type Values } from './values.ts';
 
 /** The admin commands: projects, keys, models and users (the dashboard's part, on the command line). */
-
-export type Values = Record<string, string | boolean | string[] | undefined>;
-
-function required(values: Values, name: string): string {
-  const value = values[name];
-  if (typeof value !== 'string' || value === '') throw new UsageError(`--${name} is required`);
-  return value;
-}
-
-function optional(values: Values, name: string): string | undefined {
-  const value = values[name];
-  return typeof value === 'string' ? value : undefined;
-}
 
 /** Runs a command with a context; the context is closed afterwards. */
 export async function withContext<T>(config: Config, fn: (ctx: AppContext) => Promise<T>): Promise<T> {
@@ -37,18 +25,6 @@ export async function withContext<T>(config: Config, fn: (ctx: AppContext) => Pr
 }
 
 const cliTrigger = { source: 'cli', actorType: 'admin', actorId: 'cli' };
-
-function settingsFrom(values: Values) {
-  const maxTokens = optional(values, 'max-completion-tokens');
-  const settings = {
-    checkoutUrl: optional(values, 'checkout-url'),
-    returnUrl: optional(values, 'return-url'),
-    connectMessage: optional(values, 'connect-message'),
-    topupMessage: optional(values, 'topup-message'),
-    maxCompletionTokens: maxTokens === undefined ? undefined : Number(maxTokens),
-  };
-  return Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
-}
 
 export async function adminCommand(
   config: Config,

@@ -2,25 +2,14 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { ApiError, type ErrorBody } from '../core/errors.ts';
 import { parsePricingFile } from '../models/service.ts';
-import type { Values } from './admin.ts';
 import { type Output, UsageError } from './output.ts';
+import { optional, required, settingsFrom, type Values } from './values.ts';
 
 /**
  * The admin commands over HTTP: with TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN set, `project`, `key`,
  * `models` and `users` call the running server's admin API (`/admin/v1`) instead of opening the
  * database — the way to administer a `tollgate dev` (whose embedded database is locked) or a cluster.
  */
-
-function required(values: Values, name: string): string {
-  const value = values[name];
-  if (typeof value !== 'string' || value === '') throw new UsageError(`--${name} is required`);
-  return value;
-}
-
-function optional(values: Values, name: string): string | undefined {
-  const value = values[name];
-  return typeof value === 'string' ? value : undefined;
-}
 
 // biome-ignore lint/suspicious/noExplicitAny: JSON answers of the admin API, read field by field
 type Json = any;
@@ -68,18 +57,6 @@ export function adminClient(baseUrl: string, token: string): AdminClient {
 }
 
 const enc = encodeURIComponent;
-
-function settingsFrom(values: Values) {
-  const maxTokens = optional(values, 'max-completion-tokens');
-  const settings = {
-    checkoutUrl: optional(values, 'checkout-url'),
-    returnUrl: optional(values, 'return-url'),
-    connectMessage: optional(values, 'connect-message'),
-    topupMessage: optional(values, 'topup-message'),
-    maxCompletionTokens: maxTokens === undefined ? undefined : Number(maxTokens),
-  };
-  return Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
-}
 
 export async function remoteAdminCommand(
   client: AdminClient,

@@ -1,0 +1,28 @@
+import { UsageError } from './output.ts';
+
+/** The parsed options of an admin command, read the same way on the database and over HTTP. */
+export type Values = Record<string, string | boolean | string[] | undefined>;
+
+export function required(values: Values, name: string): string {
+  const value = values[name];
+  if (typeof value !== 'string' || value === '') throw new UsageError(`--${name} is required`);
+  return value;
+}
+
+export function optional(values: Values, name: string): string | undefined {
+  const value = values[name];
+  return typeof value === 'string' ? value : undefined;
+}
+
+/** The project settings given as options (`project create/set`). */
+export function settingsFrom(values: Values) {
+  const maxTokens = optional(values, 'max-completion-tokens');
+  const settings = {
+    checkoutUrl: optional(values, 'checkout-url'),
+    returnUrl: optional(values, 'return-url'),
+    connectMessage: optional(values, 'connect-message'),
+    topupMessage: optional(values, 'topup-message'),
+    maxCompletionTokens: maxTokens === undefined ? undefined : Number(maxTokens),
+  };
+  return Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
+}
