@@ -1,16 +1,15 @@
-import { readFileSync } from 'node:fs';
 import { type AppContext, createContext } from '../app/context.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
 import type { Config } from '../config/index.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import { setUserSpendCaps } from '../limits/spend.ts';
-import { applyPricing, parsePricingFile } from '../models/service.ts';
+import { applyPricing } from '../models/service.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
 import { connectUser } from '../users/service.ts';
 import { type Output, UsageError } from './output.ts';
-import { optional, required, settingsFrom, type Values } from './values.ts';
+import { optional, pricingFileFrom, required, settingsFrom, type Values } from './values.ts';
 
 /** The admin commands: projects, keys, models and users (the dashboard's part, on the command line). */
 
@@ -152,19 +151,11 @@ export async function adminCommand(
     case 'models apply':
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
-        const path = required(values, 'file');
-        let text: string;
-        try {
-          text = readFileSync(path, 'utf8');
-        } catch (err) {
-          throw new UsageError(
-            `cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
-          );
-        }
-        const result = await applyPricing(ctx.db, projectId, parsePricingFile(text));
+        const file = pricingFileFrom(values);
+        const result = await applyPricing(ctx.db, projectId, file);
         await ctx.projects.changed(projectId);
         out.result(result, [
-          `Applied ${path} to ${projectId}:`,
+          `Applied ${values.file} to ${projectId}:`,
           `  created: ${result.created.join(', ') || '-'}`,
           `  updated: ${result.updated.join(', ') || '-'}`,
           `  deleted: ${result.deleted.join(', ') || '-'}`,

@@ -1,9 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import { ApiError, type ErrorBody } from '../core/errors.ts';
-import { parsePricingFile } from '../models/service.ts';
 import { type Output, UsageError } from './output.ts';
-import { optional, required, settingsFrom, type Values } from './values.ts';
+import { optional, pricingFileFrom, required, settingsFrom, type Values } from './values.ts';
 
 /**
  * The admin commands over HTTP: with TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN set, `project`, `key`,
@@ -178,20 +176,11 @@ export async function remoteAdminCommand(
     }
     case 'models apply': {
       const projectId = required(values, 'project');
-      const path = required(values, 'file');
-      let text: string;
-      try {
-        text = readFileSync(path, 'utf8');
-      } catch (err) {
-        throw new UsageError(
-          `cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
-        );
-      }
-      const file = parsePricingFile(text);
+      const file = pricingFileFrom(values);
       const result = await client.call('PUT', `/projects/${enc(projectId)}/models`, file);
       const view = { created: result.created, updated: result.updated, deleted: result.deleted };
       out.result(view, [
-        `Applied ${path} to ${projectId}:`,
+        `Applied ${values.file} to ${projectId}:`,
         `  created: ${view.created.join(', ') || '-'}`,
         `  updated: ${view.updated.join(', ') || '-'}`,
         `  deleted: ${view.deleted.join(', ') || '-'}`,

@@ -1,3 +1,6 @@
+import { readFileSync } from 'node:fs';
+import type { PricingFile } from '../models/pricing.ts';
+import { parsePricingFile } from '../models/service.ts';
 import { UsageError } from './output.ts';
 
 /** The parsed options of an admin command, read the same way on the database and over HTTP. */
@@ -25,4 +28,18 @@ export function settingsFrom(values: Values) {
     maxCompletionTokens: maxTokens === undefined ? undefined : Number(maxTokens),
   };
   return Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
+}
+
+/** The pricing file named by `--file`, read and checked. */
+export function pricingFileFrom(values: Values): PricingFile {
+  const path = required(values, 'file');
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new UsageError(
+      `cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
+    );
+  }
+  return parsePricingFile(text);
 }

@@ -10,11 +10,8 @@ import { formatAmount } from '../core/money.ts';
 import type { EventType } from '../events/catalog.ts';
 import { type LimitRequest, Limits, rateLimitHeaders, spendCapMessage } from '../limits/index.ts';
 import { endpointsOf } from '../models/pricing.ts';
-import type { ProjectContext } from '../projects/directory.ts';
-import { ECHO_UPSTREAM } from '../projects/service.ts';
 import { Router, routingReported } from '../routing/router.ts';
-import { EchoProvider } from '../upstream/echo.ts';
-import { createUpstreamAgent, OpenAICompatibleProvider } from '../upstream/openai-compatible.ts';
+import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import { isAbort, type Provider, type SseMessage, UpstreamError } from '../upstream/types.ts';
 import { admit } from './admission.ts';
 import type { Exchange, MeteredApi, MeteredBody, ReportedUsage } from './api.ts';
@@ -51,8 +48,6 @@ import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
 export class MeteredFlow {
   readonly #ctx: AppContext;
   readonly #agent: Agent;
-  readonly #echo = new EchoProvider();
-  readonly #providers = new WeakMap<object, Provider>();
   readonly #pending = new Set<Promise<unknown>>();
   /** Routing with fallback (src/routing) and rate limits / spend caps (src/limits). */
   readonly #router: Router;
@@ -190,15 +185,14 @@ export class MeteredFlow {
 
   /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider as received. */
   async passthrough(request: FastifyRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
-    const upstream = request.project.upstream;
-    if (!upstream) {
+    if (!request.project.upstream) {
       throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
         code: 'no_upstream',
       });
     }
     const watch = new ClientWatch(reply);
     try {
-      const answer = await this.#provider(upstream).passthrough({
+      const answer = await this.#router.passthrough(request.project, {
         method: request.method,
         path,
         body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
@@ -625,16 +619,6 @@ export class MeteredFlow {
       .finally(() => this.#pending.delete(tracked));
     this.#pending.add(tracked);
     return tracked;
-  }
-
-  #provider(upstream: NonNullable<ProjectContext['upstream']>): Provider {
-    if (upstream.baseUrl === ECHO_UPSTREAM) return this.#echo;
-    let provider = this.#providers.get(upstream);
-    if (!provider) {
-      provider = new OpenAICompatibleProvider(this.#agent, upstream.baseUrl, upstream.apiKey);
-      this.#providers.set(upstream, provider);
-    }
-    return provider;
   }
 }
 
