@@ -1,13 +1,17 @@
-import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
-import net from 'node:net';
-import { tmpdir } from 'node:os';
+import type net from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ECHO_UPSTREAM } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
 import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
+import {
+  prometheusAvailable,
+  type RunningPrometheus,
+  startPrometheus,
+  type VectorResult,
+} from './helpers/prometheus.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
@@ -18,14 +22,7 @@ import { api, type SeededProject, seedProject, startTestServer, type TestServer 
  * No Kubernetes API is here, so the operator's leader gauge is set as the operator sets it on taking
  * the Lease.
  */
-const PROMETHEUS = process.env.PROMETHEUS_BIN ?? '/usr/bin/prometheus';
-const available = existsSync(PROMETHEUS);
-if (!available) {
-  console.warn(
-    `grafana-dashboard: skipped, ${PROMETHEUS} is missing (install the Debian package \`prometheus\`, ` +
-      'as scripts/ci-system-packages.sh does, or set PROMETHEUS_BIN)',
-  );
-}
+const available = prometheusAvailable('grafana-dashboard');
 
 interface Target {
   expr: string;
@@ -55,22 +52,6 @@ function fill(expr: string): string {
     .replaceAll('$__range', '10m')
     .replaceAll('$__interval', '5s')
     .replaceAll('$project', '.*');
-}
-
-interface VectorResult {
-  metric: Record<string, string>;
-  value: [number, string];
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 describe('the Grafana dashboard', () => {
@@ -105,20 +86,11 @@ describe.skipIf(!available)('every dashboard query against a real Prometheus', (
   let failing: SeededProject;
   let worker: DeliveryWorker | undefined;
   let receiver: http.Server | undefined;
-  let prometheus: ChildProcess | undefined;
-  let promUrl = '';
-  let dir = '';
-  let log = '';
+  let prometheus: RunningPrometheus | undefined;
   let traffic: NodeJS.Timeout | undefined;
   const trigger = { source: 'test', actorType: 'admin', actorId: 'test' };
 
-  async function query(promql: string): Promise<VectorResult[]> {
-    const res = await fetch(`${promUrl}/api/v1/query?query=${encodeURIComponent(promql)}`);
-    if (res.status === 503) return []; // Prometheus is starting
-    const body = (await res.json()) as { status: string; error?: string; data: { result: VectorResult[] } };
-    expect(body.status, `${promql}: ${body.error ?? ''}`).toBe('success');
-    return body.data.result;
-  }
+  const query = (promql: string) => prometheus!.query(promql);
 
   beforeAll(async () => {
     server = await startTestServer();
@@ -193,51 +165,16 @@ describe.skipIf(!available)('every dashboard query against a real Prometheus', (
       });
     }, 250);
 
-    dir = mkdtempSync(join(tmpdir(), 'tollgate-dashboard-'));
-    writeFileSync(
-      join(dir, 'prometheus.yml'),
-      [
-        'global:',
-        '  scrape_interval: 1s',
-        '  scrape_timeout: 1s',
-        'scrape_configs:',
-        '  - job_name: tollgate',
-        '    static_configs:',
-        `      - targets: ['${new URL(server.url).host}']`,
-        '',
-      ].join('\n'),
-    );
-    const port = await freePort();
-    promUrl = `http://127.0.0.1:${port}`;
-    prometheus = spawn(
-      PROMETHEUS,
-      [
-        `--config.file=${join(dir, 'prometheus.yml')}`,
-        `--storage.tsdb.path=${join(dir, 'data')}`,
-        `--web.listen-address=127.0.0.1:${port}`,
-        '--storage.tsdb.retention.time=1h',
-      ],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    prometheus.stderr?.on('data', (chunk: Buffer) => {
-      log = (log + chunk.toString()).slice(-4000);
-    });
+    prometheus = await startPrometheus(new URL(server.url).host);
   }, 60_000);
 
   afterAll(async () => {
     if (traffic) clearInterval(traffic);
-    if (prometheus && prometheus.exitCode === null) {
-      const exited = new Promise((r) => prometheus!.once('exit', r));
-      prometheus.kill('SIGTERM');
-      const timer = setTimeout(() => prometheus?.kill('SIGKILL'), 10_000);
-      await exited;
-      clearTimeout(timer);
-    }
+    await prometheus?.stop();
     await worker?.stop(1000);
     receiver?.closeAllConnections();
     await new Promise((resolve) => receiver?.close(resolve));
     await server?.close();
-    if (dir) rmSync(dir, { recursive: true, force: true });
   }, 60_000);
 
   it('returns data, with a number, for every query of every panel', async () => {
@@ -248,14 +185,9 @@ describe.skipIf(!available)('every dashboard query against a real Prometheus', (
     const last = new Map<string, VectorResult[]>();
     const deadline = Date.now() + 90_000;
     while (pending.size > 0 && Date.now() < deadline) {
-      if (prometheus?.exitCode !== null) throw new Error(`prometheus exited early:\n${log}`);
+      if (prometheus!.exited()) throw new Error(`prometheus exited early:\n${prometheus!.log()}`);
       for (const [key, expr] of pending) {
-        let result: VectorResult[] = [];
-        try {
-          result = await query(expr);
-        } catch (err) {
-          if (!(err instanceof TypeError)) throw err; // TypeError: Prometheus not listening yet
-        }
+        const result = await query(expr);
         last.set(key, result);
         if (result.some((r) => Number.isFinite(Number(r.value[1])))) pending.delete(key);
       }

@@ -1,77 +1,39 @@
-import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ECHO_UPSTREAM } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
+import {
+  prometheusAvailable,
+  type RunningPrometheus,
+  startPrometheus,
+  type VectorResult,
+} from './helpers/prometheus.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
  * A real Prometheus server (the Debian package's /usr/bin/prometheus) scrapes the proxy's /metrics on
  * loopback every second; the test reads a metric back through Prometheus' HTTP API.
  */
-const PROMETHEUS = process.env.PROMETHEUS_BIN ?? '/usr/bin/prometheus';
-const available = existsSync(PROMETHEUS);
-if (!available) {
-  console.warn(
-    `metrics-prometheus-scrape: skipped, ${PROMETHEUS} is missing (install the Debian package \`prometheus\`, ` +
-      'as scripts/ci-system-packages.sh does, or set PROMETHEUS_BIN)',
-  );
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-interface VectorResult {
-  metric: Record<string, string>;
-  value: [number, string];
-}
+const available = prometheusAvailable('metrics-prometheus-scrape');
 
 describe.skipIf(!available)('a real Prometheus scraping /metrics', () => {
   let server: TestServer;
   let project: SeededProject;
-  let prometheus: ChildProcess | undefined;
-  let promUrl = '';
-  let dir = '';
-  let log = '';
-
-  async function query(promql: string): Promise<VectorResult[]> {
-    const res = await fetch(`${promUrl}/api/v1/query?query=${encodeURIComponent(promql)}`);
-    // Prometheus answers 503 "Service Unavailable" (not JSON) until it has started: no result yet.
-    if (res.status === 503) return [];
-    const body = (await res.json()) as {
-      status: string;
-      data: { resultType: string; result: VectorResult[] };
-    };
-    expect(body.status).toBe('success');
-    return body.data.result;
-  }
+  let prometheus: RunningPrometheus | undefined;
+  const query = (promql: string) => prometheus!.query(promql);
 
   /** Polls a PromQL query until `accept` holds for its result (bounded: 45 s). */
   async function until(promql: string, accept: (r: VectorResult[]) => boolean): Promise<VectorResult[]> {
     const deadline = Date.now() + 45_000;
     let last: VectorResult[] = [];
     while (Date.now() < deadline) {
-      if (prometheus?.exitCode !== null) throw new Error(`prometheus exited early:\n${log}`);
-      try {
-        last = await query(promql);
-        if (accept(last)) return last;
-      } catch (err) {
-        if (!(err instanceof TypeError)) throw err; // TypeError: not listening yet
-      }
+      if (prometheus!.exited()) throw new Error(`prometheus exited early:\n${prometheus!.log()}`);
+      last = await query(promql);
+      if (accept(last)) return last;
       await new Promise((r) => setTimeout(r, 250));
     }
-    throw new Error(`no accepted result for ${promql} within 45 s; last: ${JSON.stringify(last)}\n${log}`);
+    throw new Error(
+      `no accepted result for ${promql} within 45 s; last: ${JSON.stringify(last)}\n${prometheus!.log()}`,
+    );
   }
 
   beforeAll(async () => {
@@ -86,49 +48,12 @@ describe.skipIf(!available)('a real Prometheus scraping /metrics', () => {
       actorType: 'admin',
       actorId: 'test',
     });
-    dir = mkdtempSync(join(tmpdir(), 'tollgate-prometheus-'));
-    const target = new URL(server.url).host;
-    writeFileSync(
-      join(dir, 'prometheus.yml'),
-      [
-        'global:',
-        '  scrape_interval: 1s',
-        '  scrape_timeout: 1s',
-        'scrape_configs:',
-        '  - job_name: tollgate',
-        '    metrics_path: /metrics',
-        '    static_configs:',
-        `      - targets: ['${target}']`,
-        '',
-      ].join('\n'),
-    );
-    const port = await freePort();
-    promUrl = `http://127.0.0.1:${port}`;
-    prometheus = spawn(
-      PROMETHEUS,
-      [
-        `--config.file=${join(dir, 'prometheus.yml')}`,
-        `--storage.tsdb.path=${join(dir, 'data')}`,
-        `--web.listen-address=127.0.0.1:${port}`,
-        '--storage.tsdb.retention.time=1h',
-      ],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    prometheus.stderr?.on('data', (chunk: Buffer) => {
-      log = (log + chunk.toString()).slice(-4000);
-    });
+    prometheus = await startPrometheus(new URL(server.url).host);
   });
 
   afterAll(async () => {
-    if (prometheus && prometheus.exitCode === null) {
-      const exited = new Promise((r) => prometheus!.once('exit', r));
-      prometheus.kill('SIGTERM');
-      const timer = setTimeout(() => prometheus?.kill('SIGKILL'), 10_000);
-      await exited;
-      clearTimeout(timer);
-    }
+    await prometheus?.stop();
     await server?.close();
-    if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
   it('scrapes the proxy and answers PromQL over metering counters that moved with chat traffic', async () => {
