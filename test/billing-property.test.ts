@@ -12,8 +12,9 @@ import { seedProject } from './helpers/server.ts';
 
 /**
  * The billing service against a simple model of the wallets. fast-check generates rounds of
- * operations — deposits, charges, holds, settles (below, at and above the hold) and releases — over a
- * few wallets; each round's operations run concurrently, so they meet in the same group-commit batches
+ * operations — deposits, charges, holds, settles (below, at and above the hold: the provider reported
+ * more than the estimate, charged whole, into debt when the balance cannot cover it) and releases — over
+ * a few wallets; each round's operations run concurrently, so they meet in the same group-commit batches
  * and contend for the same wallets. After each round the model applies what the service reported and
  * the database must equal it exactly: every balance, held amount, open hold and ledger entry. A
  * refusal must be justified: it is wrong when the wallet could cover the amount even after every other
@@ -26,7 +27,7 @@ type Op =
   | { kind: 'deposit'; wallet: number; amount: string }
   | { kind: 'charge'; wallet: number; amount: string }
   | { kind: 'hold'; wallet: number; amount: string }
-  | { kind: 'settle'; pick: number; cost: string }
+  | { kind: 'settle'; pick: number; cost: string; over?: number }
   | { kind: 'release'; pick: number };
 
 const amount = fc
@@ -42,6 +43,13 @@ const op: fc.Arbitrary<Op> = fc.oneof(
     kind: fc.constant('settle' as const),
     pick: fc.nat(),
     cost: fc.oneof(amount, fc.constant('0')),
+  }),
+  // the provider reported 1.1× to 4× what the hold assumed
+  fc.record({
+    kind: fc.constant('settle' as const),
+    pick: fc.nat(),
+    cost: fc.constant(''),
+    over: fc.integer({ min: 11, max: 40 }),
   }),
   fc.record({ kind: fc.constant('release' as const), pick: fc.nat() }),
 );
@@ -115,10 +123,12 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
                 await ctx.billing.release(target.hold);
                 return { o, ok: true as const, target, charged: '0' };
               }
+              const cost =
+                o.over === undefined ? o.cost : new Money(target.hold.amount).times(o.over).div(10).toFixed();
               const r = await ctx.billing.settle({
                 project,
                 hold: target.hold,
-                cost: o.cost,
+                cost,
                 source: 'chat',
                 model: 'm',
                 trigger,
@@ -126,7 +136,7 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
                 metadata: {},
                 description: 'property',
               });
-              return { o, ok: true as const, target, charged: r.charged };
+              return { o, ok: true as const, target, charged: r.charged, cost };
             }
           }
         });
@@ -137,6 +147,11 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
         for (const r of results) {
           if ((r.o.kind === 'charge' || r.o.kind === 'hold') && r.ok) {
             debits[r.o.wallet] = debits[r.o.wallet]!.plus(r.o.amount);
+          }
+          // a settle above its hold takes the excess from the available balance too
+          if (r.o.kind === 'settle' && 'target' in r && r.target) {
+            const excess = new Money(r.charged).minus(r.target.hold.amount);
+            if (excess.gt(0)) debits[r.target.wallet] = debits[r.target.wallet]!.plus(excess);
           }
         }
         for (const r of results) {
@@ -163,9 +178,9 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
             }
           } else if ('target' in r && r.target) {
             const w = model[r.target.wallet]!;
-            const amountHeld = w.open.get(r.target.hold.id)!;
             w.open.delete(r.target.hold.id);
-            const expected = o.kind === 'settle' ? Money.min(new Money(o.cost), amountHeld) : new Money(0);
+            // the real cost, whole: never capped at the hold (the wallet may go below zero)
+            const expected = o.kind === 'settle' ? new Money((r as { cost: string }).cost) : new Money(0);
             expect(new Money(r.charged).toFixed()).toBe(expected.toFixed());
             if (expected.gt(0)) {
               w.balance = w.balance.minus(expected);

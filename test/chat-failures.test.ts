@@ -53,6 +53,33 @@ async function freshUser(name: string) {
   };
 }
 
+/**
+ * Funds a fresh user and returns a check that the request was charged for what reached the client only:
+ * the prompt and `outputs[i]` output tokens per stream, counted by Tollgate (the provider's usage never
+ * came) and flagged so on the entries.
+ */
+async function partlyServedUser(name: string) {
+  await f.fund(name, '5.00');
+  return async (outputs: number[]) => {
+    await f.settled();
+    const prompt = countPromptTokens({ model: 'x', messages });
+    const charges = (await f.ledger(name)).filter((e) => e.kind === 'charge');
+    expect(charges.map((e) => new Money(e.amount).neg().toFixed())).toEqual(
+      outputs.map((n) => tokenCost(price, prompt, n)),
+    );
+    const metadata = await f.ctx.db
+      .selectFrom('ledger_entries')
+      .select('metadata')
+      .where('user_id', '=', (await f.wallet(name))!.userId)
+      .where('kind', '=', 'charge')
+      .execute();
+    for (const { metadata: m } of metadata) {
+      expect(m).toMatchObject({ usageSource: 'tollgate', outcome: 'upstream_error' });
+    }
+    expect((await f.holds(name)).filter((h) => h.status === 'open')).toEqual([]);
+  };
+}
+
 async function collect(stream: AsyncIterable<OpenAI.ChatCompletionChunk>): Promise<string> {
   let text = '';
   for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? '';
@@ -108,8 +135,8 @@ describe('upstream errors', () => {
     await untouched();
   });
 
-  it('a stream that stalls midway ends with an error event the client raises', async () => {
-    const untouched = await freshUser('emid');
+  it('a stream that stalls midway ends with an error event the client raises, charged for what it got', async () => {
+    const chargedForWhatArrived = await partlyServedUser('emid');
     const stream = await f.client.chat.completions.create({
       model: 'stall-mid',
       user: 'emid',
@@ -123,19 +150,21 @@ describe('upstream errors', () => {
     expect(text).toBe(' hello hello');
     expect(err).toBeInstanceOf(OpenAI.APIError);
     expect(String(err.message)).toContain('timed out');
-    await untouched();
+    await chargedForWhatArrived([2]);
   });
 
-  it('malformed and truncated responses become 502 / an error event', async () => {
+  it('malformed and truncated responses become 502 / an error event (a stream charged for what arrived)', async () => {
     const untouched = await freshUser('ebad');
+    const chargedForWhatArrived = await partlyServedUser('ebad-stream');
     const plain = await f.client.chat.completions
       .create({ model: 'malformed', user: 'ebad', messages })
       .catch((e) => e);
     expect(plain.status).toBe(502);
     expect(plain.code).toBe('upstream_malformed');
+    await untouched();
     const stream = await f.client.chat.completions.create({
       model: 'malformed',
-      user: 'ebad',
+      user: 'ebad-stream',
       messages,
       stream: true,
     });
@@ -144,14 +173,14 @@ describe('upstream errors', () => {
     expect(String(streamErr.message)).toContain('malformed');
     const cut = await f.client.chat.completions.create({
       model: 'truncated',
-      user: 'ebad',
+      user: 'ebad-stream',
       messages,
       stream: true,
     });
     const cutErr = await collect(cut).catch((e) => e);
     expect(cutErr).toBeInstanceOf(OpenAI.APIError);
     expect(String(cutErr.message)).toContain('ended the stream');
-    await untouched();
+    await chargedForWhatArrived([1, 2]);
   });
 
   it('an unreachable provider gives 502', async () => {
@@ -264,7 +293,7 @@ describe('the completion bound', () => {
     expect(chargedTotal(await f.ledger('runaway'))).toBe(tokenCost(price, prompt, 10));
   });
 
-  it('never charges more than the hold, whatever usage the provider reports', async () => {
+  it('charges the usage the provider reports, even past the hold', async () => {
     await f.fund('capped', '5.00');
     const reply = await f.client.chat.completions.create({
       model: 'runaway',
@@ -279,7 +308,9 @@ describe('the completion bound', () => {
       .select('amount')
       .where('user_id', '=', (await f.wallet('capped'))!.userId)
       .executeTakeFirstOrThrow();
-    expect(chargedTotal(await f.ledger('capped'))).toBe(new Money(hold.amount).toFixed());
+    const charged = chargedTotal(await f.ledger('capped'));
+    expect(charged).toBe(tokenCost(price, reply.usage!.prompt_tokens, 50));
+    expect(new Money(charged).gt(hold.amount)).toBe(true);
   });
 });
 

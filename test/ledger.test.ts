@@ -85,7 +85,7 @@ describe('ledger', () => {
     await expectLedgerConsistent('alice');
   });
 
-  it('holds, settles the real cost capped at the hold, and releases the rest', async () => {
+  it('holds, settles the real cost (above the hold too, into debt), and releases the rest', async () => {
     await connectUser(ctx.db, ctx.events, project, 'bob', trigger);
     await ctx.billing.deposit({
       project,
@@ -134,7 +134,7 @@ describe('ledger', () => {
       metadata: {},
       description: 'test',
     });
-    expect(again).toEqual({ charged: '0', wallet: undefined });
+    expect(again).toEqual({ charged: '0', shortfall: '0', wallet: undefined });
     const capped = await ctx.billing.hold({
       project,
       externalId: 'bob',
@@ -153,19 +153,51 @@ describe('ledger', () => {
       metadata: {},
       description: 'test',
     });
-    expect(over.charged).toBe('0.1');
+    // the real cost is charged whole: the excess over the hold comes from the balance, and what the
+    // balance cannot cover leaves it below zero
+    expect(over).toMatchObject({ charged: '5', shortfall: '4.000000150001' });
+    expect(over.wallet).toMatchObject({
+      balance: '-4.000000150001',
+      held: '0',
+      available: '-4.000000150001',
+    });
     const { entries } = await expectLedgerConsistent('bob');
     expect(entries.map((e) => e.kind).sort()).toEqual(['charge', 'charge', 'deposit']);
-    const event = await ctx.db
-      .selectFrom('events')
-      .select('envelope')
-      .where('type', '=', 'balance.charge.created')
-      .orderBy('seq', 'desc')
-      .executeTakeFirstOrThrow();
-    expect(event.envelope).toMatchObject({
-      data: { amount: '0.1', externalUserId: 'bob', balance: '0.899999849999' },
+    const latest = async (type: string) =>
+      (
+        await ctx.db
+          .selectFrom('events')
+          .select('envelope')
+          .where('type', '=', type)
+          .orderBy('seq', 'desc')
+          .executeTakeFirstOrThrow()
+      ).envelope;
+    expect(await latest('balance.charge.created')).toMatchObject({
+      data: { amount: '5', externalUserId: 'bob', balance: '-4.000000150001' },
       subject: { externalId: 'bob' },
     });
+    expect(await latest('balance.debt.created')).toMatchObject({
+      data: {
+        amount: '4.000000150001',
+        charged: '5',
+        holdAmount: '0.1',
+        debt: '4.000000150001',
+        balance: '-4.000000150001',
+        externalUserId: 'bob',
+      },
+    });
+    // in debt, nothing is admitted
+    const refused = await ctx.billing.hold({ project, externalId: 'bob', amount: '0.01', purpose: 'chat' });
+    expect(refused).toMatchObject({ ok: false, reason: 'insufficient_balance' });
+    // a deposit that covers the debt clears it
+    await ctx.billing.deposit({ project, externalId: 'bob', amount: '5', source: 'test', trigger });
+    expect(await latest('balance.debt.cleared')).toMatchObject({
+      data: { amount: '4.000000150001', balance: '0.999999849999', externalUserId: 'bob' },
+    });
+    const served = await ctx.billing.hold({ project, externalId: 'bob', amount: '0.01', purpose: 'chat' });
+    expect(served.ok).toBe(true);
+    if (served.ok) await ctx.billing.release(served.hold);
+    await expectLedgerConsistent('bob');
   });
 
   it('never lets concurrent holds overspend', async () => {

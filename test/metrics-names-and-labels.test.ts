@@ -13,6 +13,8 @@ const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_input_tokens_total: ['counter', ['project', 'model']],
   tollgate_output_tokens_total: ['counter', ['project', 'model']],
   tollgate_charged_amount_total: ['counter', ['project', 'model', 'currency', 'source']],
+  tollgate_charge_overage_amount_total: ['counter', ['project', 'model', 'currency']],
+  tollgate_debt_created_amount_total: ['counter', ['project', 'model', 'currency']],
   tollgate_deposited_amount_total: ['counter', ['project', 'currency']],
   tollgate_holds_open: ['gauge', ['project']],
   tollgate_billing_batch_size: ['histogram', ['statement']],

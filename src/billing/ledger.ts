@@ -11,9 +11,11 @@ import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
  * Every deposit and charge is an append-only ledger entry written in the same transaction as the change
  * of the wallet's cached `balance`, so `balance = sum(amount)` over a user's entries always holds. A
  * hold moves no money: it is a row of `holds` (statements.ts), and `held = sum(amount)` over the
- * wallet's open holds. The database enforces the no-overspend rule itself (`CHECK (balance >= held AND
- * held >= 0)`), and every debit is conditional on `balance - held` covering it, so concurrent requests
- * can never spend more than the wallet holds.
+ * wallet's open holds. Every hold and every charge of this file is conditional on `balance - held`
+ * covering it, so concurrent requests are never admitted beyond the wallet's available balance. The
+ * one movement that may take a wallet below zero is a metered settle whose provider-reported cost
+ * exceeds its hold and the balance (statements.ts): that shortfall is a debt, recorded as the negative
+ * balance of the charge's entry, and the wallet is refused until a deposit covers it.
  */
 
 export type LedgerProject = Pick<Project, 'id' | 'owner_user_id' | 'currency'>;
@@ -136,15 +138,32 @@ export async function deposit(
     .executeTakeFirstOrThrow();
   const entry = await writeEntry(tx, input, user, 'deposit', input.amount);
   const wallet = walletOf(user);
+  const subject = { type: 'user', id: user.id, externalId: user.external_id };
   const event = await events.record(tx, {
     project: input.project,
     type: 'balance.deposit.created',
     trigger: input.trigger,
-    subject: { type: 'user', id: user.id, externalId: user.external_id },
+    subject,
     data: moneyEventData(input.project, wallet, input.amount, input.source, entry.id),
     metadata: input.metadata,
   });
-  return { entry, wallet, event };
+  // A deposit that brings a wallet in debt back to zero or above pays the debt off.
+  const before = new Money(user.balance).minus(amount);
+  const cleared =
+    before.lt(0) && new Money(user.balance).gte(0)
+      ? await events.record(tx, {
+          project: input.project,
+          type: 'balance.debt.cleared',
+          trigger: input.trigger,
+          subject,
+          data: {
+            ...moneyEventData(input.project, wallet, formatAmount(before.neg()), input.source, entry.id),
+            balance: wallet.balance,
+          },
+          metadata: input.metadata,
+        })
+      : undefined;
+  return { entry, wallet, event: event ?? cleared };
 }
 
 export interface ChargeInput {

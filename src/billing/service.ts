@@ -90,15 +90,16 @@ export class BillingService {
   }
 
   /**
-   * Closes a hold at the real cost (capped at the hold; the rest is released), with its ledger entry and
-   * its events (`balance.charge.created` when wanted, and `completed` when given) in the same
-   * transaction. Joins the project's next settle batch; resolves once it committed, so a read that
+   * Closes a hold at the real cost — the provider's usage × the price, never capped: above the hold the
+   * excess comes from the balance in the same statement, and what even the balance cannot cover leaves
+   * the wallet below zero (a debt, with `balance.debt.created`) — with its ledger entry and its events
+   * (`balance.charge.created` when wanted, and `completed` when given) in the same transaction. Joins the project's next settle batch; resolves once it committed, so a read that
    * follows sees the charge. Retried after a transient failure: closing is idempotent (a hold no longer
    * open is left alone), so a retry after an ambiguous failure cannot charge twice.
    */
   async settle(input: SettleInput): Promise<SettleResult> {
     const { project, hold } = input;
-    const cost = Money.min(new Money(input.cost), new Money(hold.amount));
+    const cost = new Money(input.cost);
     const charged = cost.gt(0) ? formatAmount(cost) : '0';
     const entryId = newId('act');
     const envelopes: EventEnvelope[] = [];
@@ -124,6 +125,32 @@ export class BillingService {
         }),
       );
     }
+    if (charged !== '0' && this.#events.wants(project.id, 'balance.debt.created')) {
+      // Written by the statement only when this charge leaves the balance below zero; it fills in
+      // `balance`, `debt` and `amount` (the part of the charge the balance did not cover).
+      envelopes.push(
+        this.#events.build({
+          project,
+          type: 'balance.debt.created',
+          trigger: input.trigger,
+          subject,
+          data: {
+            ...moneyEventData(
+              project,
+              { userId: hold.userId, externalId: input.externalId },
+              '',
+              input.source,
+              entryId,
+            ),
+            charged,
+            holdAmount: hold.amount,
+            balance: '',
+            debt: '',
+          },
+          metadata: input.metadata,
+        }),
+      );
+    }
     const completed = input.completed;
     if (completed && this.#events.wants(project.id, completed.type)) {
       envelopes.push(
@@ -144,22 +171,34 @@ export class BillingService {
         entryId,
         source: input.source,
         description: input.description,
-        metadata: JSON.stringify(input.metadata),
+        metadata: JSON.stringify({ ...input.metadata, holdAmount: hold.amount }),
         events: envelopes.length ? JSON.stringify(envelopes) : null,
         zeroStatus: 'released',
       }),
     );
-    if (!row) return { charged: '0', wallet: undefined };
+    if (!row) return { charged: '0', shortfall: '0', wallet: undefined };
     this.#metrics.holdsOpen.dec({ project: project.id });
     if (envelopes.length) this.#events.wake();
-    if (row.charged !== '0' && new Money(row.charged).gt(0)) {
-      this.#metrics.charged.inc(
-        { project: project.id, model: input.model, currency: project.currency, source: input.source },
-        Number(row.charged),
-      );
+    const chargedAmount = new Money(row.charged);
+    let shortfall = new Money(0);
+    if (chargedAmount.gt(0)) {
+      const labels = { project: project.id, model: input.model, currency: project.currency };
+      this.#metrics.charged.inc({ ...labels, source: input.source }, chargedAmount.toNumber());
+      const overage = chargedAmount.minus(hold.amount);
+      if (overage.gt(0)) this.#metrics.chargeOverage.inc(labels, overage.toNumber());
+      const balance = new Money(row.balance);
+      if (balance.lt(0)) {
+        shortfall = Money.min(chargedAmount, balance.neg());
+        this.#metrics.debtCreated.inc(labels, shortfall.toNumber());
+        this.#log.info(
+          { project: project.id, user: hold.userId, charged: row.charged, debt: formatAmount(balance.neg()) },
+          'a charge above its hold left the wallet below zero (debt)',
+        );
+      }
     }
     return {
       charged: formatAmount(row.charged),
+      shortfall: formatAmount(shortfall),
       wallet: walletOf({ ...row, id: row.user_id, connected: true }),
     };
   }
@@ -378,7 +417,7 @@ export type HoldResult = { ok: true; hold: Hold; wallet: WalletState } | Paywall
 export interface SettleInput {
   project: LedgerProject;
   hold: Hold;
-  /** The real cost; above the hold it is capped at the hold (never spend more than was reserved). */
+  /** The real cost (the provider's usage × the price); above the hold, the excess comes from the balance. */
   cost: string;
   /** The ledger entry's source (the API). */
   source: string;
@@ -395,6 +434,8 @@ export interface SettleInput {
 export interface SettleResult {
   /** The amount charged ('0' when the hold was no longer open, or nothing was due). */
   charged: string;
+  /** The part of the charge the balance did not cover (the debt it created; '0' mostly). */
+  shortfall: string;
   /** The wallet after the charge, when this call closed the hold. */
   wallet: WalletState | undefined;
 }

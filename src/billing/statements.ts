@@ -49,19 +49,23 @@ export const placeHolds: Statement = {
 };
 
 /**
- * Closes holds: charges each its amount (already capped at the hold; zero releases it) and gives back
- * the rest, writes one `charge` ledger entry per non-zero charge and the events that describe it — all
- * in one transaction, so an event exists exactly when its charge does. A hold that is no longer open
- * (closed by a retry, or expired by the sweeper) is left alone and returns no row.
+ * Closes holds: charges each its amount — the provider's usage × the price, which may exceed the hold:
+ * the excess comes from the balance in this same statement, and when even the balance does not cover it
+ * the wallet goes below zero (a debt); zero releases the hold — and gives back the hold, writes one
+ * `charge` ledger entry per non-zero charge and the events that describe it — all in one transaction, so
+ * an event exists exactly when its charge does. A hold that is no longer open (closed by a retry, or
+ * expired by the sweeper) is left alone and returns no row.
  *
- * `balance.charge.created` envelopes get the wallet's balance after the charge in `data.balance`.
+ * `balance.charge.created` envelopes get the wallet's balance after the charge in `data.balance`;
+ * a `balance.debt.created` envelope is written only when the charge left the balance below zero, with
+ * `data.balance`, `data.debt` (the whole debt) and `data.amount` (the part of this charge not covered).
  *
  * $1 project id · $2 hold ids · $3 charged amounts · $4 entry ids · $5 sources · $6 descriptions
  * $7 metadata (JSON text) · $8 events (a JSON array of envelopes, or null)
  * $9 the status a zero charge leaves (`released` by its request, `expired` by the sweeper)
  */
 export const closeHolds: Statement = {
-  name: 'tollgate_close_holds_v1',
+  name: 'tollgate_close_holds_v2',
   text: `
     WITH r AS (
       SELECT * FROM unnest($2::text[], $3::numeric[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
@@ -75,7 +79,7 @@ export const closeHolds: Statement = {
       UPDATE holds SET status = CASE WHEN r.charged > 0 THEN 'settled' ELSE r.zero_status END, closed_at = now()
       FROM r, hl
       WHERE holds.id = hl.id AND r.hold_id = hl.id AND holds.status = 'open'
-      RETURNING holds.id, holds.user_id, holds.amount, least(r.charged, holds.amount) AS charged,
+      RETURNING holds.id, holds.user_id, holds.amount, r.charged,
                 r.entry_id, r.source, r.description, r.metadata, r.events
     ), w AS (
       SELECT e.id FROM end_users e
@@ -95,12 +99,18 @@ export const closeHolds: Statement = {
     ), ev AS (
       INSERT INTO events (id, project_id, type, version, envelope, created_at)
       SELECT x->>'id', $1, x->>'type', x->>'version',
-             CASE WHEN x->>'type' = 'balance.charge.created'
-                  THEN jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text))
-                  ELSE x END,
+             CASE x->>'type'
+               WHEN 'balance.charge.created'
+                 THEN jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text))
+               WHEN 'balance.debt.created'
+                 THEN jsonb_set(jsonb_set(jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
+                                          '{data,debt}', to_jsonb(trim_scale(-u.balance)::text)),
+                                '{data,amount}', to_jsonb(trim_scale(least(u.charged, -u.balance))::text))
+               ELSE x END,
              (x->>'createdAt')::timestamptz
       FROM u CROSS JOIN LATERAL jsonb_array_elements(u.events::jsonb) AS x
       WHERE u.events IS NOT NULL AND (u.charged > 0 OR x->>'type' <> 'balance.charge.created')
+        AND (x->>'type' <> 'balance.debt.created' OR (u.charged > 0 AND u.balance < 0))
     )
     SELECT hold_id, id AS user_id, external_id, charged, balance, held FROM u`,
 };

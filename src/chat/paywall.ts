@@ -36,9 +36,13 @@ export function linkReply(
     externalId,
   };
   if (refusal.reason === 'not_connected') return { decision: 'connect_required', ...connectReply(input) };
-  // What a top-up must bring, in the currency's minor unit (a deposit cannot carry finer amounts).
+  // What a top-up must bring, in the currency's minor unit (a deposit cannot carry finer amounts): the
+  // request, plus the debt when a charge above its hold left the wallet below zero.
+  const debt = Money.max(new Money(refusal.wallet.available).neg(), 0);
   const required = formatForCurrency(
-    new Money(refusal.required).toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP),
+    new Money(refusal.required)
+      .plus(debt)
+      .toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP),
     project.currency,
   );
   const available = formatForCurrency(refusal.wallet.available, project.currency);

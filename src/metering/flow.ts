@@ -14,7 +14,7 @@ import { Router, routingReported } from '../routing/router.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import { isAbort, type Provider, type SseMessage, UpstreamError } from '../upstream/types.ts';
 import { admit } from './admission.ts';
-import type { Exchange, MeteredApi, MeteredBody, ReportedUsage } from './api.ts';
+import type { Exchange, MeteredApi, MeteredBody, ReportedUsage, StreamReader } from './api.ts';
 import { meteredPricing, requestCost, type TokenUsage, tokenHold } from './cost.ts';
 import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
 import {
@@ -300,7 +300,7 @@ export class MeteredFlow {
     } catch (err) {
       if (!watch.gone && !isAbort(err)) {
         watch.stop();
-        sink.fail(this.#failed(x, err));
+        sink.fail(this.#failedAfter(x, err, forwarded, reader, produced));
         return reply;
       }
     }
@@ -317,7 +317,7 @@ export class MeteredFlow {
     }
     if (!reader.finished && !cut) {
       const truncated = new UpstreamError('malformed', 'The provider ended the stream before it finished.');
-      sink.fail(this.#failed(x, truncated));
+      sink.fail(this.#failedAfter(x, truncated, forwarded, reader, produced));
       return reply;
     }
     const usage = cut ? undefined : reader.usage;
@@ -447,6 +447,12 @@ export class MeteredFlow {
 
   /** Records an upstream failure (hold released, nothing charged) and returns the error to answer with. */
   #failed<B extends MeteredBody>(x: Exchange<B>, err: unknown): ApiError {
+    this.#release(x);
+    return this.#failure(x, err, true);
+  }
+
+  /** The metrics, log and events of an upstream failure, and the error to answer with. */
+  #failure<B extends MeteredBody>(x: Exchange<B>, err: unknown, countRequest: boolean): ApiError {
     const ctx = this.#ctx;
     const error =
       (x.api.name === 'chat' ? undefined : unsupportedEndpoint(err, x.api.title, x.api.upstreamPath)) ??
@@ -455,14 +461,16 @@ export class MeteredFlow {
     if (!(err instanceof UpstreamError))
       ctx.log.error({ err, requestId: x.requestId }, `${x.api.name} request failed`);
     ctx.metrics.upstreamErrors.inc({ project: x.project.id, model: x.model.id, reason });
-    ctx.metrics.requests.inc({
-      project: x.project.id,
-      model: x.model.id,
-      decision: 'allowed',
-      outcome: err instanceof UpstreamError && err.kind === 'timeout' ? 'upstream_timeout' : 'upstream_error',
-      stream: String(x.stream),
-    });
-    this.#release(x);
+    if (countRequest) {
+      ctx.metrics.requests.inc({
+        project: x.project.id,
+        model: x.model.id,
+        decision: 'allowed',
+        outcome:
+          err instanceof UpstreamError && err.kind === 'timeout' ? 'upstream_timeout' : 'upstream_error',
+        stream: String(x.stream),
+      });
+    }
     this.#events(x, [
       [
         'proxy.request.failed',
@@ -484,6 +492,29 @@ export class MeteredFlow {
           ]),
     ]);
     return error;
+  }
+
+  /**
+   * A stream that failed after some of it reached the client: what reached it is charged (from the
+   * provider's usage when it sent one, else Tollgate's count of the forwarded output, flagged as such),
+   * the failure recorded as for any upstream failure. Nothing forwarded: released, as `#failed`.
+   */
+  #failedAfter<B extends MeteredBody>(
+    x: Exchange<B>,
+    err: unknown,
+    forwarded: number,
+    reader: StreamReader,
+    produced: number,
+  ): ApiError {
+    if (forwarded === 0) return this.#failed(x, err);
+    this.#finish(x, {
+      outcome: 'upstream_error',
+      usage: reader.usage,
+      produced,
+      finishReason: reader.finishReason,
+      charge: true,
+    });
+    return this.#failure(x, err, false);
   }
 
   #release<B extends MeteredBody>(x: Exchange<B>): void {
@@ -512,6 +543,7 @@ export class MeteredFlow {
       return Promise.resolve();
     }
     const usage = usageOf(x, end.usage, end.produced);
+    const source = usageSourceOf(end.usage);
     ctx.metrics.inputTokens.inc(labels, usage.input);
     ctx.metrics.outputTokens.inc(labels, usage.output);
     const cost = requestCost(x.pricing, usage);
@@ -554,8 +586,10 @@ export class MeteredFlow {
           cachedInputTokens: usage.cachedInput,
           outputTokens: usage.output,
           reasoningTokens: usage.reasoning,
+          usageSource: source,
+          outcome: end.outcome,
         },
-        description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens`,
+        description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
         ...(wantsCompleted
           ? { completed: { type: 'proxy.request.completed' as const, data: completed } }
           : {}),
@@ -623,7 +657,8 @@ export class MeteredFlow {
 }
 
 interface Ending {
-  outcome: 'success' | 'client_closed' | 'bound_reached';
+  /** `upstream_error`: the provider failed mid-stream after some of the answer reached the client. */
+  outcome: 'success' | 'client_closed' | 'bound_reached' | 'upstream_error';
   usage: ReportedUsage | undefined;
   /** Output tokens counted by Tollgate from what was produced. */
   produced: number;
@@ -632,22 +667,34 @@ interface Ending {
   charge: boolean;
 }
 
-/** Tokens to charge: the provider's usage, or Tollgate's own count for what it did not report. */
+/**
+ * Tokens to charge: the provider's usage, exactly as reported, or Tollgate's own count (o200k) of what
+ * it did not report — the prompt it forwarded and the output that reached the client.
+ */
 export function usageOf<B extends MeteredBody>(
   x: Exchange<B>,
   usage: ReportedUsage | undefined,
   produced: number,
 ): TokenUsage {
   const input = usage?.input ?? x.inputCount ?? x.api.countInput(x.body);
-  let output = usage?.output ?? produced;
-  // Never charge past the bound the hold pays for (the settle caps the amount as well).
-  if (x.bound !== undefined && usage?.output === undefined) output = Math.min(output, x.bound * x.choices);
   return {
     input,
     cachedInput: Math.min(usage?.cachedInput ?? 0, input),
-    output,
+    output: usage?.output ?? produced,
     reasoning: usage?.reasoning ?? 0,
   };
+}
+
+/**
+ * Where a charge's tokens came from: `provider` (its usage had input and output), `tollgate` (it sent
+ * none: Tollgate's count, an estimate) or `mixed` (it reported some fields; Tollgate counted the rest).
+ */
+export type UsageSource = 'provider' | 'tollgate' | 'mixed';
+
+export function usageSourceOf(usage: ReportedUsage | undefined): UsageSource {
+  if (usage?.input === undefined && usage?.output === undefined) return 'tollgate';
+  if (usage.input !== undefined && usage.output !== undefined) return 'provider';
+  return 'mixed';
 }
 
 /** The metered flow of an app context, shared by every metered API's routes. */

@@ -59,6 +59,18 @@ export class Metrics {
     labelNames: ['project', 'model', 'currency', 'source'] as const,
     registers: [this.registry],
   });
+  readonly chargeOverage = new Counter({
+    name: 'tollgate_charge_overage_amount_total',
+    help: 'Amount charged above the hold (the provider reported more than Tollgate estimated), in currency units.',
+    labelNames: ['project', 'model', 'currency'] as const,
+    registers: [this.registry],
+  });
+  readonly debtCreated = new Counter({
+    name: 'tollgate_debt_created_amount_total',
+    help: 'Amount charged that the balance did not cover (wallets left below zero), in currency units.',
+    labelNames: ['project', 'model', 'currency'] as const,
+    registers: [this.registry],
+  });
   readonly deposited = new Counter({
     name: 'tollgate_deposited_amount_total',
     help: 'Amount deposited, in currency units.',

@@ -23,6 +23,11 @@ export interface MockBehavior {
   usage?: boolean;
   /** prompt_tokens to report (default 12). */
   promptTokens?: number;
+  /**
+   * Output tokens to report (chat `completion_tokens`, Responses `output_tokens`) instead of the pieces
+   * produced — a provider whose tokenizer counts more than o200k does.
+   */
+  completionTokens?: number;
   /** Keep producing past max_tokens (a misbehaving provider). */
   ignoreMaxTokens?: boolean;
   /** Delay between streamed chunks. */
@@ -193,8 +198,8 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
   const toolCalls = b.toolCalls && lastRole !== 'tool' ? b.toolCalls : undefined;
   const usage = {
     prompt_tokens: promptTokens,
-    completion_tokens: count * n,
-    total_tokens: promptTokens + count * n,
+    completion_tokens: b.completionTokens ?? count * n,
+    total_tokens: promptTokens + (b.completionTokens ?? count * n),
     ...details(b),
   };
   const id = `chatcmpl-mock${Math.random().toString(36).slice(2, 10)}`;
@@ -358,9 +363,9 @@ async function answerResponse(
   const usage = {
     input_tokens: promptTokens,
     input_tokens_details: { cached_tokens: b.cachedTokens ?? 0 },
-    output_tokens: count,
+    output_tokens: b.completionTokens ?? count,
     output_tokens_details: { reasoning_tokens: b.reasoningTokens ?? 0 },
-    total_tokens: promptTokens + count,
+    total_tokens: promptTokens + (b.completionTokens ?? count),
   };
   const response = {
     id,
