@@ -1,7 +1,7 @@
 import type OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { countPromptTokens } from '../src/chat/tokens.ts';
-import { Money } from '../src/core/money.ts';
+import { formatForCurrency, Money } from '../src/core/money.ts';
 import { countEmbeddingInput } from '../src/embeddings/api.ts';
 import { tokenCost } from '../src/metering/cost.ts';
 import { countResponsesInput } from '../src/responses/api.ts';
@@ -16,6 +16,7 @@ import { scrape, sumOf } from './helpers/metrics-text.ts';
  * announced and refused until a deposit covers it.
  */
 let f: ChatFixture;
+const ROOT = 'root-admin-token-0123456789abcdef';
 const price = { inputPerMillion: new Money(1000), outputPerMillion: new Money(2000) };
 const perToken = { mode: 'per_token' as const, inputPerMillion: '1000', outputPerMillion: '2000' };
 const messages = [{ role: 'user' as const, content: 'Say hello to the whole wide world, politely' }];
@@ -46,8 +47,10 @@ beforeAll(async () => {
         endpoints: ['embeddings' as const],
       })),
       { id: 'issue', upstreamModel: 'issue', pricing: perToken },
+      { id: 'quiet', upstreamModel: 'quiet', pricing: perToken },
     ],
     settings: { maxCompletionTokens: 100 },
+    env: { TOLLGATE_ADMIN_TOKEN: ROOT },
   });
   const chatCount = countPromptTokens({ model: 'x', messages });
   const respCount = countResponsesInput({ model: 'x', input: responsesInput } as never);
@@ -66,6 +69,8 @@ beforeAll(async () => {
   }
   // The issue's provider: 300 input and 5 output tokens for a short prompt.
   f.mock.behaviors.set('issue', { promptTokens: 300, completionTokens: 5 });
+  // A provider that sends no usage: Tollgate counts, and flags the charge as an estimate.
+  f.mock.behaviors.set('quiet', { usage: false });
   await createSubscription(
     f.ctx,
     f.project.id,
@@ -291,5 +296,109 @@ describe('a debt when the reported usage exceeds the balance', () => {
     expect(sumOf(samples, 'tollgate_charge_overage_amount_total', where)).toBeGreaterThan(0);
     // the debt of 'short' (0.11), and whatever the crowd's last charges could not cover
     expect(sumOf(samples, 'tollgate_debt_created_amount_total', where)).toBeGreaterThanOrEqual(0.11 - 1e-9);
+  });
+});
+
+describe('the reconciliation report', () => {
+  const report = (query: string) =>
+    fetch(`${f.server.url}/admin/v1/projects/${f.project.id}/reports/reconciliation${query}`, {
+      headers: { authorization: `Bearer ${ROOT}` },
+    });
+
+  it('puts the tokens charged next to the tokens the provider reported, per day and model, as JSON and CSV', async () => {
+    await f.fund('rec', '10.00');
+    await f.fund('rec-short', '0.20'); // its charge of 0.31 leaves a debt of 0.11
+    await f.client.chat.completions.create({ model: 'issue', user: 'rec-short', messages, max_tokens: 50 });
+    const served = await f.client.chat.completions.create({
+      model: 'issue',
+      user: 'rec',
+      messages,
+      max_tokens: 50,
+    });
+    const quiet = await f.client.chat.completions.create({
+      model: 'quiet',
+      user: 'rec',
+      messages,
+      max_tokens: 50,
+    });
+    expect(quiet.usage).toBeUndefined();
+    await f.settled();
+
+    const res = await report('?days=1');
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { currency: string; data: Array<Record<string, string | number>> };
+    expect(body.currency).toBe('usd');
+    const rows = body.data.filter((r) => r.model === 'issue');
+    expect(rows).toHaveLength(1);
+    const row = rows[0]!;
+    // every 'issue' charge of this file: reported by the provider, 300 input and 5 output tokens each
+    const entries = await f.ctx.db
+      .selectFrom('ledger_entries')
+      .select(['amount', 'metadata'])
+      .where('project_id', '=', f.project.id)
+      .where('kind', '=', 'charge')
+      .execute();
+    const issue = entries.filter((e) => (e.metadata as { model?: string }).model === 'issue');
+    expect(row).toMatchObject({
+      requests: issue.length,
+      providerReported: issue.length,
+      estimated: 0,
+      inputTokens: 300 * issue.length,
+      providerInputTokens: 300 * issue.length,
+      outputTokens: 5 * issue.length,
+      providerOutputTokens: 5 * issue.length,
+      amount: formatForCurrency(issue.reduce((sum, e) => sum.minus(e.amount), new Money(0)), 'usd'),
+      estimatedAmount: '0.00',
+    });
+    expect(new Money(row.overage as string).gt(0)).toBe(true);
+    expect(new Money(row.debt as string).gte('0.11')).toBe(true);
+    expect(served.usage!.prompt_tokens).toBe(300);
+    // the request without usage: an estimate, none of its tokens reported by the provider
+    const quietRow = body.data.find((r) => r.model === 'quiet')!;
+    const counted = countPromptTokens({ model: 'x', messages });
+    expect(quietRow).toMatchObject({
+      requests: 1,
+      providerReported: 0,
+      estimated: 1,
+      inputTokens: counted,
+      outputTokens: PIECES,
+      providerInputTokens: 0,
+      providerOutputTokens: 0,
+      amount: formatForCurrency(tokenCost(price, counted, PIECES), 'usd'),
+    });
+    expect(quietRow.estimatedAmount).toBe(quietRow.amount);
+
+    const csv = await report('?days=1&format=csv');
+    expect(csv.status).toBe(200);
+    expect(csv.headers.get('content-type')).toContain('text/csv');
+    expect(csv.headers.get('content-disposition')).toContain('attachment');
+    const lines = (await csv.text()).trimEnd().split('\r\n');
+    expect(lines[0]).toBe(
+      'day,model,requests,providerReported,estimated,inputTokens,cachedInputTokens,outputTokens,reasoningTokens,providerInputTokens,providerOutputTokens,amount,estimatedAmount,held,overage,debt',
+    );
+    const issueLine = lines.find((l) => l.split(',')[1] === 'issue')!;
+    expect(issueLine.split(',')).toEqual([
+      row.day,
+      'issue',
+      ...[
+        'requests',
+        'providerReported',
+        'estimated',
+        'inputTokens',
+        'cachedInputTokens',
+        'outputTokens',
+        'reasoningTokens',
+        'providerInputTokens',
+        'providerOutputTokens',
+        'amount',
+        'estimatedAmount',
+        'held',
+        'overage',
+        'debt',
+      ].map((c) => String(row[c])),
+    ]);
+
+    expect((await report('?days=0')).status).toBe(400);
+    expect((await report('?format=xml')).status).toBe(400);
   });
 });

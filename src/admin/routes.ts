@@ -33,6 +33,13 @@ import {
 } from './accounts.ts';
 import { SignInLimiter } from './rate-limit.ts';
 import {
+  reconciliationCsv,
+  reconciliationQuerySchema,
+  reconciliationReport,
+  reportQuerySchema,
+  usageReport,
+} from './reports.ts';
+import {
   applyModels,
   connectProvider,
   createApiKey,
@@ -48,12 +55,10 @@ import {
   projectView,
   providerBody,
   putModel,
-  reportQuerySchema,
   revokeApiKey,
   searchUsers,
   setUserConnected,
   updateOwnedProject,
-  usageReport,
 } from './service.ts';
 
 declare module 'fastify' {
@@ -322,6 +327,26 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
       '/projects/:project/reports/usage',
       { schema: { params: projectParams, querystring: reportQuerySchema } },
       async (request) => usageReport(ctx, request.principal, request.params.project, request.query),
+    );
+    api.get(
+      '/projects/:project/reports/reconciliation',
+      { schema: { params: projectParams, querystring: reconciliationQuerySchema } },
+      async (request, reply) => {
+        const report = await reconciliationReport(
+          ctx,
+          request.principal,
+          request.params.project,
+          request.query,
+        );
+        if (request.query.format === 'json') return report;
+        return reply
+          .type('text/csv; charset=utf-8')
+          .header(
+            'content-disposition',
+            `attachment; filename="tollgate-reconciliation-${request.params.project}-${report.days}d.csv"`,
+          )
+          .send(reconciliationCsv(report.data));
+      },
     );
 
     // webhooks

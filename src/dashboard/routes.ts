@@ -16,6 +16,7 @@ import {
   signUp,
 } from '../admin/accounts.ts';
 import { SignInLimiter } from '../admin/rate-limit.ts';
+import { usageReport } from '../admin/reports.ts';
 import {
   applyModels,
   checkProvider,
@@ -36,7 +37,6 @@ import {
   searchUsers,
   setUserConnected,
   updateOwnedProject,
-  usageReport,
 } from '../admin/service.ts';
 import { safeEqual } from '../core/crypto.ts';
 import { ApiError } from '../core/errors.ts';
