@@ -347,7 +347,10 @@ describe('the reconciliation report', () => {
       providerInputTokens: 300 * issue.length,
       outputTokens: 5 * issue.length,
       providerOutputTokens: 5 * issue.length,
-      amount: formatForCurrency(issue.reduce((sum, e) => sum.minus(e.amount), new Money(0)), 'usd'),
+      amount: formatForCurrency(
+        issue.reduce((sum, e) => sum.minus(e.amount), new Money(0)),
+        'usd',
+      ),
       estimatedAmount: '0.00',
     });
     expect(new Money(row.overage as string).gt(0)).toBe(true);

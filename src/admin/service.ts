@@ -1,4 +1,3 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
