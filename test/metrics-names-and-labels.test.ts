@@ -16,6 +16,7 @@ const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_charge_overage_amount_total: ['counter', ['project', 'model', 'currency']],
   tollgate_debt_created_amount_total: ['counter', ['project', 'model', 'currency']],
   tollgate_deposited_amount_total: ['counter', ['project', 'currency']],
+  tollgate_granted_amount_total: ['counter', ['project', 'currency', 'reason']],
   tollgate_holds_open: ['gauge', ['project']],
   tollgate_billing_batch_size: ['histogram', ['statement']],
   tollgate_billing_batch_duration_seconds: ['histogram', ['statement']],

@@ -8,8 +8,8 @@ import { parseInput, textInput } from '../core/validation.ts';
 import { type IdempotentResult, idempotencyKeyFrom } from '../idempotency/index.ts';
 import { modelSpecSchema, pricingFileSchema } from '../models/pricing.ts';
 import { projectSettingsSchema } from '../projects/service.ts';
-import { metadataSchema, userIdSchema } from '../users/routes.ts';
-import { getBalance, listActivity } from '../users/service.ts';
+import { grantBody, metadataSchema, userIdSchema } from '../users/routes.ts';
+import { getBalance, listActivity, listGrants } from '../users/service.ts';
 import { listDeliveryLogs, logsQuerySchema, retryDelivery } from '../webhooks/logs.ts';
 import {
   createSubscription,
@@ -46,6 +46,7 @@ import {
   createOwnedProject,
   createProjectBody,
   deleteModel,
+  grantCredit,
   list,
   listApiKeys,
   listModels,
@@ -299,6 +300,28 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
           ),
       );
     }
+    api.post(
+      '/projects/:project/users/:user/credits',
+      { schema: { params: userParams, body: grantBody.omit({ user: true }) } },
+      async (request, reply) => {
+        const project = await ownedProject(ctx, request.principal, request.params.project);
+        const amount = parseInput(z.object({ amount: amountSchema(project.currency) }), {
+          amount: request.body.amount,
+        }).amount;
+        const result = await grantCredit(
+          ctx,
+          request.principal,
+          project.id,
+          { ...request.body, user: request.params.user, amount },
+          idempotencyKeyFrom(request.headers),
+        );
+        return sendIdempotent(reply, result);
+      },
+    );
+    api.get('/projects/:project/users/:user/credits', { schema: { params: userParams } }, async (request) => {
+      const project = await ownedProject(ctx, request.principal, request.params.project);
+      return listGrants(ctx.db, project, request.params.user);
+    });
     for (const kind of ['deposit', 'charge'] as const) {
       api.post(
         `/projects/:project/users/:user/${kind}`,

@@ -20,7 +20,9 @@ import {
   connectUser,
   depositFromApi,
   disconnectUser,
+  type GrantRequest,
   getBalance,
+  grantFromApi,
   type LinkSettings,
 } from '../users/service.ts';
 import type { Principal } from './accounts.ts';
@@ -427,6 +429,33 @@ export async function moveMoney(
     : withIdempotency(
         ctx,
         { projectId, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
+        run,
+      );
+}
+
+/** Grants credit to a user (`POST /admin/v1/projects/{p}/users/{u}/credits`), once per Idempotency-Key. */
+export async function grantCredit(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  input: GrantRequest,
+  idempotencyKey: string | undefined,
+): Promise<IdempotentResult> {
+  const project = await ownedProject(ctx, principal, projectId);
+  const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) => ({
+    status: 201,
+    body: await grantFromApi(tx, ctx.billing, project, input, 'admin', triggerOf(principal)),
+  });
+  return idempotencyKey === undefined
+    ? { ...(await ctx.billing.transaction(run)), replayed: false }
+    : withIdempotency(
+        ctx,
+        {
+          projectId,
+          endpoint: 'POST /admin/v1/projects/users/credits',
+          key: idempotencyKey,
+          requestHash: requestHash(input),
+        },
         run,
       );
 }

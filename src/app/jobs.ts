@@ -23,6 +23,12 @@ export const maintenanceJobs: Job[] = [
     run: (ctx) => ctx.billing.sweep(),
   },
   {
+    // Credit grants past their expiry: the unspent rest leaves the balance (src/billing/ledger.ts).
+    name: 'credit-grant-expiry',
+    intervalMs: 60_000,
+    run: (ctx) => ctx.billing.expireGrants(),
+  },
+  {
     name: 'idempotency-key-cleanup',
     intervalMs: 10 * 60_000,
     run: (ctx) => deleteExpiredIdempotencyKeys(ctx.db),

@@ -1,7 +1,7 @@
 import { type Kysely, sql, type Transaction } from 'kysely';
 import { newId } from '../core/ids.ts';
 import { formatAmount, Money } from '../core/money.ts';
-import type { DB, EndUser, LedgerEntry, Project } from '../db/schema.ts';
+import type { CreditGrant, DB, EndUser, LedgerEntry, Project } from '../db/schema.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
 
 /**
@@ -30,10 +30,15 @@ export interface WalletState {
   userId: string;
   externalId: string;
   connected: boolean;
+  /** What the wallet can spend: paid money and unspent credit grants. */
   balance: string;
   held: string;
   /** balance − held */
   available: string;
+  /** The credit grants' part of the balance. */
+  granted: string;
+  /** The paid part of the balance (balance − granted; below zero in debt). */
+  paid: string;
 }
 
 export type PaywallRefusal =
@@ -41,7 +46,7 @@ export type PaywallRefusal =
   | { ok: false; reason: 'insufficient_balance'; wallet: WalletState; required: string };
 
 export function walletOf(
-  row: Pick<EndUser, 'id' | 'external_id' | 'connected' | 'balance' | 'held'>,
+  row: Pick<EndUser, 'id' | 'external_id' | 'connected' | 'balance' | 'held' | 'granted'>,
 ): WalletState {
   return {
     userId: row.id,
@@ -50,8 +55,13 @@ export function walletOf(
     balance: formatAmount(row.balance),
     held: formatAmount(row.held),
     available: formatAmount(new Money(row.balance).minus(row.held)),
+    granted: formatAmount(row.granted),
+    paid: formatAmount(new Money(row.balance).minus(row.granted)),
   };
 }
+
+/** The wallet columns `walletOf` reads. */
+export const WALLET_COLUMNS = ['id', 'external_id', 'connected', 'balance', 'held', 'granted'] as const;
 
 export async function findWallet(
   db: Kysely<DB>,
@@ -60,7 +70,7 @@ export async function findWallet(
 ): Promise<WalletState | undefined> {
   const row = await db
     .selectFrom('end_users')
-    .select(['id', 'external_id', 'connected', 'balance', 'held'])
+    .select(WALLET_COLUMNS)
     .where('project_id', '=', projectId)
     .where('external_id', '=', externalId)
     .executeTakeFirst();
@@ -134,7 +144,7 @@ export async function deposit(
     .updateTable('end_users')
     .set({ balance: sql`balance + ${input.amount}::numeric`, updated_at: sql`now()` })
     .where('id', '=', userId)
-    .returning(['id', 'external_id', 'connected', 'balance', 'held'])
+    .returning([...WALLET_COLUMNS, 'low_balance_threshold'])
     .executeTakeFirstOrThrow();
   const entry = await writeEntry(tx, input, user, 'deposit', input.amount);
   const wallet = walletOf(user);
@@ -174,6 +184,8 @@ export interface ChargeInput {
   trigger: Trigger;
   metadata?: Record<string, unknown> | undefined;
   description?: string | undefined;
+  /** The project's `lowBalanceThreshold` (a user's own threshold overrides it). */
+  lowBalanceThreshold?: string | undefined;
 }
 
 export type ChargeResult =
@@ -196,23 +208,291 @@ export async function charge(
     .where('external_id', '=', input.externalId)
     .where('connected', '=', true)
     .where(sql<boolean>`balance - held >= ${input.amount}::numeric`)
-    .returning(['id', 'external_id', 'connected', 'balance', 'held'])
+    .returning([...WALLET_COLUMNS, 'low_balance_threshold'])
     .executeTakeFirst();
   if (!user) return refusal(tx, input.project.id, input.externalId, input.amount);
-  const entry = await writeEntry(tx, input, user, 'charge', formatAmount(new Money(input.amount).neg()));
+  // Credit grants are spent first (the wallet's row is locked by the update above).
+  let grants: Array<{ grant: string; amount: string }> = [];
+  if (new Money(user.granted).gt(0)) {
+    grants = await drawGrants(tx, user.id, input.amount);
+    const drawn = grants.reduce((sum, d) => sum.plus(d.amount), new Money(0));
+    if (drawn.gt(0)) {
+      const after = await tx
+        .updateTable('end_users')
+        .set({ granted: sql`granted - ${formatAmount(drawn)}::numeric` })
+        .where('id', '=', user.id)
+        .returning('granted')
+        .executeTakeFirstOrThrow();
+      user.granted = after.granted;
+    }
+  }
+  const entry = await writeEntry(
+    tx,
+    grants.length ? { ...input, metadata: { ...input.metadata, grants } } : input,
+    user,
+    'charge',
+    formatAmount(new Money(input.amount).neg()),
+  );
   const wallet = walletOf(user);
+  const subject = { type: 'user', id: user.id, externalId: user.external_id };
   const event = await events.record(tx, {
     project: input.project,
     type: 'balance.charge.created',
     trigger: input.trigger,
-    subject: { type: 'user', id: user.id, externalId: user.external_id },
+    subject,
     data: {
       ...moneyEventData(input.project, wallet, input.amount, input.source, entry.id),
       balance: wallet.balance,
     },
     metadata: input.metadata,
   });
+  const threshold = user.low_balance_threshold ?? input.lowBalanceThreshold;
+  for (const alert of balanceAlerts(new Money(user.balance).plus(input.amount), user.balance, threshold)) {
+    await events.record(tx, {
+      project: input.project,
+      type: alert.type,
+      trigger: input.trigger,
+      subject,
+      data: { ...alertEventData(input.project, wallet), ...alert.data },
+    });
+  }
   return { ok: true, entry, wallet, event };
+}
+
+/** Draws `amount` from the user's grants (the caller holds the wallet's row lock); returns the draws. */
+async function drawGrants(
+  tx: Transaction<DB>,
+  userId: string,
+  amount: string,
+): Promise<Array<{ grant: string; amount: string }>> {
+  const { rows } = await sql<{ draws: Array<{ grant: string; amount: string }> }>`
+    SELECT tollgate_draw_grants(${userId}, ${amount}::numeric) AS draws`.execute(tx);
+  return rows[0]?.draws ?? [];
+}
+
+/**
+ * The low-balance events a change of the balance from `before` to `after` crosses into: `balance.low`
+ * when it goes below the threshold (once per crossing: only a change from at or above it), and
+ * `balance.depleted` when it reaches zero or less from above zero.
+ */
+export function balanceAlerts(
+  before: Money | string,
+  after: Money | string,
+  threshold: string | null | undefined,
+): Array<{ type: 'balance.low' | 'balance.depleted'; data: Record<string, string> }> {
+  const was = new Money(before);
+  const now = new Money(after);
+  const alerts: Array<{ type: 'balance.low' | 'balance.depleted'; data: Record<string, string> }> = [];
+  if (threshold != null && now.lt(threshold) && was.gte(threshold)) {
+    alerts.push({ type: 'balance.low', data: { threshold: formatAmount(threshold) } });
+  }
+  if (now.lte(0) && was.gt(0)) alerts.push({ type: 'balance.depleted', data: {} });
+  return alerts;
+}
+
+/** The `data` every wallet alert carries. */
+export function alertEventData(project: LedgerProject, wallet: WalletState): Record<string, string> {
+  return {
+    paywallId: project.id,
+    ownerUserId: project.owner_user_id,
+    walletUserId: wallet.userId,
+    externalUserId: wallet.externalId,
+    balance: wallet.balance,
+    available: wallet.available,
+    currency: project.currency,
+  };
+}
+
+// ---- credit grants ----
+
+export interface GrantInput {
+  project: LedgerProject;
+  externalId: string;
+  amount: string;
+  /** `promo`, `trial`, `goodwill`, … */
+  reason: string;
+  /** Spent first: higher first; default 0. */
+  priority?: number | undefined;
+  expiresAt?: Date | undefined;
+  source: string;
+  trigger: Trigger;
+  metadata?: Record<string, unknown> | undefined;
+}
+
+export interface GrantResult {
+  grant: CreditGrant;
+  entry: LedgerEntry;
+  wallet: WalletState;
+  event: EventEnvelope | undefined;
+}
+
+/** Grants credit to a wallet (creating the user when unknown): a `grant` entry and `balance.credit.granted`. */
+export async function grant(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  input: GrantInput,
+): Promise<GrantResult> {
+  const amount = new Money(input.amount);
+  if (!amount.isFinite() || amount.lte(0))
+    throw new Error(`grant amount must be positive, got ${input.amount}`);
+  const userId = await ensureUser(tx, input.project.id, input.externalId);
+  const user = await tx
+    .updateTable('end_users')
+    .set({
+      balance: sql`balance + ${input.amount}::numeric`,
+      granted: sql`granted + ${input.amount}::numeric`,
+      updated_at: sql`now()`,
+    })
+    .where('id', '=', userId)
+    .returning(WALLET_COLUMNS)
+    .executeTakeFirstOrThrow();
+  const grantId = newId('grant');
+  const entry = await writeEntry(
+    tx,
+    {
+      ...input,
+      metadata: { ...input.metadata, grant: grantId, reason: input.reason },
+      description: `${input.reason} credit${input.expiresAt ? `, expires ${input.expiresAt.toISOString()}` : ''}`,
+    },
+    user,
+    'grant',
+    formatAmount(amount),
+  );
+  const row = await tx
+    .insertInto('credit_grants')
+    .values({
+      id: grantId,
+      project_id: input.project.id,
+      user_id: userId,
+      amount: formatAmount(amount),
+      remaining: formatAmount(amount),
+      priority: input.priority ?? 0,
+      reason: input.reason,
+      expires_at: input.expiresAt ?? null,
+      entry_id: entry.id,
+      metadata: JSON.stringify(input.metadata ?? {}),
+    })
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  const wallet = walletOf(user);
+  const event = await events.record(tx, {
+    project: input.project,
+    type: 'balance.credit.granted',
+    trigger: input.trigger,
+    subject: { type: 'user', id: user.id, externalId: user.external_id },
+    data: {
+      ...moneyEventData(input.project, wallet, formatAmount(amount), input.source, entry.id),
+      grantId,
+      reason: input.reason,
+      priority: row.priority,
+      expiresAt: row.expires_at ? row.expires_at.toISOString() : null,
+      balance: wallet.balance,
+    },
+    metadata: input.metadata,
+  });
+  return { grant: row, entry, wallet, event };
+}
+
+export interface ExpiredGrant {
+  grantId: string;
+  projectId: string;
+  userId: string;
+  amount: string;
+}
+
+/**
+ * Takes the unspent rest of expired grants off their wallets, each as a `grant_expiry` entry with
+ * `balance.credit.expired` — at most `limit` grants, in one transaction. Wallets are locked (in id
+ * order) before their grants are read, as a charge locks them before drawing, so an expiry never takes
+ * what a concurrent charge already spent. A wallet with open holds is left for a later run (its
+ * requests may be drawing on the grant); holds are settled or swept within `HOLD_TTL_SECONDS`.
+ */
+export async function expireGrants(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  limit: number,
+  trigger: Trigger,
+): Promise<ExpiredGrant[]> {
+  const due = await tx
+    .selectFrom('credit_grants')
+    .select('user_id')
+    .where('remaining', '>', '0')
+    .where('expires_at', '<=', sql<Date>`now()`)
+    .orderBy('expires_at')
+    .limit(limit)
+    .execute();
+  if (!due.length) return [];
+  const wallets = await tx
+    .selectFrom('end_users')
+    .select(['id', 'project_id'])
+    .where('id', 'in', [...new Set(due.map((d) => d.user_id))])
+    .where('held', '=', '0')
+    .orderBy('id')
+    .forNoKeyUpdate()
+    .execute();
+  if (!wallets.length) return [];
+  // With the wallets locked, this statement sees every charge that committed before it.
+  const expired = await tx
+    .updateTable('credit_grants')
+    .set({ expired_amount: sql`remaining`, remaining: '0', expired_at: sql`now()` })
+    .where(
+      'user_id',
+      'in',
+      wallets.map((w) => w.id),
+    )
+    .where('remaining', '>', '0')
+    .where('expires_at', '<=', sql<Date>`now()`)
+    .returning(['id', 'project_id', 'user_id', 'expired_amount', 'reason'])
+    .execute();
+  const out: ExpiredGrant[] = [];
+  for (const g of expired.sort((a, b) => (a.user_id < b.user_id ? -1 : a.user_id > b.user_id ? 1 : 0))) {
+    const amount = formatAmount(g.expired_amount ?? '0');
+    const user = await tx
+      .updateTable('end_users')
+      .set({
+        balance: sql`balance - ${amount}::numeric`,
+        granted: sql`granted - ${amount}::numeric`,
+        updated_at: sql`now()`,
+      })
+      .where('id', '=', g.user_id)
+      .returning([...WALLET_COLUMNS, 'project_id'])
+      .executeTakeFirstOrThrow();
+    const project = await tx
+      .selectFrom('projects')
+      .select(['id', 'owner_user_id', 'currency'])
+      .where('id', '=', g.project_id)
+      .executeTakeFirstOrThrow();
+    const entry = await writeEntry(
+      tx,
+      {
+        project,
+        externalId: user.external_id,
+        amount,
+        source: 'expiry',
+        trigger,
+        metadata: { grant: g.id, reason: g.reason },
+        description: `${g.reason} credit expired`,
+      },
+      user,
+      'grant_expiry',
+      formatAmount(new Money(amount).neg()),
+    );
+    const wallet = walletOf(user);
+    await events.record(tx, {
+      project,
+      type: 'balance.credit.expired',
+      trigger,
+      subject: { type: 'user', id: user.id, externalId: user.external_id },
+      data: {
+        ...moneyEventData(project, wallet, amount, 'expiry', entry.id),
+        grantId: g.id,
+        reason: g.reason,
+        balance: wallet.balance,
+      },
+    });
+    out.push({ grantId: g.id, projectId: g.project_id, userId: g.user_id, amount });
+  }
+  return out;
 }
 
 /** Appends the ledger entry of a deposit or charge, with the wallet's values after it. */
@@ -220,7 +500,7 @@ function writeEntry(
   tx: Transaction<DB>,
   input: DepositInput | ChargeInput,
   user: Pick<EndUser, 'id' | 'balance' | 'held'>,
-  kind: 'deposit' | 'charge',
+  kind: 'deposit' | 'charge' | 'grant' | 'grant_expiry',
   amount: string,
 ): Promise<LedgerEntry> {
   return tx

@@ -15,6 +15,10 @@ import {
   type DepositInput,
   type DepositResult,
   deposit,
+  expireGrants,
+  type GrantInput,
+  type GrantResult,
+  grant,
   type LedgerProject,
   moneyEventData,
   type PaywallRefusal,
@@ -151,6 +155,30 @@ export class BillingService {
         }),
       );
     }
+    // Written by the statement only when the charge crosses below the threshold / reaches zero.
+    if (charged !== '0') {
+      for (const type of ['balance.low', 'balance.depleted'] as const) {
+        if (!this.#events.wants(project.id, type)) continue;
+        envelopes.push(
+          this.#events.build({
+            project,
+            type,
+            trigger: input.trigger,
+            subject,
+            data: {
+              paywallId: project.id,
+              ownerUserId: project.owner_user_id,
+              walletUserId: hold.userId,
+              externalUserId: input.externalId,
+              balance: '',
+              available: '',
+              ...(type === 'balance.low' ? { threshold: '' } : {}),
+              currency: project.currency,
+            },
+          }),
+        );
+      }
+    }
     const completed = input.completed;
     if (completed && this.#events.wants(project.id, completed.type)) {
       envelopes.push(
@@ -174,6 +202,7 @@ export class BillingService {
         metadata: JSON.stringify({ ...input.metadata, holdAmount: hold.amount }),
         events: envelopes.length ? JSON.stringify(envelopes) : null,
         zeroStatus: 'released',
+        threshold: input.lowBalanceThreshold ?? null,
       }),
     );
     if (!row) return { charged: '0', shortfall: '0', wallet: undefined };
@@ -295,6 +324,37 @@ export class BillingService {
     });
   }
 
+  /** Grants credit to a wallet (creating the user when unknown); in `within` when given. */
+  async grant(input: GrantInput, within?: Transaction<DB>): Promise<GrantResult> {
+    return this.#moving(within, async (tx, after) => {
+      const result = await grant(tx, this.#events, input);
+      after(() => {
+        if (result.event) this.#events.wake();
+        this.#metrics.granted.inc(
+          { project: input.project.id, currency: input.project.currency, reason: input.reason },
+          Number(input.amount),
+        );
+      });
+      return result;
+    });
+  }
+
+  /**
+   * Takes the unspent rest of expired credit grants off their wallets (the grants job), in batches of
+   * `batch` grants until none is due. Returns how many grants expired.
+   */
+  async expireGrants(batch = 500): Promise<number> {
+    const trigger = { source: 'job', actorType: 'system', actorId: 'grant-expiry' };
+    let total = 0;
+    for (;;) {
+      const expired = await this.transaction((tx) => expireGrants(tx, this.#events, batch, trigger));
+      if (!expired.length) return total;
+      total += expired.length;
+      this.#events.wake();
+      if (expired.length < batch) return total;
+    }
+  }
+
   /**
    * Subscription pricing: a connected user with a current period of the model is served free;
    * otherwise a new period starts by charging its fee (a top-up refusal when it cannot be paid).
@@ -383,6 +443,7 @@ export class BillingService {
             items.map((i) => i.metadata),
             items.map((i) => i.events),
             items.map((i) => i.zeroStatus),
+            items.map((i) => i.threshold),
           ]);
           done();
           const byId = new Map(rows.map((r) => [r.hold_id, r]));
@@ -427,6 +488,8 @@ export interface SettleInput {
   externalId: string;
   metadata: Record<string, unknown>;
   description: string;
+  /** The project's `lowBalanceThreshold` (a user's own threshold overrides it). */
+  lowBalanceThreshold?: string | undefined;
   /** An event recorded with the charge, built from the amount charged. */
   completed?: { type: EventType; data: (charged: string) => Record<string, unknown> };
 }
@@ -452,6 +515,7 @@ interface HoldRow {
   user_id: string;
   balance: string;
   held: string;
+  granted: string;
 }
 
 interface CloseItem {
@@ -464,6 +528,8 @@ interface CloseItem {
   metadata: string;
   events: string | null;
   zeroStatus: 'released' | 'expired';
+  /** The project's low-balance threshold, or null. */
+  threshold: string | null;
 }
 
 interface CloseRow {
@@ -473,6 +539,7 @@ interface CloseRow {
   charged: string;
   balance: string;
   held: string;
+  granted: string;
 }
 
 function zeroClose(hold: Hold, status: 'released' | 'expired'): CloseItem {
@@ -486,6 +553,7 @@ function zeroClose(hold: Hold, status: 'released' | 'expired'): CloseItem {
     metadata: '{}',
     events: null,
     zeroStatus: status,
+    threshold: null,
   };
 }
 

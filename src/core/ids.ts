@@ -63,6 +63,7 @@ export type IdPrefix =
   | 'usr'
   | 'act'
   | 'hold'
+  | 'grant'
   | 'evt'
   | 'req'
   | 'sub'

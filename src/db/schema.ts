@@ -23,6 +23,10 @@ export interface ProjectSettings {
   checkoutUrl?: string;
   /** Completion bound for per-token holds when the client sets no max_tokens. */
   maxCompletionTokens?: number;
+  /** `balance.low` when a charge takes a balance below this (a decimal string); a user's own overrides it. */
+  lowBalanceThreshold?: string;
+  /** A credit grant given once per end user when they first connect (`reason: trial`). */
+  trial?: { amount: string; expiresInDays?: number | undefined };
 }
 
 export interface ProjectsTable {
@@ -134,13 +138,39 @@ export interface EndUsersTable {
   external_id: string;
   connected: Default<boolean>;
   connected_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  /** What the wallet can spend: paid money and unspent credit grants. */
   balance: Numeric;
   held: Numeric;
+  /** The credit grants' part of the balance (the sum of their `remaining`). */
+  granted: Default<string>;
+  /** Overrides the project's `lowBalanceThreshold` for this user. */
+  low_balance_threshold: ColumnType<string | null, string | null | undefined, string | null>;
+  /** When the user got the project's trial grant (once, ever). */
+  trial_granted_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   created_at: Timestamp;
   updated_at: Timestamp;
 }
 
-export type LedgerKind = 'deposit' | 'charge' | 'hold' | 'release';
+/** `grant`: a credit grant (not money); `grant_expiry`: its unspent rest leaving at expiry. */
+export type LedgerKind = 'deposit' | 'charge' | 'hold' | 'release' | 'grant' | 'grant_expiry';
+
+/** A credit grant (promo, trial, goodwill, …): spent before paid money, may expire. */
+export interface CreditGrantsTable {
+  id: string;
+  project_id: string;
+  user_id: string;
+  amount: Numeric;
+  remaining: Numeric;
+  priority: Default<number>;
+  reason: string;
+  expires_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  expired_amount: ColumnType<string | null, string | null | undefined, string | null>;
+  expired_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  /** The `grant` ledger entry. */
+  entry_id: string;
+  metadata: Json;
+  created_at: Timestamp;
+}
 
 export interface LedgerEntriesTable {
   id: string;
@@ -336,6 +366,7 @@ export interface DB {
   models: ModelsTable;
   end_users: EndUsersTable;
   ledger_entries: LedgerEntriesTable;
+  credit_grants: CreditGrantsTable;
   holds: HoldsTable;
   idempotency_keys: IdempotencyKeysTable;
   used_link_tokens: UsedLinkTokensTable;
@@ -354,6 +385,7 @@ export type Project = Selectable<ProjectsTable>;
 export type ModelRow = Selectable<ModelsTable>;
 export type EndUser = Selectable<EndUsersTable>;
 export type LedgerEntry = Selectable<LedgerEntriesTable>;
+export type CreditGrant = Selectable<CreditGrantsTable>;
 export type Hold = Selectable<HoldsTable>;
 export type NewEvent = Insertable<EventsTable>;
 export type ProjectUpdate = Updateable<ProjectsTable>;

@@ -578,6 +578,7 @@ export class MeteredFlow {
         model: x.model.id,
         trigger: x.trigger,
         externalId: x.externalId,
+        lowBalanceThreshold: x.project.settings.lowBalanceThreshold,
         metadata: {
           requestId: x.requestId,
           model: x.model.id,

@@ -71,6 +71,12 @@ export class Metrics {
     labelNames: ['project', 'model', 'currency'] as const,
     registers: [this.registry],
   });
+  readonly granted = new Counter({
+    name: 'tollgate_granted_amount_total',
+    help: 'Credit granted (promotional, trial, goodwill: not money), in currency units.',
+    labelNames: ['project', 'currency', 'reason'] as const,
+    registers: [this.registry],
+  });
   readonly deposited = new Counter({
     name: 'tollgate_deposited_amount_total',
     help: 'Amount deposited, in currency units.',

@@ -3,7 +3,7 @@ import { createKey } from '../auth/keys.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
-import { currencySchema } from '../core/money.ts';
+import { amountInputSchema, currencySchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { Project, ProjectSettings } from '../db/schema.ts';
@@ -28,6 +28,13 @@ export const projectSettingsSchema = z.strictObject({
   returnUrl: httpUrl.optional(),
   checkoutUrl: httpUrl.optional(),
   maxCompletionTokens: z.number().int().min(1).max(10_000_000).optional(),
+  lowBalanceThreshold: amountInputSchema.optional(),
+  trial: z
+    .strictObject({
+      amount: amountInputSchema,
+      expiresInDays: z.number().int().min(1).max(3650).optional(),
+    })
+    .optional(),
 }) satisfies z.ZodType<ProjectSettings>;
 
 export const createProjectSchema = z.strictObject({

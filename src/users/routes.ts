@@ -19,9 +19,12 @@ import {
   connectLink,
   depositFromApi,
   disconnectUser,
+  GRANT_REASON_RE,
   getBalance,
+  grantFromApi,
   type LinkSettings,
   listActivity,
+  listGrants,
   topupLink,
 } from './service.ts';
 
@@ -61,6 +64,20 @@ const moneyBody = z.strictObject({
   metadata: metadataSchema.optional(),
 });
 const userBody = z.strictObject({ user: userIdSchema });
+/** A credit grant: an amount, a reason, and optionally a priority and an expiry (in the future). */
+export const grantBody = z.strictObject({
+  user: userIdSchema,
+  amount: amountInputSchema,
+  reason: z.string().regex(GRANT_REASON_RE, {
+    message: 'must be a short lowercase word such as "promo", "trial" or "goodwill"',
+  }),
+  priority: z.number().int().min(-1000).max(1000).optional(),
+  expiresAt: z.iso
+    .datetime({ offset: true, message: 'must be an ISO 8601 time such as 2027-01-31T00:00:00Z' })
+    .refine((v) => new Date(v).getTime() > Date.now(), { message: 'must be in the future' })
+    .optional(),
+  metadata: metadataSchema.optional(),
+});
 const userQuery = z.strictObject({ user: userIdSchema });
 const topupBody = z.strictObject({ user: userIdSchema, amount: amountInputSchema.optional() });
 const activityQuery = z.strictObject({
@@ -147,6 +164,25 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     }));
     return send(reply, result);
   });
+
+  app.post(
+    '/user/credits',
+    { schema: { body: grantBody }, preHandler: inCurrency },
+    async (request, reply) => {
+      const project = request.project;
+      const key = idempotencyKeyFrom(request.headers);
+      const input = request.body;
+      const result = await once(request, 'POST /v1/user/credits', key, async (tx) => ({
+        status: 201,
+        body: await grantFromApi(tx, ctx.billing, project, input, 'api', triggerOf(request)),
+      }));
+      return send(reply, result);
+    },
+  );
+
+  app.get('/user/credits', { schema: { querystring: userQuery } }, async (request) =>
+    listGrants(ctx.db, request.project, request.query.user),
+  );
 
   app.get('/user/balance', { schema: { querystring: userQuery } }, async (request) => {
     const { user } = request.query;

@@ -2,6 +2,7 @@ import { type Kysely, sql, type Transaction } from 'kysely';
 import {
   ensureUser,
   findWallet,
+  grant,
   type LedgerProject,
   type Trigger,
   type WalletState,
@@ -10,7 +11,7 @@ import type { BillingService } from '../billing/service.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { formatForCurrency } from '../core/money.ts';
 import type { Database, DB } from '../db/index.ts';
-import type { LedgerEntry } from '../db/schema.ts';
+import type { CreditGrant, LedgerEntry } from '../db/schema.ts';
 import type { EventRecorder } from '../events/outbox.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import {
@@ -22,7 +23,9 @@ import {
   verifyLinkToken,
 } from './links.ts';
 
-type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'>;
+/** A project as connecting needs it: its trial grant (`settings.trial`) when it has one. */
+type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'> &
+  Partial<Pick<ProjectContext, 'currency' | 'settings'>>;
 
 export interface ConnectionChange {
   wallet: WalletState;
@@ -60,6 +63,39 @@ async function inTransaction<T>(db: Kysely<DB>, fn: (tx: Transaction<DB>) => Pro
   return db.transaction().execute(fn);
 }
 
+/**
+ * The project's trial grant, given once per end user, ever: on their first connect (a user who
+ * disconnects and connects again gets none). In the connect's transaction.
+ */
+async function giveTrial(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  project: ProjectRef,
+  userId: string,
+  externalId: string,
+  trigger: Trigger,
+): Promise<void> {
+  const trial = project.settings?.trial;
+  if (!trial || !project.currency) return;
+  const first = await tx
+    .updateTable('end_users')
+    .set({ trial_granted_at: sql`now()` })
+    .where('id', '=', userId)
+    .where('trial_granted_at', 'is', null)
+    .returning('id')
+    .executeTakeFirst();
+  if (!first) return;
+  await grant(tx, events, {
+    project: { id: project.id, owner_user_id: project.owner_user_id, currency: project.currency },
+    externalId,
+    amount: trial.amount,
+    reason: 'trial',
+    expiresAt: trial.expiresInDays ? new Date(Date.now() + trial.expiresInDays * 86_400_000) : undefined,
+    source: 'trial',
+    trigger,
+  });
+}
+
 async function setConnected(
   db: Kysely<DB>,
   events: EventRecorder,
@@ -85,6 +121,7 @@ async function setConnected(
         subject: { type: 'user', id: userId, externalId },
         data: { walletUserId: userId, externalUserId: externalId },
       });
+      if (connected) await giveTrial(tx, events, project, userId, externalId, trigger);
     }
     const wallet = (await findWallet(tx, project.id, externalId))!;
     return { wallet, changed: Boolean(updated) };
@@ -111,8 +148,91 @@ export function balanceView(
     balance: money(wallet?.balance ?? '0'),
     held: money(wallet?.held ?? '0'),
     available: money(wallet?.available ?? '0'),
+    /** The paid part of the balance, and the credit grants' part. */
+    paid: money(wallet?.paid ?? '0'),
+    credits: money(wallet?.granted ?? '0'),
     currency: project.currency,
   };
+}
+
+// ---- credit grants ----
+
+export const GRANT_REASON_RE = /^[a-z][a-z0-9_-]{0,31}$/;
+
+export interface GrantRequest {
+  user: string;
+  amount: string;
+  reason: string;
+  priority?: number | undefined;
+  expiresAt?: string | undefined;
+  metadata?: Record<string, unknown> | undefined;
+}
+
+/** One credit grant as the API shows it. */
+export function grantView(project: Pick<ProjectContext, 'currency'>, externalId: string, g: CreditGrant) {
+  const money = (v: string) => formatForCurrency(v, project.currency);
+  return {
+    id: g.id,
+    object: 'credit_grant' as const,
+    user: externalId,
+    amount: money(g.amount),
+    remaining: money(g.remaining),
+    reason: g.reason,
+    priority: g.priority,
+    expiresAt: g.expires_at?.toISOString() ?? null,
+    expired: g.expired_at !== null,
+    expiredAmount: g.expired_amount === null ? null : money(g.expired_amount),
+    currency: project.currency,
+    metadata: g.metadata,
+    createdAt: g.created_at.toISOString(),
+  };
+}
+
+/**
+ * Grants credit from the API (`POST /v1/user/credits`, the admin API, the CLI) inside the caller's
+ * billing transaction; the response body.
+ */
+export async function grantFromApi(
+  tx: Transaction<DB>,
+  billing: BillingService,
+  project: ApiProject,
+  input: GrantRequest,
+  source: string,
+  trigger: Trigger,
+) {
+  const result = await billing.grant(
+    {
+      project: ledgerProject(project),
+      externalId: input.user,
+      amount: input.amount,
+      reason: input.reason,
+      priority: input.priority,
+      expiresAt: input.expiresAt === undefined ? undefined : new Date(input.expiresAt),
+      source,
+      trigger,
+      metadata: input.metadata,
+    },
+    tx,
+  );
+  return {
+    ...grantView(project, input.user, result.grant),
+    balance: formatForCurrency(result.wallet.balance, project.currency),
+  };
+}
+
+/** A user's credit grants, newest first (at most 100). */
+export async function listGrants(db: Database, project: ApiProject, externalId: string) {
+  const wallet = await findWallet(db, project.id, externalId);
+  const rows = wallet
+    ? await db
+        .selectFrom('credit_grants')
+        .selectAll()
+        .where('user_id', '=', wallet.userId)
+        .orderBy('id', 'desc')
+        .limit(100)
+        .execute()
+    : [];
+  return { object: 'list' as const, data: rows.map((g) => grantView(project, externalId, g)) };
 }
 
 export async function getBalance(db: Database, project: ApiProject, externalId: string) {
@@ -236,6 +356,7 @@ export async function chargeFromApi(
       source: 'api',
       trigger,
       metadata: input.metadata,
+      lowBalanceThreshold: project.settings.lowBalanceThreshold,
     },
     tx,
   );
