@@ -19,6 +19,12 @@ import { seedProject } from './helpers/server.ts';
  * the database must equal it exactly: every balance, held amount, open hold and ledger entry. A
  * refusal must be justified: it is wrong when the wallet could cover the amount even after every other
  * debit of the round succeeded.
+ *
+ * Credit grants take part: a round first grants credit (some already past its expiry), then runs its
+ * operations concurrently, among them the expiry job. Charges spend live grants first in a fixed order
+ * (priority, then expiry), so whatever the interleaving a round draws min(Σ charged, Σ live grants) off
+ * the front of that order — the model applies exactly that, and the database's remainders must match;
+ * an expired grant is never drawn on, and leaves with its whole rest when the job reaches it.
  */
 const WALLETS = ['w0', 'w1', 'w2'];
 const trigger = { source: 'test', actorType: 'test', actorId: 'property' };
@@ -28,7 +34,9 @@ type Op =
   | { kind: 'charge'; wallet: number; amount: string }
   | { kind: 'hold'; wallet: number; amount: string }
   | { kind: 'settle'; pick: number; cost: string; over?: number }
-  | { kind: 'release'; pick: number };
+  | { kind: 'release'; pick: number }
+  | { kind: 'grant'; wallet: number; amount: string; priority: number; expiry: 'none' | 'later' | 'past' }
+  | { kind: 'expire' };
 
 const amount = fc
   .integer({ min: 1, max: 400 })
@@ -52,13 +60,43 @@ const op: fc.Arbitrary<Op> = fc.oneof(
     over: fc.integer({ min: 11, max: 40 }),
   }),
   fc.record({ kind: fc.constant('release' as const), pick: fc.nat() }),
+  fc.record({
+    kind: fc.constant('grant' as const),
+    wallet,
+    amount,
+    priority: fc.integer({ min: 0, max: 2 }),
+    expiry: fc.constantFrom('none' as const, 'later' as const, 'past' as const),
+  }),
+  fc.record({ kind: fc.constant('expire' as const) }),
 );
 const rounds = fc.array(fc.array(op, { minLength: 1, maxLength: 12 }), { minLength: 1, maxLength: 8 });
+
+interface ModelGrant {
+  id: string;
+  remaining: Money;
+  priority: number;
+  expiresAt: number | null;
+  /** Past its expiry: never drawn on; leaves when the job reaches it. */
+  past: boolean;
+}
 
 interface ModelWallet {
   balance: Money;
   open: Map<string, Money>;
   entries: Money[];
+  grants: ModelGrant[];
+}
+
+/** Live grants in the order charges spend them: priority, then soonest expiry, then id. */
+function spendingOrder(w: ModelWallet): ModelGrant[] {
+  return w.grants
+    .filter((g) => !g.past && g.remaining.gt(0))
+    .sort(
+      (a, b) =>
+        b.priority - a.priority ||
+        (a.expiresAt ?? Number.POSITIVE_INFINITY) - (b.expiresAt ?? Number.POSITIVE_INFINITY) ||
+        (a.id < b.id ? -1 : 1),
+    );
 }
 
 function held(w: ModelWallet): Money {
@@ -74,14 +112,52 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
       run++;
       const ids = WALLETS.map((w) => `${w}-${run}`);
       for (const id of ids) await connectUser(ctx.db, ctx.events, project, id, trigger);
-      const model: ModelWallet[] = ids.map(() => ({ balance: new Money(0), open: new Map(), entries: [] }));
+      const model: ModelWallet[] = ids.map(() => ({
+        balance: new Money(0),
+        open: new Map(),
+        entries: [],
+        grants: [],
+      }));
       const open: Array<{ hold: Hold; wallet: number }> = [];
-      for (const round of plan) {
+      for (const plannedRound of plan) {
+        // Grants first, one after the other (a grant racing a charge could go either way).
+        for (const o of plannedRound) {
+          if (o.kind !== 'grant') continue;
+          const expiresAt =
+            o.expiry === 'none'
+              ? null
+              : Date.now() + (o.expiry === 'past' ? -60_000 : 3_600_000 * (1 + o.priority));
+          const r = await ctx.billing.grant({
+            project,
+            externalId: ids[o.wallet]!,
+            amount: o.amount,
+            reason: 'promo',
+            priority: o.priority,
+            expiresAt: expiresAt === null ? undefined : new Date(expiresAt),
+            source: 't',
+            trigger,
+          });
+          const w = model[o.wallet]!;
+          w.balance = w.balance.plus(o.amount);
+          w.entries.push(new Money(o.amount));
+          w.grants.push({
+            id: r.grant.id,
+            remaining: new Money(o.amount),
+            priority: o.priority,
+            expiresAt,
+            past: o.expiry === 'past',
+          });
+        }
+        const round = plannedRound.filter((o) => o.kind !== 'grant');
         const available = model.map((w) => w.balance.minus(held(w)));
         // Each settle or release picks a distinct hold open at the start of the round.
         const picked = new Set<number>();
         const tasks = round.map(async (o) => {
           switch (o.kind) {
+            case 'expire': {
+              await ctx.billing.expireGrants();
+              return { o, ok: true as const };
+            }
             case 'deposit': {
               await ctx.billing.deposit({
                 project,
@@ -154,6 +230,14 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
             if (excess.gt(0)) debits[r.target.wallet] = debits[r.target.wallet]!.plus(excess);
           }
         }
+        // …and the expiry job, when it ran, may have taken every grant past its expiry
+        if (round.some((o) => o.kind === 'expire')) {
+          for (const [i, w] of model.entries()) {
+            for (const g of w.grants) if (g.past) debits[i] = debits[i]!.plus(g.remaining);
+          }
+        }
+        // What each wallet was charged in the round (charges and settles), drawn from its grants.
+        const chargedInRound = model.map(() => new Money(0));
         for (const r of results) {
           const o = r.o;
           if (o.kind === 'deposit') {
@@ -171,6 +255,7 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
             if (o.kind === 'charge') {
               w.balance = w.balance.minus(o.amount);
               w.entries.push(new Money(o.amount).neg());
+              chargedInRound[o.wallet] = chargedInRound[o.wallet]!.plus(o.amount);
             } else {
               const hold = (r as { hold: Hold }).hold;
               w.open.set(hold.id, new Money(o.amount));
@@ -185,7 +270,31 @@ async function runProperty(ctx: AppContext, project: Project, runs: number) {
             if (expected.gt(0)) {
               w.balance = w.balance.minus(expected);
               w.entries.push(expected.neg());
+              chargedInRound[r.target.wallet] = chargedInRound[r.target.wallet]!.plus(expected);
             }
+          }
+        }
+        for (const [i, w] of model.entries()) {
+          // live grants first, in their fixed order, whatever the interleaving of the round's charges
+          let rest = chargedInRound[i]!;
+          for (const g of spendingOrder(w)) {
+            if (rest.lte(0)) break;
+            const take = Money.min(g.remaining, rest);
+            g.remaining = g.remaining.minus(take);
+            rest = rest.minus(take);
+          }
+          // expired grants the job reached (it leaves wallets with open holds for a later run)
+          const swept = await ctx.db
+            .selectFrom('credit_grants')
+            .select('id')
+            .where('id', 'in', ['', ...w.grants.filter((g) => g.past).map((g) => g.id)])
+            .where('expired_at', 'is not', null)
+            .execute();
+          for (const { id } of swept) {
+            const g = w.grants.find((x) => x.id === id)!;
+            w.balance = w.balance.minus(g.remaining);
+            if (g.remaining.gt(0)) w.entries.push(g.remaining.neg());
+            w.grants = w.grants.filter((x) => x.id !== id);
           }
         }
         for (let i = open.length - 1; i >= 0; i--) {
@@ -214,7 +323,22 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
       .where('user_id', '=', wallet.userId)
       .where('status', '=', 'open')
       .execute();
+    const grants = await ctx.db
+      .selectFrom('credit_grants')
+      .select(['id', 'remaining'])
+      .where('user_id', '=', wallet.userId)
+      .where('expired_at', 'is', null)
+      .execute();
     const sorted = (xs: Money[]) => xs.map((x) => x.toFixed()).sort();
+    expect({
+      wallet: id,
+      granted: new Money(wallet.granted).toFixed(),
+      grants: Object.fromEntries(grants.map((g) => [g.id, new Money(g.remaining).toFixed()])),
+    }).toEqual({
+      wallet: id,
+      granted: w.grants.reduce((sum, g) => sum.plus(g.remaining), new Money(0)).toFixed(),
+      grants: Object.fromEntries(w.grants.map((g) => [g.id, g.remaining.toFixed()])),
+    });
     expect({
       wallet: id,
       balance: new Money(wallet.balance).toFixed(),
