@@ -1,3 +1,4 @@
+import { execFile } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
 import { getProject } from '../src/projects/service.ts';
@@ -147,6 +148,50 @@ describe('granting credit', () => {
       await api('GET', `/admin/v1/projects/${f.project.id}/users/admin-granted/credits`)
     ).json();
     expect(list.data.map((g: { reason: string }) => g.reason)).toEqual(['goodwill']);
+  });
+});
+
+describe('the CLI', () => {
+  it('`tollgate users grant` grants over the admin API, and refuses a bad reason', async () => {
+    await f.fund('cli-user', '0.50');
+    // Asynchronously: the server under test runs in this process.
+    const run = (...args: string[]) =>
+      new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
+        execFile(
+          process.execPath,
+          ['cmd/tollgate.ts', ...args],
+          {
+            env: { ...process.env, TOLLGATE_URL: f.server.url, TOLLGATE_ADMIN_TOKEN: ROOT },
+            timeout: 60_000,
+          },
+          (err, stdout, stderr) => resolve({ status: err ? (err.code as number) : 0, stdout, stderr }),
+        );
+      });
+    const base = ['users', 'grant', '--project', f.project.id, '--user', 'cli-user', '--amount', '1.5'];
+    const ok = await run(...base, '--reason', 'goodwill', '--priority', '3', '--json');
+    expect(ok.stderr).toBe('');
+    expect(ok.status).toBe(0);
+    expect(JSON.parse(ok.stdout)).toMatchObject({
+      amount: '1.50',
+      reason: 'goodwill',
+      priority: 3,
+      balance: '2.00',
+    });
+    const text = await run(
+      ...base,
+      '--reason',
+      'promo',
+      '--expires',
+      new Date(Date.now() + 86_400_000).toISOString(),
+    );
+    expect(text.status).toBe(0);
+    expect(text.stdout).toMatch(
+      /^Granted 1\.50 usd of promo credit to cli-user \(expires .+\); balance 3\.50 usd/,
+    );
+    const bad = await run(...base, '--reason', 'Free Money');
+    expect(bad.status).not.toBe(0);
+    expect(bad.stderr).toContain('reason');
+    expect((await f.wallet('cli-user'))!.granted).toBe('3');
   });
 });
 

@@ -7,9 +7,17 @@ import { setUserSpendCaps } from '../limits/spend.ts';
 import { applyPricing } from '../models/service.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
-import { connectUser } from '../users/service.ts';
+import { connectUser, grantFromApi } from '../users/service.ts';
 import { type Output, UsageError } from './output.ts';
-import { optional, pricingFileFrom, required, settingsFrom, type Values } from './values.ts';
+import {
+  grantInputFrom,
+  grantSummary,
+  optional,
+  pricingFileFrom,
+  required,
+  settingsFrom,
+  type Values,
+} from './values.ts';
 
 /** The admin commands: projects, keys, models and users (the dashboard's part, on the command line). */
 
@@ -187,6 +195,15 @@ export async function adminCommand(
           { id: result.entry.id, user, amount, currency: project.currency, balance: result.wallet.balance },
           `Deposited ${amount} ${project.currency} to ${user}; balance ${result.wallet.balance} ${project.currency}`,
         );
+      });
+    case 'users grant':
+      return withContext(config, async (ctx) => {
+        const project = await getProject(ctx.db, required(values, 'project'));
+        const input = grantInputFrom(values, project.currency);
+        const result = await ctx.billing.transaction((tx) =>
+          grantFromApi(tx, ctx.billing, project, input, 'cli', cliTrigger),
+        );
+        out.result(result, grantSummary(result));
       });
     case 'providers add':
       return withContext(config, async (ctx) => {

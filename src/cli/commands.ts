@@ -141,6 +141,14 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Models and users',
   },
   {
+    name: 'users grant',
+    usage:
+      'users grant --project ID --user U --amount 5.00 --reason promo [--priority N] [--expires 2027-01-31T00:00:00Z]',
+    summary: 'grant credit (not money: spent before paid balance, may expire) to an end user',
+    options: ['project', 'user', 'amount', 'reason', 'priority', 'expires'],
+    group: 'Models and users',
+  },
+  {
     name: 'users spend-caps',
     usage: 'users spend-caps --project ID --user U [--daily 1.00] [--monthly 20.00]',
     summary: "set an end user's own daily and monthly spend caps (none: the project's caps apply)",
@@ -209,6 +217,9 @@ export const OPTIONS = {
   'response-timeout-ms': { type: 'string' },
   daily: { type: 'string' },
   monthly: { type: 'string' },
+  reason: { type: 'string' },
+  priority: { type: 'string' },
+  expires: { type: 'string' },
   namespace: { type: 'string', multiple: true },
 } as const;
 

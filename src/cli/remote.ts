@@ -1,7 +1,15 @@
 import { randomUUID } from 'node:crypto';
 import { ApiError, type ErrorBody } from '../core/errors.ts';
 import { type Output, UsageError } from './output.ts';
-import { optional, pricingFileFrom, required, settingsFrom, type Values } from './values.ts';
+import {
+  grantInputFrom,
+  grantSummary,
+  optional,
+  pricingFileFrom,
+  required,
+  settingsFrom,
+  type Values,
+} from './values.ts';
 
 /**
  * The admin commands over HTTP: with TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN set, `project`, `key`,
@@ -210,6 +218,18 @@ export async function remoteAdminCommand(
         { id: result.id, user, amount: result.amount, currency: result.currency, balance: result.balance },
         `Deposited ${result.amount} ${result.currency} to ${user}; balance ${result.balance} ${result.currency}`,
       );
+      return;
+    }
+    case 'users grant': {
+      const { user, ...body } = grantInputFrom(values);
+      const result = await client.call(
+        'POST',
+        `/projects/${enc(required(values, 'project'))}/users/${enc(user)}/credits`,
+        body,
+        // One key per invocation: a retried request is not granted twice.
+        { 'idempotency-key': `cli-${randomUUID()}` },
+      );
+      out.result(result, grantSummary(result));
       return;
     }
     default:

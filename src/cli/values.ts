@@ -1,6 +1,10 @@
 import { readFileSync } from 'node:fs';
+import { amountSchema } from '../core/money.ts';
+import { parseInput } from '../core/validation.ts';
 import type { PricingFile } from '../models/pricing.ts';
 import { parsePricingFile } from '../models/service.ts';
+import { grantBody } from '../users/routes.ts';
+import type { GrantRequest } from '../users/service.ts';
 import { UsageError } from './output.ts';
 
 /** The parsed options of an admin command, read the same way on the database and over HTTP. */
@@ -42,4 +46,33 @@ export function pricingFileFrom(values: Values): PricingFile {
     );
   }
   return parsePricingFile(text);
+}
+
+/**
+ * A credit grant given as options (`users grant`), validated by the API's own schema — and, on the
+ * database, in the project's currency.
+ */
+export function grantInputFrom(values: Values, currency?: string): GrantRequest {
+  const priority = optional(values, 'priority');
+  const input = parseInput(grantBody, {
+    user: required(values, 'user'),
+    amount: required(values, 'amount'),
+    reason: required(values, 'reason'),
+    ...(priority === undefined ? {} : { priority: Number(priority) }),
+    ...(optional(values, 'expires') === undefined ? {} : { expiresAt: optional(values, 'expires') }),
+  });
+  if (currency) input.amount = parseInput(amountSchema(currency), input.amount, 'amount');
+  return input;
+}
+
+/** One line saying what a grant did. */
+export function grantSummary(g: {
+  amount: string;
+  currency: string;
+  user: string;
+  reason: string;
+  expiresAt: string | null;
+  balance: string;
+}): string {
+  return `Granted ${g.amount} ${g.currency} of ${g.reason} credit to ${g.user}${g.expiresAt ? ` (expires ${g.expiresAt})` : ''}; balance ${g.balance} ${g.currency}`;
 }
