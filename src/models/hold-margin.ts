@@ -26,7 +26,7 @@ export type TokenizerFamily = (typeof TOKENIZER_FAMILIES)[number];
 export const DEFAULT_HOLD_MARGINS: Record<TokenizerFamily, string> = {
   /** OpenAI's current models: Tollgate counts with their tokenizer (max ratio 1.000). */
   o200k: '1.1',
-  /** GPT-4, GPT-3.5, text-embedding-3 / ada-002: max 1.691 (Russian). */
+  /** GPT-4, GPT-3.5 and OpenAI's embeddings (text-embedding-3-*, ada-002): max 1.691 (Russian). */
   cl100k: '1.7',
   /** @anthropic-ai/tokenizer (Claude 1/2's; none published for Claude 3+): max 1.853 (Russian). */
   claude: '1.9',
@@ -46,8 +46,8 @@ const PATTERNS: Array<[TokenizerFamily, RegExp]> = [
   ['gemini', /gemini|gemma/],
   ['mistral', /mistral|mixtral|codestral|ministral|pixtral|magistral|devstral/],
   ['llama3', /llama[-_.]?3/],
-  ['o200k', /(^|[/.:])(gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|chatgpt|codex|o[134](-|$)|text-embedding-3)/],
-  ['cl100k', /(^|[/.:])(gpt-4|gpt-3\.5|gpt-35|text-embedding-ada)/],
+  ['o200k', /(^|[/.:])(gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|chatgpt|codex|o[134](-|$))/],
+  ['cl100k', /(^|[/.:])(gpt-4|gpt-3\.5|gpt-35|text-embedding-3|text-embedding-ada)/],
 ];
 
 /** The tokenizer family of an upstream model name. */
