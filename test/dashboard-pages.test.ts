@@ -105,6 +105,21 @@ describe('dashboard pages', () => {
     const bad = await post(`${path}/pricing/file`, { file: 'currency: eur\nmodels: []\n' });
     expect(decodeURIComponent(bad.location!)).toMatch(/error=/);
 
+    // A per-token price with a hold margin, one with its family's default, and a bad margin (issue 21).
+    const perToken = { mode: 'per_token', inputPerMillion: '3', outputPerMillion: '15' };
+    const priced = await post(`${path}/pricing`, {
+      model: 'sonnet',
+      upstreamModel: 'claude-sonnet-4-5',
+      ...perToken,
+    });
+    expect(decodeURIComponent(priced.location!)).toContain('Saved the price of sonnet.');
+    await post(`${path}/pricing`, { model: 'own', upstreamModel: 'gpt-4o', ...perToken, holdMargin: '1.3' });
+    const refused = await post(`${path}/pricing`, { model: 'own', ...perToken, holdMargin: '0.8' });
+    expect(decodeURIComponent(refused.location!)).toMatch(/error=.*holdMargin.*at least 1/);
+    const pricingPage = await get(`${path}/pricing`);
+    expect(pricingPage.text).toContain('3 in / 15 out per 1M tokens; prompt estimate held × 1.9');
+    expect(pricingPage.text).toContain('3 in / 15 out per 1M tokens; prompt estimate held × 1.3');
+
     // Settings: saved through the same checks as the API.
     const saved = await post(`${path}/settings`, {
       name: 'Pages renamed',

@@ -6,8 +6,8 @@ import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import type { Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
-import { endpointsOf, type ModelSpec, type PricingFile, pricingOf } from '../models/pricing.ts';
-import { applyPricing } from '../models/service.ts';
+import type { ModelSpec, PricingFile } from '../models/pricing.ts';
+import { applyPricing, listedModel } from '../models/service.ts';
 import {
   type CreateProjectInput,
   createProject,
@@ -260,15 +260,6 @@ export async function revokeApiKey(ctx: AppContext, principal: Principal, projec
 
 // ---- models and pricing ----
 
-function specOf(row: Parameters<typeof pricingOf>[0]): ModelSpec {
-  return {
-    id: row.id,
-    upstreamModel: row.upstream_model,
-    pricing: pricingOf(row),
-    endpoints: endpointsOf(row),
-  };
-}
-
 export async function listModels(ctx: AppContext, principal: Principal, projectId: string) {
   const project = await ownedProject(ctx, principal, projectId);
   const rows = await ctx.db
@@ -280,7 +271,7 @@ export async function listModels(ctx: AppContext, principal: Principal, projectI
   return {
     object: 'pricing' as const,
     currency: project.currency,
-    models: rows.map(specOf),
+    models: rows.map(listedModel),
   };
 }
 

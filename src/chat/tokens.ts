@@ -1,4 +1,5 @@
 import o200k from 'gpt-tokenizer';
+import { Money } from '../core/money.ts';
 import { audioTokens, fileTokens, imageTokens } from '../metering/media-tokens.ts';
 import type { ChatMessage, ChatRequest } from './schema.ts';
 
@@ -57,8 +58,11 @@ if (core.bytePairRankDecoder.length >= 2 ** 18) throw new Error('src/chat/tokens
 /** Pieces up to this many UTF-16 units go through gpt-tokenizer's own merge (quadratic, but small). */
 const SHORT_PIECE = 64;
 
-/** Safety margin of the hold over the counted prompt: providers' tokenizers differ from o200k. */
-const PROMPT_MARGIN = 1.1;
+/**
+ * Margin of the hold over the counted prompt when none is given: the o200k family's default (the model's
+ * margin, src/models/hold-margin.ts, is what the metered flow passes).
+ */
+const DEFAULT_PROMPT_MARGIN = '1.1';
 
 /**
  * Text the hold counts exactly before it falls back to the byte bound; keeps the paywall decision at a
@@ -302,9 +306,12 @@ export function contentText(content: ChatMessage['content'] | undefined): string
   return content.map((part) => (part.type === 'text' ? String(part.text) : '')).join('');
 }
 
-/** What the hold assumes the prompt costs: the count plus a margin for other tokenizers. */
-export function promptTokensUpperBound(counted: number): number {
-  return Math.ceil(counted * PROMPT_MARGIN);
+/**
+ * What the hold assumes the prompt costs: the count times the model's margin for its provider's
+ * tokenizer (a decimal string such as "1.25"), rounded up — exactly, in decimals.
+ */
+export function promptTokensUpperBound(counted: number, margin: string = DEFAULT_PROMPT_MARGIN): number {
+  return new Money(counted).times(margin).ceil().toNumber();
 }
 
 /**
@@ -316,15 +323,19 @@ export function promptTokensUpperBound(counted: number): number {
 export function holdInputTokens<B>(
   countInput: (body: B, count: TextCounter) => number,
   body: B,
+  margin: string = DEFAULT_PROMPT_MARGIN,
 ): { bound: number; exact: number | undefined } {
   const counter = boundingCounter();
   const counted = countInput(body, counter);
-  return { bound: promptTokensUpperBound(counted), exact: counter.exact ? counted : undefined };
+  return { bound: promptTokensUpperBound(counted, margin), exact: counter.exact ? counted : undefined };
 }
 
 /** The hold's bound of a chat request's prompt (holdInputTokens over countPromptTokens). */
-export function holdPromptTokens(body: ChatRequest): { bound: number; exact: number | undefined } {
-  return holdInputTokens(countPromptTokens, body);
+export function holdPromptTokens(
+  body: ChatRequest,
+  margin: string = DEFAULT_PROMPT_MARGIN,
+): { bound: number; exact: number | undefined } {
+  return holdInputTokens(countPromptTokens, body, margin);
 }
 
 interface Delta {

@@ -4,7 +4,7 @@ import type { Config } from '../config/index.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import { setUserSpendCaps } from '../limits/spend.ts';
-import { applyPricing } from '../models/service.ts';
+import { applyPricing, listedModel, modelLine } from '../models/service.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
 import { connectUser, grantFromApi } from '../users/service.ts';
@@ -168,6 +168,21 @@ export async function adminCommand(
           `  updated: ${result.updated.join(', ') || '-'}`,
           `  deleted: ${result.deleted.join(', ') || '-'}`,
         ]);
+      });
+    case 'models list':
+      return withContext(config, async (ctx) => {
+        const project = await getProject(ctx.db, required(values, 'project'));
+        const rows = await ctx.db
+          .selectFrom('models')
+          .selectAll()
+          .where('project_id', '=', project.id)
+          .orderBy('id')
+          .execute();
+        const models = rows.map(listedModel);
+        out.result(
+          { object: 'pricing', currency: project.currency, models },
+          models.length ? models.map(modelLine) : ['no models'],
+        );
       });
     case 'users connect':
       return withContext(config, async (ctx) => {

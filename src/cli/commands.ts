@@ -127,6 +127,13 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Models and users',
   },
   {
+    name: 'models list',
+    usage: 'models list --project ID',
+    summary: "list the project's models with their prices and hold margins",
+    options: ['project'],
+    group: 'Models and users',
+  },
+  {
     name: 'users connect',
     usage: 'users connect --project ID --user U',
     summary: 'connect an end user to the paywall',

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { ApiError, type ErrorBody } from '../core/errors.ts';
+import { modelLine } from '../models/service.ts';
 import { type Output, UsageError } from './output.ts';
 import {
   grantInputFrom,
@@ -193,6 +194,11 @@ export async function remoteAdminCommand(
         `  updated: ${view.updated.join(', ') || '-'}`,
         `  deleted: ${view.deleted.join(', ') || '-'}`,
       ]);
+      return;
+    }
+    case 'models list': {
+      const result = await client.call('GET', `/projects/${enc(required(values, 'project'))}/models`);
+      out.result(result, result.models.length ? result.models.map(modelLine) : ['no models']);
       return;
     }
     case 'users connect': {

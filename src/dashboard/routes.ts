@@ -150,7 +150,7 @@ function pricingText(p: Pricing): string {
     case 'per_token':
       return `${p.inputPerMillion} in / ${p.outputPerMillion ?? '0'} out per 1M tokens${
         p.cachedInputPerMillion ? ` (${p.cachedInputPerMillion} cached)` : ''
-      }`;
+      }${p.holdMargin ? `; prompt estimate held × ${p.holdMargin}` : ''}`;
     case 'subscription':
       return `${p.fee} every ${p.period}`;
   }
@@ -708,10 +708,11 @@ ${pricing.models.map(
 <div><label for="perRequest">Per request</label><input id="perRequest" name="perRequest" inputmode="decimal" placeholder="0.01"></div>
 <div><label for="inputPerMillion">Input per 1M tokens</label><input id="inputPerMillion" name="inputPerMillion" inputmode="decimal" placeholder="0.15"></div>
 <div><label for="outputPerMillion">Output per 1M tokens</label><input id="outputPerMillion" name="outputPerMillion" inputmode="decimal" placeholder="0.60"></div>
+<div><label for="holdMargin">Hold margin (optional)</label><input id="holdMargin" name="holdMargin" inputmode="decimal" placeholder="from the provider model"></div>
 <div><label for="fee">Subscription fee</label><input id="fee" name="fee" inputmode="decimal" placeholder="10.00"></div>
 <div><label for="period">Period</label><input id="period" name="period" placeholder="30d"></div>
 </div>
-<p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}.</p>
+<p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}. Per token, the prompt Tollgate counts is held times the hold margin (1 to 10), by default the measured one of the provider model's tokenizer family.</p>
 <button type="submit">Save the price</button></form></section>
 <section class="card"><h2>Pricing file</h2>
 <p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models exactly these.</p>
@@ -734,6 +735,7 @@ ${pricing.models.map(
               mode: 'per_token',
               inputPerMillion: v('inputPerMillion'),
               outputPerMillion: v('outputPerMillion'),
+              holdMargin: v('holdMargin'),
             }
           : f.mode === 'subscription'
             ? { mode: 'subscription', fee: v('fee'), period: v('period') }

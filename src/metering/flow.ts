@@ -9,6 +9,7 @@ import { newId } from '../core/ids.ts';
 import { formatAmount } from '../core/money.ts';
 import type { EventType } from '../events/catalog.ts';
 import { type LimitRequest, Limits, rateLimitHeaders, spendCapMessage } from '../limits/index.ts';
+import { holdMarginOf } from '../models/hold-margin.ts';
 import { endpointsOf } from '../models/pricing.ts';
 import { Router, routingReported } from '../routing/router.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
@@ -129,8 +130,9 @@ export class MeteredFlow {
     // ---- the paywall decision ----
     let amount = '0';
     if (pricing.mode === 'per_token') {
-      // Counted cheaply (exact up to a budget, bounded by bytes beyond): a huge prompt never stalls the pod.
-      const input = holdInputTokens(api.countInput, body);
+      // Counted cheaply (exact up to a budget, bounded by bytes beyond): a huge prompt never stalls the pod;
+      // times the model's hold margin for its provider's tokenizer (src/models/hold-margin.ts).
+      const input = holdInputTokens(api.countInput, body, holdMarginOf(model).margin);
       x.inputCount = input.exact;
       x.bound =
         api.requestedBound(body) ??
@@ -352,7 +354,7 @@ export class MeteredFlow {
       operation: x.api.name,
       estimateTokens: () => {
         if (x.inputCount !== undefined) return x.inputCount;
-        const counted = holdInputTokens(x.api.countInput, x.body);
+        const counted = holdInputTokens(x.api.countInput, x.body, holdMarginOf(x.model).margin);
         return counted.exact ?? counted.bound;
       },
     };

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { currencySchema, priceSchema } from '../core/money.ts';
 import type { ModelEndpoint, ModelRow, PricingMode } from '../db/schema.ts';
+import { holdMarginSchema } from './hold-margin.ts';
 
 /**
  * Pricing of a model: per request, per token (prices per 1M input/output tokens, optionally a lower one
@@ -27,6 +28,11 @@ export const pricingSchema = z.discriminatedUnion('mode', [
     outputPerMillion: priceSchema.optional(),
     /** Optional: the price of input tokens the provider reports as cached; the input price when omitted. */
     cachedInputPerMillion: priceSchema.optional(),
+    /**
+     * Optional: the multiplier of Tollgate's prompt estimate in the hold (1 to 10); the default of the
+     * upstream model's tokenizer family when omitted (src/models/hold-margin.ts).
+     */
+    holdMargin: holdMarginSchema.optional(),
   }),
   z.strictObject({ mode: z.literal('subscription'), fee: priceSchema, period: periodSchema }),
 ]);
@@ -106,6 +112,7 @@ export function pricingOf(row: ModelRow): Pricing {
         ...(row.cached_input_per_million != null
           ? { cachedInputPerMillion: row.cached_input_per_million }
           : {}),
+        ...(row.hold_margin != null ? { holdMargin: row.hold_margin } : {}),
       };
     case 'subscription':
       return { mode: 'subscription', fee: row.fee ?? '0', period: row.period ?? '30d' };
@@ -120,6 +127,7 @@ export function pricingColumns(pricing: Pricing) {
     input_per_million: pricing.mode === 'per_token' ? pricing.inputPerMillion : null,
     output_per_million: pricing.mode === 'per_token' ? (pricing.outputPerMillion ?? '0') : null,
     cached_input_per_million: pricing.mode === 'per_token' ? (pricing.cachedInputPerMillion ?? null) : null,
+    hold_margin: pricing.mode === 'per_token' ? (pricing.holdMargin ?? null) : null,
     fee: pricing.mode === 'subscription' ? pricing.fee : null,
     period: pricing.mode === 'subscription' ? pricing.period : null,
     period_seconds: pricing.mode === 'subscription' ? periodSeconds(pricing.period) : null,

@@ -5,6 +5,7 @@ import { notFound } from '../core/errors.ts';
 import { textInput } from '../core/validation.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import { holdMarginOf } from './hold-margin.ts';
 import { endpointsOf, pricingOf } from './pricing.ts';
 
 /**
@@ -18,9 +19,14 @@ export function modelObject(project: ProjectContext, model: ModelRow) {
     object: 'model' as const,
     created: Math.floor(model.created_at.getTime() / 1000),
     owned_by: project.name,
-    pricing: { ...pricingOf(model), currency: project.currency },
+    pricing: { ...pricingOf(model), ...perTokenMargin(model), currency: project.currency },
     endpoints: endpointsOf(model),
   };
+}
+
+/** Per-token models show the hold margin in force (the pricing file's, or the tokenizer family's default). */
+function perTokenMargin(model: ModelRow): { holdMargin?: string } {
+  return model.pricing_mode === 'per_token' ? { holdMargin: holdMarginOf(model).margin } : {};
 }
 
 const modelParams = z.object({ '*': textInput(255, 'a model id') });

@@ -2,7 +2,18 @@ import { parse as parseYaml } from 'yaml';
 import { badRequest } from '../core/errors.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import { DEFAULT_ENDPOINTS, type PricingFile, pricingColumns, pricingFileSchema } from './pricing.ts';
+import type { ModelRow } from '../db/schema.ts';
+import { holdMarginOf } from './hold-margin.ts';
+import {
+  DEFAULT_ENDPOINTS,
+  endpointsOf,
+  type ModelSpec,
+  type Pricing,
+  type PricingFile,
+  pricingColumns,
+  pricingFileSchema,
+  pricingOf,
+} from './pricing.ts';
 
 export interface ApplyResult {
   created: string[];
@@ -75,4 +86,36 @@ export async function applyPricing(db: Database, projectId: string, file: Pricin
     }
     return result;
   });
+}
+
+/**
+ * A model as the admin API and `tollgate models list` show it: per-token pricing carries the hold margin
+ * in force (the pricing file's, or the default of the upstream model's tokenizer family).
+ */
+export function listedModel(row: ModelRow): ModelSpec {
+  const pricing = pricingOf(row);
+  return {
+    id: row.id,
+    upstreamModel: row.upstream_model,
+    pricing: pricing.mode === 'per_token' ? { ...pricing, holdMargin: holdMarginOf(row).margin } : pricing,
+    endpoints: endpointsOf(row),
+  };
+}
+
+/** One line of a model listing: id, upstream model, prices and, per token, the hold margin. */
+export function modelLine(model: ModelSpec): string {
+  return `${model.id}  ${model.upstreamModel ?? model.id}  ${pricingSummary(model.pricing)}  [${(model.endpoints ?? DEFAULT_ENDPOINTS).join(', ')}]`;
+}
+
+function pricingSummary(p: Pricing): string {
+  switch (p.mode) {
+    case 'per_request':
+      return `${p.perRequest} per request`;
+    case 'per_token':
+      return `${p.inputPerMillion} in / ${p.outputPerMillion ?? '0'} out per 1M tokens${
+        p.cachedInputPerMillion ? ` (${p.cachedInputPerMillion} cached)` : ''
+      }${p.holdMargin ? `, prompt estimate held × ${p.holdMargin}` : ''}`;
+    case 'subscription':
+      return `${p.fee} every ${p.period}`;
+  }
 }

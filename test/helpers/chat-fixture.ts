@@ -41,6 +41,8 @@ export async function startChatFixture(options: {
   upstream?: 'mock' | 'echo';
   settings?: Record<string, unknown>;
   mockDefaults?: MockBehavior;
+  /** Leave models without `holdMargin` at their tokenizer family's default (see seedProject). */
+  familyMargins?: boolean;
 }): Promise<ChatFixture> {
   const mock = await startMockUpstream(options.mockDefaults ? { defaults: options.mockDefaults } : {});
   const server = await startTestServer(options.env ?? {});
@@ -49,6 +51,7 @@ export async function startChatFixture(options: {
     upstreamUrl: options.upstream === 'echo' ? 'echo://local' : mock.baseUrl,
     upstreamKey: 'sk-mock-provider-key',
     models: options.models,
+    ...(options.familyMargins ? { familyMargins: true } : {}),
     ...(options.settings ? { settings: options.settings } : {}),
   });
   const project = await getProject(ctx.db, seeded.projectId);

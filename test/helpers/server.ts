@@ -41,19 +41,34 @@ export interface SeededProject {
   apiKeyId: string;
 }
 
+/**
+ * The hold margin seeded per-token models get unless they set one (or `familyMargins` is passed): the
+ * mock upstream's names (`mock-model`, …) belong to no tokenizer family, whose default (the largest
+ * measured, 1.9) would change every hold the tests compute; they were written against 1.1, the o200k
+ * family's margin, which `promptTokensUpperBound` still uses when given none. test/hold-margin.test.ts
+ * covers the family defaults.
+ */
+export const TEST_HOLD_MARGIN = '1.1';
+
+function withTestHoldMargin(spec: ModelSpec): ModelSpec {
+  if (spec.pricing.mode !== 'per_token' || spec.pricing.holdMargin !== undefined) return spec;
+  return { ...spec, pricing: { ...spec.pricing, holdMargin: TEST_HOLD_MARGIN } };
+}
+
 /** Creates a project with a key and, optionally, models. */
 export async function seedProject(
   ctx: AppContext,
-  input: Partial<CreateProjectInput> & { models?: ModelSpec[] } = {},
+  input: Partial<CreateProjectInput> & { models?: ModelSpec[]; familyMargins?: boolean } = {},
 ): Promise<SeededProject> {
-  const { models, ...project } = input;
+  const { models, familyMargins, ...project } = input;
   const created = await createProject(ctx.db, ctx.sealer, {
     name: 'Test project',
     currency: 'usd',
     ...project,
   });
   if (models?.length) {
-    await applyPricing(ctx.db, created.project.id, { currency: created.project.currency, models });
+    const specs = familyMargins ? models : models.map(withTestHoldMargin);
+    await applyPricing(ctx.db, created.project.id, { currency: created.project.currency, models: specs });
     await ctx.projects.changed(created.project.id);
   }
   return { projectId: created.project.id, apiKey: created.apiKey, apiKeyId: created.apiKeyId };
