@@ -55,7 +55,7 @@ describe('tollgate dev', () => {
     expect(first.output()).toMatch(/embedded Postgres/);
     const client = new OpenAI({ baseURL: `${first.base}/v1`, apiKey: first.key, maxRetries: 0 });
     const models = await client.models.list();
-    expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-per-request']);
+    expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-embed', 'demo-per-request']);
     const reply = await client.chat.completions.create({
       model: 'demo-echo',
       user: 'demo-user',
