@@ -234,15 +234,24 @@ describe('POST /v1/messages to an Anthropic provider (native)', () => {
     await expectCharged('m-aisdk', times(TURN, 2));
   });
 
-  it('the end user comes from metadata.user_id (before X-Service-User)', async () => {
+  it('the end user comes from metadata.user_id, or from X-Service-User, which wins when both are given', async () => {
     await f.fund('m-meta', '1.00');
-    await clientFor('someone-else').messages.create({
+    await f.fund('m-header', '1.00');
+    await claude.messages.create({
       model: 'claude-test',
       max_tokens: 100,
       metadata: { user_id: 'm-meta' },
       messages: [{ role: 'user', content: 'Hello' }],
     });
+    // Claude Code sends its own per-session metadata.user_id; the header names the developer's user.
+    await clientFor('m-header').messages.create({
+      model: 'claude-test',
+      max_tokens: 100,
+      metadata: { user_id: 'user_abc_account__session_123' },
+      messages: [{ role: 'user', content: 'Hello' }],
+    });
     await expectCharged('m-meta', TURN);
+    await expectCharged('m-header', TURN);
   });
 });
 

@@ -13,6 +13,7 @@ import {
   type StreamReader,
   type StreamStep,
 } from '../metering/api.ts';
+import { END_USER_HEADER } from '../metering/end-user.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type SseMessage, UpstreamError } from '../upstream/types.ts';
 import type { ContentBlock, CountTokensRequest, MessagesRequest } from './schema.ts';
@@ -156,7 +157,10 @@ export const messagesApi: MeteredApi<MessagesRequest> = {
   },
 
   streamReader: () => new MessagesStreamReader(),
-  endUser: (body) => body.metadata?.user_id ?? undefined,
+  // The header wins here: Claude Code fills `metadata.user_id` with its own per-session id, while the
+  // header (ANTHROPIC_CUSTOM_HEADERS) is the developer's choice.
+  endUser: (body, request) =>
+    request.headers[END_USER_HEADER] ? undefined : (body.metadata?.user_id ?? undefined),
   upstreamHeaders: forwardedHeaders,
   renderError: (error) => ({ event: 'error', body: anthropicError(error) }),
 };

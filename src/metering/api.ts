@@ -48,8 +48,11 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
   refusal(link: LinkReply, x: Exchange<B>): RefusalReply;
   /** A reader of the provider's stream (APIs that stream). */
   streamReader?(x: Exchange<B>): StreamReader;
-  /** The end user named in the body when it is not `user` (the Messages API's `metadata.user_id`). */
-  endUser?(body: B): string | undefined;
+  /**
+   * The end user named in the body when it is not `user` (the Messages API's `metadata.user_id`);
+   * `undefined` lets the `X-Service-User` header name it.
+   */
+  endUser?(body: B, request: FastifyRequest): string | undefined;
   /** Client headers to forward to the provider. */
   upstreamHeaders?(request: FastifyRequest): Record<string, string> | undefined;
   /** The hold counts the prompt times this factor (a provider whose tokenizer counts more than o200k). */

@@ -97,7 +97,7 @@ export class MeteredFlow {
       );
     }
     const externalId = resolveEndUser(
-      api.endUser ? { user: api.endUser(body) } : body,
+      api.endUser ? { user: api.endUser(body, request) } : body,
       request.headers[END_USER_HEADER],
     );
     const upstream = project.upstream;
