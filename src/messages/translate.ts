@@ -32,7 +32,7 @@ import { UpstreamError } from '../upstream/types.ts';
  * | `metadata.user_id`                        | `user`                                                 |
  * | `thinking` enabled (`budget_tokens`)      | `reasoning_effort` low (< 4096) / medium (< 16384) / high |
  * | `stream`                                  | `stream` with `stream_options.include_usage`           |
- * | `cache_control`, `inference_geo`, `speed`, `diagnostics` | left out: hints, not content       |
+ * | `cache_control`, `inference_geo`, `speed`, `diagnostics`, `service_tier` | left out: hints |
  *
  * Refused with a 400: `thinking`/`redacted_thinking` blocks in the history (Claude's signed
  * reasoning), server tools (`web_search_…`, …), `file` image or document sources, `top_k`,
@@ -58,13 +58,12 @@ const CARRIED = new Set([
   'metadata',
   'stream',
   'thinking',
-  'service_tier',
 ]);
 
 type Json = Record<string, unknown>;
 
 /** Hints with no Chat Completions meaning, left out (not content: the answer is the same without them). */
-const HINTS = new Set(['cache_control', 'inference_geo', 'speed', 'diagnostics']);
+const HINTS = new Set(['cache_control', 'inference_geo', 'speed', 'diagnostics', 'service_tier']);
 
 const cannot = (field: string, why: string) =>
   badRequest(
