@@ -3,6 +3,7 @@ import Anthropic from '@anthropic-ai/sdk';
 import { generateText, streamText } from 'ai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
+import { setUserSpendCaps } from '../src/limits/spend.ts';
 import { tokenCost } from '../src/metering/cost.ts';
 import { upsertProvider } from '../src/routing/providers.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat-fixture.ts';
@@ -77,6 +78,7 @@ beforeAll(async () => {
       },
       { id: 'claude-tools', pricing: perToken, routes: [{ provider: 'anthropic', model: 'mock-tools' }] },
       { id: 'claude-cache', pricing: perToken, routes: [{ provider: 'anthropic', model: 'mock-cache' }] },
+      { id: 'claude-trunc', pricing: perToken, routes: [{ provider: 'anthropic', model: 'mock-trunc' }] },
       // Translated: the provider `default` is OpenAI-compatible (the mock's Chat Completions).
       { id: 'gpt-test', upstreamModel: 'mock-model', pricing: perToken },
       { id: 'gpt-tools', upstreamModel: 'mock-tools', pricing: perToken },
@@ -90,6 +92,7 @@ beforeAll(async () => {
   });
   await f.ctx.projects.changed(f.project.id);
   f.mock.behaviors.set('mock-tools', { toolCalls: [weather] });
+  f.mock.behaviors.set('mock-trunc', { truncateAfterChunks: 2 });
   f.mock.behaviors.set('mock-cache', { promptTokens: 10, cacheWriteTokens: 4, cachedTokens: 6 });
   claude = new Anthropic({ baseURL: f.server.url, apiKey: f.apiKey, maxRetries: 0, timeout: 20_000 });
 });
@@ -443,6 +446,44 @@ describe('the paywall in Anthropic shape', () => {
     const streamed = streamText({ model: anthropic('claude-test'), prompt: 'Hello', maxOutputTokens: 100 });
     expect(await streamed.text).toMatch(topupLink);
     await expectCharged('p-broke', '0');
+  });
+});
+
+describe('spend caps, stream failures and the model list', () => {
+  it('a user at a spend cap gets the cap message as an Anthropic message', async () => {
+    await f.fund('p-capped', '1.00');
+    await setUserSpendCaps(f.ctx.db, f.project.id, 'p-capped', { daily: '0.000001' });
+    await f.ctx.projects.changed(f.project.id);
+    const message = await clientFor('p-capped').messages.create({
+      model: 'claude-test',
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'Hello' }],
+    });
+    expect(message.stop_reason).toBe('end_turn');
+    expect(message.content[0]).toMatchObject({ type: 'text', text: expect.stringContaining('limit') });
+    await expectCharged('p-capped', '0');
+  });
+
+  it('a provider stream that breaks off ends with an Anthropic error event; nothing is charged', async () => {
+    await f.fund('s-broken', '1.00');
+    const stream = clientFor('s-broken').messages.stream({
+      model: 'claude-trunc',
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'Hello' }],
+    });
+    const err = await stream.finalMessage().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Anthropic.APIError);
+    expect(String((err as Error).message)).toMatch(/ended the stream/);
+    await expectCharged('s-broken', '0');
+  });
+
+  it("GET /v1/models answers Anthropic's list shape to Anthropic's clients", async () => {
+    const page = await claude.models.list();
+    const ids = page.data.map((m) => m.id);
+    expect(ids).toContain('claude-test');
+    expect(page.data[0]).toMatchObject({ type: 'model', display_name: expect.any(String) });
+    const one = await claude.models.retrieve('gpt-test');
+    expect(one).toMatchObject({ type: 'model', id: 'gpt-test' });
   });
 });
 
