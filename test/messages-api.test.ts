@@ -397,6 +397,150 @@ describe('POST /v1/messages to an OpenAI-compatible provider (translated)', () =
   });
 });
 
+describe('Chat Completions to an Anthropic provider (translated)', () => {
+  async function expectChatCharged(user: string, amount: string): Promise<void> {
+    await f.settled();
+    expect(chargedTotal(await f.ledger(user), 'chat')).toBe(new Money(amount).toFixed());
+    expect((await f.holds(user)).filter((h) => h.status === 'open')).toEqual([]);
+  }
+
+  it('the openai client: sent as a Messages request, answered as a completion, charged from Anthropic usage', async () => {
+    await f.fund('c-create', '1.00');
+    const before = f.mock.requests.length;
+    const completion = await f.client.chat.completions.create({
+      model: 'claude-test',
+      user: 'c-create',
+      max_tokens: 100,
+      stop: 'END',
+      messages: [
+        { role: 'system', content: 'Be brief.' },
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'What is this?' },
+            { type: 'image_url', image_url: { url: `data:image/png;base64,${PNG}` } },
+          ],
+        },
+      ],
+    });
+    expect(completion.choices[0]!.message.content).toBe(TEXT);
+    expect(completion.choices[0]!.finish_reason).toBe('stop');
+    expect(completion.usage).toMatchObject({ prompt_tokens: 12, completion_tokens: 5 });
+    const sent = f.mock.requests.slice(before).at(-1)!;
+    expect(sent.headers['x-api-key']).toBe('sk-ant-mock-key');
+    expect(sent.body).toEqual({
+      model: 'mock-claude',
+      max_tokens: 100,
+      system: 'Be brief.',
+      stop_sequences: ['END'],
+      metadata: { user_id: 'c-create' },
+      messages: [
+        {
+          role: 'user',
+          content: [
+            { type: 'text', text: 'What is this?' },
+            { type: 'image', source: { type: 'base64', media_type: 'image/png', data: PNG } },
+          ],
+        },
+      ],
+    });
+    await expectChatCharged('c-create', TURN);
+  });
+
+  it('streaming with usage, cache reads priced as cached input', async () => {
+    await f.fund('c-stream', '1.00');
+    const stream = await f.client.chat.completions.create({
+      model: 'claude-cache',
+      user: 'c-stream',
+      max_tokens: 100,
+      stream: true,
+      stream_options: { include_usage: true },
+      messages: [{ role: 'user', content: 'Hello' }],
+    });
+    let text = '';
+    let usage: unknown;
+    let finish: string | null = null;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      if (chunk.usage) usage = chunk.usage;
+    }
+    expect(text).toBe(TEXT);
+    expect(finish).toBe('stop');
+    expect(usage).toMatchObject({
+      prompt_tokens: 20,
+      completion_tokens: 5,
+      prompt_tokens_details: { cached_tokens: 6 },
+    });
+    await expectChatCharged('c-stream', tokenCost(price, 20, 5, 6));
+  });
+
+  it('a two-turn tool conversation: tool_use ⇄ tool_calls, tool messages → tool_result', async () => {
+    await f.fund('c-tools', '1.00');
+    const tools = [
+      {
+        type: 'function' as const,
+        function: {
+          name: 'get_weather',
+          description: 'The weather of a city',
+          parameters: weatherTool.input_schema,
+        },
+      },
+    ];
+    const stream = f.client.chat.completions.stream({
+      model: 'claude-tools',
+      user: 'c-tools',
+      max_tokens: 100,
+      tools,
+      tool_choice: 'required',
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    });
+    const first = await stream.finalChatCompletion();
+    const call = first.choices[0]!.message.tool_calls![0]!;
+    expect(first.choices[0]!.finish_reason).toBe('tool_calls');
+    expect(call).toMatchObject({
+      id: 'toolu_mock0',
+      function: { name: 'get_weather', arguments: '{"city":"Paris"}' },
+    });
+    const before = f.mock.requests.length;
+    const second = await f.client.chat.completions.create({
+      model: 'claude-tools',
+      user: 'c-tools',
+      max_tokens: 100,
+      tools,
+      messages: [
+        { role: 'user', content: 'Weather in Paris?' },
+        first.choices[0]!.message,
+        { role: 'tool', tool_call_id: call.id, content: '18°C' },
+      ],
+    });
+    expect(second.choices[0]!.message.content).toBe(TEXT);
+    const sent = f.mock.requests.slice(before).at(-1)!.body;
+    expect(sent.tools).toEqual([weatherTool]);
+    expect(sent.messages.slice(1)).toEqual([
+      {
+        role: 'assistant',
+        content: [{ type: 'tool_use', id: 'toolu_mock0', name: 'get_weather', input: { city: 'Paris' } }],
+      },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_mock0', content: '18°C' }] },
+    ]);
+    await expectChatCharged('c-tools', times(TURN, 2));
+  });
+
+  it('what cannot be carried is a 400 naming the field; the Responses API is refused', async () => {
+    await f.fund('c-refused', '1.00');
+    const err = await f.client.chat.completions
+      .create({ model: 'claude-test', user: 'c-refused', n: 2, messages: [{ role: 'user', content: 'Hi' }] })
+      .catch((e: unknown) => e);
+    expect(err).toMatchObject({ status: 400, param: 'n', code: 'untranslatable_field' });
+    const responses = await f.client.responses
+      .create({ model: 'claude-test', user: 'c-refused', input: 'Hi' })
+      .catch((e: unknown) => e);
+    expect(responses).toMatchObject({ status: 400, code: 'unsupported_endpoint' });
+    await expectChatCharged('c-refused', '0');
+  });
+});
+
 describe('the paywall in Anthropic shape', () => {
   it('a user who is not connected gets a message with the connect link (create and stream, with tools)', async () => {
     const client = clientFor('p-new');

@@ -432,36 +432,3 @@ export class MessagesOverChat implements Provider {
 function chatCall(call: UpstreamCall): UpstreamCall {
   return { path: '/chat/completions', body: messagesToChat(call.body), signal: call.signal };
 }
-
-/**
- * A provider of kind `anthropic`: it serves the Messages API only; the OpenAI APIs are refused with a
- * 400 that says so (Tollgate does not translate them to Messages yet).
- */
-export class AnthropicOnly implements Provider {
-  readonly #inner: Provider;
-
-  constructor(inner: Provider) {
-    this.#inner = inner;
-  }
-
-  complete(call: UpstreamCall): Promise<UpstreamAnswer> {
-    return this.#inner.complete(messagesOnly(call));
-  }
-
-  stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
-    return this.#inner.stream(messagesOnly(call));
-  }
-
-  passthrough(call: PassthroughCall): Promise<PassthroughAnswer> {
-    return this.#inner.passthrough(call);
-  }
-}
-
-function messagesOnly(call: UpstreamCall): UpstreamCall {
-  if (call.path === '/messages') return call;
-  throw badRequest(
-    `This model's provider speaks Anthropic's Messages API only: call POST /v1/messages (POST /v1${call.path} is not translated to it).`,
-    'model',
-    'unsupported_endpoint',
-  );
-}

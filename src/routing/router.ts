@@ -2,7 +2,8 @@ import type { Agent } from 'undici';
 import type { AppContext } from '../app/context.ts';
 import type { ModelRoute, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
-import { AnthropicOnly, MessagesOverChat } from '../messages/translate.ts';
+import { ChatOverMessages } from '../messages/from-chat.ts';
+import { MessagesOverChat } from '../messages/translate.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { ECHO_UPSTREAM } from '../projects/service.ts';
 import { EchoProvider } from '../upstream/echo.ts';
@@ -261,12 +262,13 @@ export class Router {
     if (config.baseUrl === ECHO_UPSTREAM) return this.#echo;
     let provider = this.#providers.get(config);
     if (!provider) {
-      // By kind: Anthropic's Messages API natively; an OpenAI-compatible API, which answers Messages
-      // requests through Chat Completions (src/messages/translate.ts).
+      // By kind: Anthropic's Messages API, which answers Chat Completions requests through Messages
+      // (src/messages/from-chat.ts); an OpenAI-compatible API, which answers Messages requests through
+      // Chat Completions (src/messages/translate.ts).
       const agent = this.#agentFor(config.connectMs);
       provider =
         config.kind === 'anthropic'
-          ? new AnthropicOnly(anthropicProvider(agent, config.baseUrl, config.apiKey, config.responseMs))
+          ? new ChatOverMessages(anthropicProvider(agent, config.baseUrl, config.apiKey, config.responseMs))
           : new MessagesOverChat(
               new OpenAICompatibleProvider(agent, config.baseUrl, config.apiKey, config.responseMs),
             );
