@@ -5,8 +5,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
 import { setUserSpendCaps } from '../src/limits/spend.ts';
 import { tokenCost } from '../src/metering/cost.ts';
+import { applyPricing } from '../src/models/service.ts';
+import { getProject } from '../src/projects/service.ts';
 import { upsertProvider } from '../src/routing/providers.ts';
+import { connectUser } from '../src/users/service.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat-fixture.ts';
+import { api, seedProject } from './helpers/server.ts';
 
 /**
  * Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) with the official
@@ -16,6 +20,7 @@ import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat
  * charged exactly from the provider's usage, nothing stays held; refusals are ordinary messages.
  */
 let f: ChatFixture;
+const ROOT = 'root-admin-token-messages-0123456789';
 let claude: Anthropic;
 
 const IN = '3';
@@ -69,6 +74,7 @@ const times = (amount: string, n: number) => new Money(amount).times(n).toFixed(
 
 beforeAll(async () => {
   f = await startChatFixture({
+    env: { TOLLGATE_ADMIN_TOKEN: ROOT },
     models: [
       // Native: the project's provider `anthropic` (kind anthropic) is the same mock, speaking Messages.
       {
@@ -628,6 +634,54 @@ describe('spend caps, stream failures and the model list', () => {
     expect(page.data[0]).toMatchObject({ type: 'model', display_name: expect.any(String) });
     const one = await claude.models.retrieve('gpt-test');
     expect(one).toMatchObject({ type: 'model', id: 'gpt-test' });
+  });
+});
+
+describe('an Anthropic provider connected over the admin API', () => {
+  it('is checked live with x-api-key, stored with its kind, and serves the project', async () => {
+    const seeded = await seedProject(f.ctx);
+    const path = `/admin/v1/projects/${seeded.projectId}/provider`;
+    const connected = await api(f.server, ROOT, 'PUT', path, {
+      baseUrl: f.mock.baseUrl,
+      apiKey: 'sk-ant-admin',
+      kind: 'anthropic',
+    });
+    expect(connected.status, JSON.stringify(connected.body)).toBe(200);
+    expect(connected.body).toMatchObject({ kind: 'anthropic', models: ['mock-model'] });
+    const checked = f.mock.requests.length;
+    await applyPricing(f.ctx.db, seeded.projectId, {
+      currency: 'usd',
+      models: [{ id: 'claude', upstreamModel: 'mock-claude', pricing: perToken }],
+    });
+    await f.ctx.projects.changed(seeded.projectId);
+    const client = new Anthropic({
+      baseURL: f.server.url,
+      apiKey: seeded.apiKey,
+      maxRetries: 0,
+      defaultHeaders: { 'X-Service-User': 'admin-user' },
+    });
+    const project = await getProject(f.ctx.db, seeded.projectId);
+    const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+    await connectUser(f.ctx.db, f.ctx.events, project, 'admin-user', trigger);
+    await f.ctx.billing.deposit({
+      project,
+      externalId: 'admin-user',
+      amount: '1.00',
+      source: 'test',
+      trigger,
+    });
+    const message = await client.messages.create({
+      model: 'claude',
+      max_tokens: 10,
+      messages: [{ role: 'user', content: 'Hi' }],
+    });
+    expect(message.content).toEqual([{ type: 'text', text: ' hello'.repeat(5) }]);
+    const sent = f.mock.requests.slice(checked).at(-1)!;
+    expect(sent.headers['x-api-key']).toBe('sk-ant-admin');
+    expect(sent.body.model).toBe('mock-claude');
+    const bad = await api(f.server, ROOT, 'PUT', path, { baseUrl: f.mock.baseUrl, kind: 'gemini' });
+    expect(bad.status).toBe(400);
+    expect(bad.body.error).toMatchObject({ param: 'kind' });
   });
 });
 

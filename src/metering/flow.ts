@@ -457,8 +457,10 @@ export class MeteredFlow {
   #failed<B extends MeteredBody>(x: Exchange<B>, err: unknown): ApiError {
     const ctx = this.#ctx;
     const error =
-      (x.api.name === 'chat' ? undefined : unsupportedEndpoint(err, x.api.title, x.api.upstreamPath)) ??
-      toClientError(err);
+      // (Anthropic answers 404 for an unknown model: for Messages a 404 is the provider's own answer.)
+      (x.api.name === 'chat' || x.api.name === 'messages'
+        ? undefined
+        : unsupportedEndpoint(err, x.api.title, x.api.upstreamPath)) ?? toClientError(err);
     const reason = err instanceof UpstreamError ? err.kind : 'internal';
     if (!(err instanceof UpstreamError) && !(err instanceof ApiError))
       ctx.log.error({ err, requestId: x.requestId }, `${x.api.name} request failed`);

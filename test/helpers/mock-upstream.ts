@@ -94,7 +94,8 @@ export async function startMockUpstream(
   const server = http.createServer((req, res) => {
     if (req.method === 'GET' && (req.url ?? '').split('?')[0]!.endsWith('/models')) {
       // The model list a provider check (the admin API's live call) reads; the key must be present.
-      const ok = /^Bearer \S+/.test(req.headers.authorization ?? '');
+      // (Anthropic's API lists its models too, with the key in x-api-key.)
+      const ok = /^Bearer \S+/.test(req.headers.authorization ?? '') || Boolean(req.headers['x-api-key']);
       res.writeHead(ok ? 200 : 401, { 'content-type': 'application/json' });
       res.end(
         JSON.stringify(
