@@ -22,7 +22,8 @@ if command -v pg_isready >/dev/null 2>&1 && ! pg_isready -h 127.0.0.1 -p 5432 -q
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start 2>/dev/null \
     || echo "could not start the local Postgres; the tests that need it will skip"
 fi
-if command -v redis-server >/dev/null 2>&1 && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 \
+  && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null 2>&1 \
     || echo "could not start the local Redis; the tests that need it will skip"
 fi
