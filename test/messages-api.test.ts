@@ -1,6 +1,7 @@
 import { createAnthropic } from '@ai-sdk/anthropic';
 import Anthropic from '@anthropic-ai/sdk';
 import { generateText, streamText } from 'ai';
+import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
 import { setUserSpendCaps } from '../src/limits/spend.ts';
@@ -757,5 +758,70 @@ describe('count_tokens, authentication and errors', () => {
     });
     expect(unknown.status).toBe(404);
     expect(await unknown.json()).toMatchObject({ type: 'error', error: { type: 'not_found_error' } });
+  });
+});
+
+describe('bad input on /v1/messages', () => {
+  it('is never a 500: a 4xx in Anthropic shape (or a served answer), nothing left held', async () => {
+    await f.fund('fuzz-user', '1.00');
+    const block = fc.oneof(
+      fc.record({
+        type: fc.constantFrom('text', 'image', 'tool_use', 'tool_result', 'document', 'thinking', 'x'),
+      }),
+      fc.record({ type: fc.constant('text'), text: fc.oneof(fc.string(), fc.integer()) }),
+      fc.anything(),
+    );
+    const body = fc.record(
+      {
+        model: fc.oneof(fc.constant('claude-test'), fc.constant('gpt-test'), fc.string(), fc.integer()),
+        max_tokens: fc.oneof(fc.integer({ min: -5, max: 5 }), fc.string(), fc.constant(null)),
+        messages: fc.oneof(
+          fc.array(
+            fc.record({
+              role: fc.constantFrom('user', 'assistant', 'system'),
+              content: fc.oneof(fc.string(), fc.array(block, { maxLength: 3 })),
+            }),
+            {
+              maxLength: 3,
+            },
+          ),
+          fc.anything(),
+        ),
+        system: fc.oneof(fc.string(), fc.array(block, { maxLength: 2 }), fc.integer()),
+        tools: fc.oneof(fc.array(fc.record({ name: fc.string() }), { maxLength: 2 }), fc.string()),
+        tool_choice: fc.oneof(
+          fc.record({ type: fc.constantFrom('auto', 'any', 'tool', 'nope') }),
+          fc.string(),
+        ),
+        stream: fc.oneof(fc.boolean(), fc.string()),
+        temperature: fc.oneof(fc.double({ min: -2, max: 3, noNaN: true }), fc.string()),
+      },
+      { requiredKeys: [] },
+    );
+    await fc.assert(
+      fc.asyncProperty(body, async (sent) => {
+        const res = await fetch(`${f.server.url}/v1/messages`, {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'x-api-key': f.apiKey,
+            'x-service-user': 'fuzz-user',
+          },
+          body: JSON.stringify(sent),
+        });
+        const text = await res.text();
+        expect(res.status, text).toBeLessThan(500);
+        if (res.status >= 400) {
+          expect(JSON.parse(text)).toMatchObject({
+            type: 'error',
+            error: { type: expect.any(String), message: expect.any(String) },
+          });
+        }
+      }),
+      { numRuns: 60 },
+    );
+    await f.settled();
+    const open = (await f.holds('fuzz-user')).filter((h) => h.status === 'open');
+    expect(open).toEqual([]);
   });
 });
