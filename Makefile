@@ -1,13 +1,19 @@
 # Every target runs through scripts/with-node.sh, which provides Node 24 and the dependencies on a fresh machine.
 RUN := ./scripts/with-node.sh
 
-.PHONY: dev test lint build bench install image
+.PHONY: dev test test-tools tollgate lint build bench install image
 
 dev:        ## start Tollgate on its embedded default (tollgate dev)
 	$(RUN) npm run dev
 
-test:       ## run the whole test suite
+test: test-tools  ## run the whole test suite (installs what its tests need first, as CI does)
 	$(RUN) npm test
+
+test-tools: ## Chromium, Prometheus (root: apt-get), helm and kubectl (.tools/bin); quick when present
+	$(RUN) bash scripts/test-tools.sh
+
+tollgate:   ## the CLI on the Node `make dev` uses: make tollgate ARGS="users deposit --project … --user … --amount 5.00"
+	./scripts/tollgate $(ARGS)
 
 lint:       ## biome (lint + format check) and the TypeScript type check
 	$(RUN) npm run lint

@@ -2,6 +2,9 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createOpenAI } from '@ai-sdk/openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { embed, generateText } from 'ai';
 import OpenAI from 'openai';
 import { afterAll, describe, expect, it } from 'vitest';
 
@@ -55,7 +58,7 @@ describe('tollgate dev', () => {
     expect(first.output()).toMatch(/embedded Postgres/);
     const client = new OpenAI({ baseURL: `${first.base}/v1`, apiKey: first.key, maxRetries: 0 });
     const models = await client.models.list();
-    expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-per-request']);
+    expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-embed', 'demo-per-request']);
     const reply = await client.chat.completions.create({
       model: 'demo-echo',
       user: 'demo-user',
@@ -63,6 +66,29 @@ describe('tollgate dev', () => {
     });
     expect(reply.choices[0]!.message.content).toBe('[echo provider] Hello from the quick start');
     expect(reply.usage?.completion_tokens).toBeGreaterThan(0);
+    // Every API the README shows works offline: the AI SDK's default openai() (the Responses API),
+    // embeddings, and Anthropic's Messages API.
+    const openai = createOpenAI({
+      baseURL: `${first.base}/v1`,
+      apiKey: first.key,
+      headers: { 'X-Service-User': 'demo-user' },
+    });
+    const generated = await generateText({ model: openai('demo-echo'), prompt: 'Hello from the AI SDK' });
+    expect(generated.text).toBe('[echo provider] Hello from the AI SDK');
+    const embedded = await embed({ model: openai.embedding('demo-embed'), value: 'Hello' });
+    expect(embedded.embedding.length).toBeGreaterThan(0);
+    const claude = new Anthropic({
+      baseURL: first.base,
+      apiKey: first.key,
+      maxRetries: 0,
+      defaultHeaders: { 'X-Service-User': 'demo-user' },
+    });
+    const message = await claude.messages.create({
+      model: 'demo-echo',
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'Hello from Claude' }],
+    });
+    expect(message.content).toEqual([{ type: 'text', text: '[echo provider] Hello from Claude' }]);
     expect(await stop()).toBe(0);
 
     const second = await start();

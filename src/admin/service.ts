@@ -15,6 +15,8 @@ import {
   type UpdateProjectInput,
   updateProject,
 } from '../projects/service.ts';
+import { DEFAULT_PROVIDER, PROVIDER_KINDS, upsertProvider } from '../routing/providers.ts';
+import { ANTHROPIC_VERSION } from '../upstream/openai-compatible.ts';
 import {
   chargeFromApi,
   connectUser,
@@ -151,6 +153,8 @@ export const providerBody = z.strictObject({
       message: 'must be the http(s) base URL of an OpenAI-compatible API, e.g. https://api.openai.com/v1',
     }),
   apiKey: z.string().trim().min(1, { message: 'must not be empty' }).max(1000).optional(),
+  /** The API it speaks: `openai-compatible` (default) or `anthropic` (Anthropic's Messages API). */
+  kind: z.enum(PROVIDER_KINDS, { message: "must be 'openai-compatible' or 'anthropic'" }).optional(),
 });
 export type ProviderInput = z.infer<typeof providerBody>;
 
@@ -160,14 +164,19 @@ export type ProviderInput = z.infer<typeof providerBody>;
  */
 export async function checkProvider(ctx: AppContext, input: ProviderInput): Promise<{ models: string[] }> {
   if (input.baseUrl === ECHO_UPSTREAM) return { models: [] };
-  const url = `${input.baseUrl.replace(/\/+$/, '')}/models`;
+  const anthropic = input.kind === 'anthropic';
+  const base = input.baseUrl.replace(/\/+$/, '');
+  // Anthropic's API lists its models at {baseUrl}/v1/models, with the key in x-api-key.
+  const url = anthropic ? `${/\/v1$/.test(base) ? base : `${base}/v1`}/models` : `${base}/models`;
+  const auth = !input.apiKey
+    ? {}
+    : anthropic
+      ? { 'x-api-key': input.apiKey, 'anthropic-version': ANTHROPIC_VERSION }
+      : { authorization: `Bearer ${input.apiKey}` };
   let res: Response;
   try {
     res = await fetch(url, {
-      headers: {
-        accept: 'application/json',
-        ...(input.apiKey ? { authorization: `Bearer ${input.apiKey}` } : {}),
-      },
+      headers: { accept: 'application/json', ...auth },
       redirect: 'manual',
       signal: AbortSignal.timeout(Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000)),
     });
@@ -203,6 +212,12 @@ async function saveProviderConnection(ctx: AppContext, projectId: string, input:
     upstreamUrl: input.baseUrl,
     upstreamKey: input.apiKey ?? null,
   });
+  // The kind lives on the provider `default` (the URL and key were mirrored there just now).
+  await upsertProvider(ctx.db, ctx.sealer, projectId, {
+    name: DEFAULT_PROVIDER,
+    baseUrl: input.baseUrl,
+    kind: input.kind ?? 'openai-compatible',
+  });
   await ctx.projects.changed(projectId);
   return project;
 }
@@ -217,7 +232,12 @@ export async function connectProvider(
   await ownedProject(ctx, principal, projectId);
   const { models } = await checkProvider(ctx, input);
   const project = await saveProviderConnection(ctx, projectId, input);
-  return { object: 'provider' as const, ...projectView(project).provider, models };
+  return {
+    object: 'provider' as const,
+    ...projectView(project).provider,
+    kind: input.kind ?? 'openai-compatible',
+    models,
+  };
 }
 
 // ---- API keys ----

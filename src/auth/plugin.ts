@@ -11,19 +11,31 @@ declare module 'fastify' {
 }
 
 /**
- * Bearer authentication for every `/v1` route: `Authorization: Bearer <key>`. Missing, unknown or
- * revoked keys get 401 `invalid_api_key` in OpenAI's error shape (the official client raises its
- * AuthenticationError). Warm keys and projects are served from memory.
+ * Bearer authentication for every `/v1` route: `Authorization: Bearer <key>`, or `x-api-key: <key>` as
+ * Anthropic's clients send it. Missing, unknown or revoked keys get 401 `invalid_api_key` in OpenAI's
+ * error shape (Anthropic's on `/v1/messages`; the official clients raise their AuthenticationError).
+ * Warm keys and projects are served from memory.
  */
 export function installAuth(app: FastifyInstance): void {
   app.decorateRequest('project', null as unknown as ProjectContext);
   app.decorateRequest('apiKeyId', '');
   app.addHook('onRequest', async (request: FastifyRequest) => {
     const header = request.headers.authorization;
-    if (!header) throw unauthorized('Missing API key. Send it as `Authorization: Bearer <key>`.');
-    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-    if (!match) throw unauthorized('Malformed Authorization header. Expected `Authorization: Bearer <key>`.');
-    const key = await app.ctx.keys.resolve(match[1]!);
+    const apiKeyHeader = request.headers['x-api-key'];
+    let secret: string;
+    if (header) {
+      const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
+      if (!match)
+        throw unauthorized('Malformed Authorization header. Expected `Authorization: Bearer <key>`.');
+      secret = match[1]!;
+    } else if (typeof apiKeyHeader === 'string' && apiKeyHeader.trim()) {
+      secret = apiKeyHeader.trim();
+    } else {
+      throw unauthorized(
+        'Missing API key. Send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`).',
+      );
+    }
+    const key = await app.ctx.keys.resolve(secret);
     if (!key) throw unauthorized('Incorrect API key provided, or the key was revoked.');
     const project = await app.ctx.projects.get(key.projectId);
     if (!project)

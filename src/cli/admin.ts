@@ -226,17 +226,22 @@ export async function adminCommand(
         const connectMs = optional(values, 'connect-timeout-ms');
         const responseMs = optional(values, 'response-timeout-ms');
         const key = optional(values, 'key');
+        const kind = optional(values, 'kind');
         const provider = await upsertProvider(ctx.db, ctx.sealer, projectId, {
           name: required(values, 'name'),
           baseUrl: required(values, 'base-url'),
           ...(key !== undefined ? { key } : {}),
+          ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
           timeouts: {
             ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
             ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
           },
         });
         await ctx.projects.changed(projectId);
-        out.result(provider, `Provider ${provider.name} of ${projectId}: ${provider.baseUrl}`);
+        out.result(
+          provider,
+          `Provider ${provider.name} of ${projectId}: ${provider.baseUrl} (${provider.kind})`,
+        );
       });
     case 'providers list':
       return withContext(config, async (ctx) => {
@@ -244,7 +249,7 @@ export async function adminCommand(
         out.result(
           providers,
           providers.length
-            ? providers.map((p) => `${p.name}  ${p.baseUrl}  ${p.keySet ? 'key set' : 'no key'}`)
+            ? providers.map((p) => `${p.name}  ${p.baseUrl}  ${p.kind}  ${p.keySet ? 'key set' : 'no key'}`)
             : ['no providers'],
         );
       });

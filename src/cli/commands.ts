@@ -165,9 +165,9 @@ export const COMMANDS: CommandSpec[] = [
   {
     name: 'providers add',
     usage:
-      'providers add --project ID --name N --base-url U [--key K] [--connect-timeout-ms N] [--response-timeout-ms N]',
+      'providers add --project ID --name N --base-url U [--kind openai-compatible|anthropic] [--key K] [--connect-timeout-ms N] [--response-timeout-ms N]',
     summary: 'add (or change) a named provider of the project; routes in the pricing file name it',
-    options: ['project', 'name', 'base-url', 'key', 'connect-timeout-ms', 'response-timeout-ms'],
+    options: ['project', 'name', 'base-url', 'kind', 'key', 'connect-timeout-ms', 'response-timeout-ms'],
     group: 'Providers and routes',
   },
   {
@@ -220,6 +220,7 @@ export const OPTIONS = {
   user: { type: 'string' },
   amount: { type: 'string' },
   'base-url': { type: 'string' },
+  kind: { type: 'string' },
   'connect-timeout-ms': { type: 'string' },
   'response-timeout-ms': { type: 'string' },
   daily: { type: 'string' },

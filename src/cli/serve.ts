@@ -192,6 +192,7 @@ async function ensureDevAdmin(ctx: AppContext, state: DevState): Promise<DevStat
 
 export const DEV_USER = 'demo-user';
 export const DEV_MODEL = 'demo-echo';
+export const DEV_EMBEDDING_MODEL = 'demo-embed';
 
 /** Creates the demo project, key, model and user once; later starts reuse them (kept in the data dir). */
 export async function seedDev(ctx: AppContext): Promise<DevState> {
@@ -223,6 +224,11 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
         id: 'demo-per-request',
         upstreamModel: DEV_MODEL,
         pricing: { mode: 'per_request', perRequest: '0.01' },
+      },
+      {
+        id: DEV_EMBEDDING_MODEL,
+        pricing: { mode: 'per_token', inputPerMillion: '0.1' },
+        endpoints: ['embeddings'],
       },
     ],
   });
@@ -287,7 +293,8 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
       `  bus:        ${ctx.bus.kind === 'redis' ? 'Redis (REDIS_URL)' : 'in-process (no REDIS_URL)'}`,
       `  project:    ${state.projectId}`,
       `  API key:    ${state.apiKey}`,
-      `  models:     ${DEV_MODEL} (per token), demo-per-request (0.01 per request) — answered by the built-in echo provider`,
+      `  models:     ${DEV_MODEL} (per token), demo-per-request (0.01 per request), ${DEV_EMBEDDING_MODEL} (embeddings)`,
+      '              answered by the built-in echo provider (Chat Completions, Responses, Embeddings, Messages)',
       `  demo user:  ${DEV_USER} (connected, 10.00 usd to start)`,
       '',
       `Dashboard:    ${base}/dashboard`,
@@ -295,7 +302,7 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
       '',
       'CLI against this server (the embedded database is locked while it runs):',
       `  export TOLLGATE_URL=${running.url} TOLLGATE_ADMIN_TOKEN=${ctx.config.TOLLGATE_ADMIN_TOKEN}`,
-      `  npm run tollgate -- users deposit --project ${state.projectId} --user ${DEV_USER} --amount 5.00`,
+      `  ./scripts/tollgate users deposit --project ${state.projectId} --user ${DEV_USER} --amount 5.00`,
       '',
       'Try:',
       `  curl -s ${base}/v1/models -H 'Authorization: Bearer ${state.apiKey}'`,

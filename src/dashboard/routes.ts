@@ -46,6 +46,7 @@ import { parseInput } from '../core/validation.ts';
 import { modelSpecSchema, type Pricing } from '../models/pricing.ts';
 import { parsePricingFile } from '../models/service.ts';
 import { projectSettingsSchema } from '../projects/service.ts';
+import { DEFAULT_PROVIDER } from '../routing/providers.ts';
 import { userIdSchema } from '../users/routes.ts';
 import { getBalance, listActivity } from '../users/service.ts';
 import { listDeliveryLogs, retryDelivery } from '../webhooks/logs.ts';
@@ -464,7 +465,9 @@ ${flash(request)}
 ${csrfField(s.csrf)}
 <label for="name">Project name</label>
 <input id="name" name="name" value="My app" required maxlength="200">
-<label for="baseUrl">Provider base URL (any OpenAI-compatible API)</label>
+<label for="kind">Provider API</label>
+<select id="kind" name="kind"><option value="openai-compatible" selected>OpenAI-compatible (OpenAI, Azure, OpenRouter, vLLM, …)</option><option value="anthropic">Anthropic (https://api.anthropic.com)</option></select>
+<label for="baseUrl">Provider base URL (any OpenAI-compatible API, or Anthropic's)</label>
 <input id="baseUrl" name="baseUrl" type="url" value="https://api.openai.com/v1" required>
 <label for="apiKey">Provider API key</label>
 <input id="apiKey" name="apiKey" type="password" autocomplete="off" required>
@@ -480,7 +483,7 @@ ${csrfField(s.csrf)}
     if (!s) return reply;
     return action(reply, '/dashboard/start', async () => {
       const form = request.body as Form;
-      const provider = parseInput(providerBody, pick(form, ['baseUrl', 'apiKey']));
+      const provider = parseInput(providerBody, pick(form, ['baseUrl', 'apiKey', 'kind']));
       // Check first: a project is made only for a provider that answers.
       const { models } = await checkProvider(ctx, provider);
       const created = await createOwnedProject(
@@ -535,6 +538,7 @@ ${snippets(base, key, model)}
     const s = session(request, reply);
     if (!s) return reply;
     const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+    const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
     const keys = await listApiKeys(ctx, s.principal, project.id);
     const [byDay, byModel] = await Promise.all([
       usageReport(ctx, s.principal, project.id, { group: 'day', days: 14 }),
@@ -586,9 +590,10 @@ ${barChart(
 )}
 </div></section>
 <section class="card" id="provider" aria-labelledby="provider-h"><h2 id="provider-h">Provider</h2>
-<p>${project.provider.baseUrl ? html`Connected to <code>${project.provider.baseUrl}</code>${project.provider.keySet ? ' with a key (stored encrypted)' : ' without a key'}.` : 'No provider connected yet.'}</p>
+<p>${project.provider.baseUrl ? html`Connected to <code>${project.provider.baseUrl}</code> (${kind === 'anthropic' ? "Anthropic's API" : 'OpenAI-compatible'})${project.provider.keySet ? ' with a key (stored encrypted)' : ' without a key'}.` : 'No provider connected yet.'}</p>
 <form method="post" action="${path}/provider">${csrfField(s.csrf)}
-<div class="row"><div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" value="${project.provider.baseUrl ?? 'https://api.openai.com/v1'}" required></div>
+<div class="row"><div><label for="kind">Provider API</label><select id="kind" name="kind"><option value="openai-compatible"${kind === 'anthropic' ? '' : ' selected'}>OpenAI-compatible</option><option value="anthropic"${kind === 'anthropic' ? ' selected' : ''}>Anthropic</option></select></div>
+<div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" value="${project.provider.baseUrl ?? 'https://api.openai.com/v1'}" required></div>
 <div><label for="apiKey">Provider API key (paste it again to save)</label><input id="apiKey" name="apiKey" type="password" autocomplete="off" required></div></div>
 <button type="submit">Check and save the provider</button></form></section>
 <section class="card" aria-labelledby="settings-h"><h2 id="settings-h">Settings</h2>
@@ -624,6 +629,7 @@ ${keys.data.map(
       const input = parseInput(providerBody, {
         baseUrl: form.baseUrl,
         ...(form.apiKey ? { apiKey: form.apiKey } : {}),
+        ...(form.kind ? { kind: form.kind } : {}),
       });
       const result = await connectProvider(ctx, s.principal, request.params.id, input);
       return `Provider checked and saved (${result.models.length} models listed).`;

@@ -120,9 +120,13 @@ export interface ProvidersTable {
   key_sealed: string | null;
   connect_timeout_ms: number | null;
   response_timeout_ms: number | null;
+  /** The API the provider speaks (migration 0015). */
+  kind: Default<ProviderKind>;
   created_at: Timestamp;
   updated_at: Timestamp;
 }
+
+export type ProviderKind = 'openai-compatible' | 'anthropic';
 
 export interface SpendCapsTable {
   project_id: string;

@@ -16,7 +16,7 @@ export const eventCatalog = {
       'A metered request (chat completion, response or embeddings) passed the paywall and is being forwarded to the provider.',
     data: {
       requestId: 'request id',
-      api: '`chat`, `responses` or `embeddings`',
+      api: '`chat`, `responses`, `embeddings` or `messages`',
       model: 'model id',
       stream: 'boolean',
       holdAmount: 'decimal string held',
@@ -27,7 +27,7 @@ export const eventCatalog = {
     description: 'A forwarded metered request finished and was charged.',
     data: {
       requestId: 'request id',
-      api: '`chat`, `responses` or `embeddings`',
+      api: '`chat`, `responses`, `embeddings` or `messages`',
       model: 'model id',
       stream: 'boolean',
       inputTokens: 'integer',
@@ -115,7 +115,7 @@ export const eventCatalog = {
     description: 'A request went over a rate limit of the project, its API key or its end user, and got 429.',
     data: {
       model: 'model id',
-      operation: '`chat`, `responses` or `embeddings`',
+      operation: '`chat`, `responses`, `embeddings` or `messages`',
       scope: '`project`, `key` or `user`',
       limit: '`requests` or `tokens` (per minute)',
       value: 'the limit',
@@ -128,7 +128,7 @@ export const eventCatalog = {
       'A request would take an end user past a spend cap (per day or per month); the reply said so, with the time it resets.',
     data: {
       model: 'model id',
-      operation: '`chat`, `responses` or `embeddings`',
+      operation: '`chat`, `responses`, `embeddings` or `messages`',
       period: '`day` or `month`',
       cap: 'decimal string',
       spent: 'decimal string spent and reserved in the period',

@@ -18,6 +18,7 @@ import { dashboardRoutes } from '../dashboard/routes.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { spendCapRoutes } from '../limits/routes.ts';
+import { messagesRoutes } from '../messages/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
@@ -42,7 +43,8 @@ declare module 'fastify' {
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
  * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
  * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/routes.ts
- * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, user, webhooks)
+ * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, responses,
+ *   embeddings, messages — Anthropic's API —, user, webhooks)
  */
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   const app = Fastify({
@@ -115,6 +117,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       await v1.register(chatRoutes);
       await v1.register(responsesRoutes);
       await v1.register(embeddingsRoutes);
+      await v1.register(messagesRoutes);
       await v1.register(userRoutes);
       await v1.register(spendCapRoutes);
       await v1.register(webhookRoutes);

@@ -1,8 +1,10 @@
+import type { FastifyRequest } from 'fastify';
 import type { z } from 'zod';
 import type { Trigger } from '../billing/ledger.ts';
 import type { Hold } from '../billing/service.ts';
 import type { LinkReply } from '../chat/paywall.ts';
 import type { TextCounter } from '../chat/tokens.ts';
+import type { ApiError } from '../core/errors.ts';
 import type { ModelEndpoint, ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import type { SseMessage } from '../upstream/types.ts';
@@ -16,8 +18,10 @@ import type { MeteredPricing, TokenUsage } from './cost.ts';
  * refused user is answered, and how a stream is relayed.
  */
 export interface MeteredApi<B extends MeteredBody = MeteredBody> {
-  /** Which model capability the API needs (`endpoints` of the pricing file), and the ledger source. */
-  readonly name: ModelEndpoint;
+  /** The ledger source and the `api` of events; also the model capability needed unless `endpoint` says. */
+  readonly name: ModelEndpoint | 'messages';
+  /** The model capability the API needs (`endpoints` of the pricing file) when it is not `name`. */
+  readonly endpoint?: ModelEndpoint;
   /** For messages: "Chat Completions", "Responses", "Embeddings". */
   readonly title: string;
   /** Path under the provider's base URL. */
@@ -44,6 +48,17 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
   refusal(link: LinkReply, x: Exchange<B>): RefusalReply;
   /** A reader of the provider's stream (APIs that stream). */
   streamReader?(x: Exchange<B>): StreamReader;
+  /**
+   * The end user named in the body when it is not `user` (the Messages API's `metadata.user_id`);
+   * `undefined` lets the `X-Service-User` header name it.
+   */
+  endUser?(body: B, request: FastifyRequest): string | undefined;
+  /** Client headers to forward to the provider. */
+  upstreamHeaders?(request: FastifyRequest): Record<string, string> | undefined;
+  /** The hold counts the prompt times this factor (a provider whose tokenizer counts more than o200k). */
+  readonly inputMargin?: number;
+  /** An error inside a stream (or before its first event) in this API's shape; OpenAI's otherwise. */
+  renderError?(error: ApiError): { event: string | undefined; body: unknown };
 }
 
 export interface MeteredBody {
@@ -94,6 +109,8 @@ export interface Exchange<B extends MeteredBody = MeteredBody> {
   /** Output tokens the hold pays for, per choice (per-token pricing). */
   bound: number | undefined;
   startedEvent: Promise<unknown> | undefined;
+  /** Client headers forwarded to the provider (`upstreamHeaders`). */
+  upstreamHeaders?: Record<string, string> | undefined;
 }
 
 /**

@@ -7,6 +7,7 @@ import { holdInputTokens } from '../chat/tokens.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount } from '../core/money.ts';
+import type { ModelEndpoint } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
 import { type LimitRequest, Limits, rateLimitHeaders, spendCapMessage } from '../limits/index.ts';
 import { holdMarginOf } from '../models/hold-margin.ts';
@@ -89,14 +90,17 @@ export class MeteredFlow {
     const project = request.project;
     const model = project.models.get(body.model);
     if (!model) throw notFound(`The model '${body.model}' does not exist`, 'model_not_found', 'model');
-    if (!endpointsOf(model).includes(api.name)) {
+    if (!endpointsOf(model).includes(api.endpoint ?? (api.name as ModelEndpoint))) {
       throw badRequest(
         `The model '${model.id}' is not served by the ${api.title} API (it serves: ${endpointsOf(model).join(', ')}).`,
         'model',
         'unsupported_model',
       );
     }
-    const externalId = resolveEndUser(body, request.headers[END_USER_HEADER]);
+    const externalId = resolveEndUser(
+      api.endUser ? { user: api.endUser(body, request) } : body,
+      request.headers[END_USER_HEADER],
+    );
     const upstream = project.upstream;
     if (!upstream && !model.routes?.length) {
       throw new ApiError(
@@ -125,6 +129,7 @@ export class MeteredFlow {
       inputCount: undefined,
       bound: undefined,
       startedEvent: undefined,
+      upstreamHeaders: api.upstreamHeaders?.(request),
     };
 
     // ---- the paywall decision ----
@@ -138,7 +143,8 @@ export class MeteredFlow {
         api.requestedBound(body) ??
         project.settings.maxCompletionTokens ??
         ctx.config.DEFAULT_MAX_COMPLETION_TOKENS;
-      amount = tokenHold(pricing, input.bound, x.bound * x.choices);
+      const margin = api.inputMargin ?? 1;
+      amount = tokenHold(pricing, Math.ceil(input.bound * margin), x.bound * x.choices);
     } else if (pricing.mode === 'per_request') {
       amount = formatAmount(pricing.perRequest);
     }
@@ -224,6 +230,7 @@ export class MeteredFlow {
         path: x.api.upstreamPath,
         body: upstreamBody,
         signal: watch.abort.signal,
+        headers: x.upstreamHeaders,
       });
       text = answer.text;
       reading = x.api.read(answer.json);
@@ -261,6 +268,7 @@ export class MeteredFlow {
         path: x.api.upstreamPath,
         body: upstreamBody,
         signal: watch.abort.signal,
+        headers: x.upstreamHeaders,
       });
     } catch (err) {
       watch.stop();
@@ -302,7 +310,7 @@ export class MeteredFlow {
     } catch (err) {
       if (!watch.gone && !isAbort(err)) {
         watch.stop();
-        sink.fail(this.#failedAfter(x, err, forwarded, reader, produced));
+        sink.fail(this.#failedAfter(x, err, forwarded, reader, produced), x.api.renderError);
         return reply;
       }
     }
@@ -319,7 +327,7 @@ export class MeteredFlow {
     }
     if (!reader.finished && !cut) {
       const truncated = new UpstreamError('malformed', 'The provider ended the stream before it finished.');
-      sink.fail(this.#failedAfter(x, truncated, forwarded, reader, produced));
+      sink.fail(this.#failedAfter(x, truncated, forwarded, reader, produced), x.api.renderError);
       return reply;
     }
     const usage = cut ? undefined : reader.usage;
@@ -457,10 +465,12 @@ export class MeteredFlow {
   #failure<B extends MeteredBody>(x: Exchange<B>, err: unknown, countRequest: boolean): ApiError {
     const ctx = this.#ctx;
     const error =
-      (x.api.name === 'chat' ? undefined : unsupportedEndpoint(err, x.api.title, x.api.upstreamPath)) ??
-      toClientError(err);
+      // (Anthropic answers 404 for an unknown model: for Messages a 404 is the provider's own answer.)
+      (x.api.name === 'chat' || x.api.name === 'messages'
+        ? undefined
+        : unsupportedEndpoint(err, x.api.title, x.api.upstreamPath)) ?? toClientError(err);
     const reason = err instanceof UpstreamError ? err.kind : 'internal';
-    if (!(err instanceof UpstreamError))
+    if (!(err instanceof UpstreamError) && !(err instanceof ApiError))
       ctx.log.error({ err, requestId: x.requestId }, `${x.api.name} request failed`);
     ctx.metrics.upstreamErrors.inc({ project: x.project.id, model: x.model.id, reason });
     if (countRequest) {

@@ -85,16 +85,17 @@ export class SseSink {
    * Ends with an error: an ordinary OpenAI-shaped error response before the first event, an SSE
    * `data: {"error": …}` event after it (the official clients raise it as an APIError).
    */
-  fail(error: ApiError): void {
+  fail(error: ApiError, render?: (error: ApiError) => { event: string | undefined; body: unknown }): void {
+    const shaped = render?.(error) ?? { event: undefined, body: error.toBody() };
     if (this.headSent) {
-      this.#res.end(sseEvent(JSON.stringify(error.toBody())));
+      this.#res.end(sseEvent(JSON.stringify(shaped.body), shaped.event));
       return;
     }
     this.#res.writeHead(error.status, {
       'content-type': 'application/json; charset=utf-8',
       ...error.headers,
     });
-    this.#res.end(JSON.stringify(error.toBody()));
+    this.#res.end(JSON.stringify(shaped.body));
   }
 
   #head(): void {

@@ -8,6 +8,8 @@ import { UpstreamError } from '../upstream/types.ts';
  */
 /** An upstream failure as the client sees it: OpenAI's error shape, 502/504 (or the provider's 4xx). */
 export function toClientError(err: unknown): ApiError {
+  // A request a provider adapter cannot send (a field translation cannot carry): already the answer.
+  if (err instanceof ApiError) return err;
   if (!(err instanceof UpstreamError)) {
     return new ApiError(500, 'server_error', 'The server had an error while processing your request.', {
       code: 'internal_error',

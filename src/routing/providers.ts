@@ -3,10 +3,12 @@ import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
+import type { ProviderKind } from '../db/schema.ts';
 import { upstreamUrlSchema } from '../projects/service.ts';
 
 /**
- * A project's named model providers (OpenAI-compatible base URL, key sealed at rest, own time-outs).
+ * A project's named model providers (base URL, kind — `openai-compatible` or `anthropic` —, key sealed
+ * at rest, own time-outs).
  * The project's single upstream of earlier versions is its provider `default`. This module is the one
  * place that writes them: the CLI (`tollgate providers …`), `project create/set` and the admin API call
  * it, then `ctx.projects.changed(projectId)` so every pod reloads the project.
@@ -17,9 +19,13 @@ export const providerNameSchema = z
 
 export const DEFAULT_PROVIDER = 'default';
 
+export const PROVIDER_KINDS = ['openai-compatible', 'anthropic'] as const satisfies readonly ProviderKind[];
+
 export const providerInputSchema = z.strictObject({
   name: providerNameSchema,
   baseUrl: upstreamUrlSchema,
+  /** The API it speaks; `openai-compatible` when not given (a change of base URL keeps the kind). */
+  kind: z.enum(PROVIDER_KINDS, { message: "must be 'openai-compatible' or 'anthropic'" }).optional(),
   /** The provider's API key; `undefined` keeps the stored one, `null` removes it. */
   key: z.string().min(1).nullable().optional(),
   timeouts: z
@@ -35,6 +41,7 @@ export type ProviderInput = z.input<typeof providerInputSchema>;
 export interface ProviderView {
   name: string;
   baseUrl: string;
+  kind: ProviderKind;
   keySet: boolean;
   timeouts: { connectMs: number | undefined; responseMs: number | undefined };
   updatedAt: Date;
@@ -44,6 +51,7 @@ export interface ProviderView {
 export interface ProviderConfig {
   name: string;
   baseUrl: string;
+  kind: ProviderKind;
   apiKey: string | undefined;
   connectMs: number | undefined;
   responseMs: number | undefined;
@@ -66,6 +74,7 @@ export async function upsertProvider(
   const baseUrl = parsed.baseUrl.replace(/\/+$/, '');
   const keyColumn =
     parsed.key === undefined ? {} : { key_sealed: parsed.key === null ? null : sealer.seal(parsed.key) };
+  const kindColumn = parsed.kind === undefined ? {} : { kind: parsed.kind };
   const timeouts = {
     connect_timeout_ms: parsed.timeouts?.connectMs ?? null,
     response_timeout_ms: parsed.timeouts?.responseMs ?? null,
@@ -79,12 +88,17 @@ export async function upsertProvider(
       // A new `default` without a key keeps the project's upstream key.
       key_sealed: parsed.name === DEFAULT_PROVIDER ? project.upstream_key_sealed : null,
       ...keyColumn,
+      ...kindColumn,
       ...timeouts,
     })
     .onConflict((oc) =>
-      oc
-        .columns(['project_id', 'name'])
-        .doUpdateSet({ base_url: baseUrl, ...keyColumn, ...timeouts, updated_at: new Date() }),
+      oc.columns(['project_id', 'name']).doUpdateSet({
+        base_url: baseUrl,
+        ...keyColumn,
+        ...kindColumn,
+        ...timeouts,
+        updated_at: new Date(),
+      }),
     )
     .returningAll()
     .executeTakeFirstOrThrow();
@@ -142,6 +156,7 @@ export async function loadProviders(
       {
         name: r.name,
         baseUrl: r.base_url,
+        kind: r.kind,
         apiKey: r.key_sealed ? sealer.open(r.key_sealed) : undefined,
         connectMs: r.connect_timeout_ms ?? undefined,
         responseMs: r.response_timeout_ms ?? undefined,
@@ -153,6 +168,7 @@ export async function loadProviders(
 function view(row: {
   name: string;
   base_url: string;
+  kind: ProviderKind;
   key_sealed: string | null;
   connect_timeout_ms: number | null;
   response_timeout_ms: number | null;
@@ -161,6 +177,7 @@ function view(row: {
   return {
     name: row.name,
     baseUrl: row.base_url,
+    kind: row.kind,
     keySet: row.key_sealed !== null,
     timeouts: {
       connectMs: row.connect_timeout_ms ?? undefined,

@@ -2,10 +2,16 @@ import type { Agent } from 'undici';
 import type { AppContext } from '../app/context.ts';
 import type { ModelRoute, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
+import { ChatOverMessages } from '../messages/from-chat.ts';
+import { MessagesOverChat } from '../messages/translate.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { ECHO_UPSTREAM } from '../projects/service.ts';
 import { EchoProvider } from '../upstream/echo.ts';
-import { createUpstreamAgent, OpenAICompatibleProvider } from '../upstream/openai-compatible.ts';
+import {
+  anthropicProvider,
+  createUpstreamAgent,
+  OpenAICompatibleProvider,
+} from '../upstream/openai-compatible.ts';
 import {
   isAbort,
   type PassthroughAnswer,
@@ -58,7 +64,8 @@ export class Router {
   readonly #agent: Agent;
   readonly #responseMs: number;
   readonly #agents = new Map<number, Agent>();
-  readonly #echo = new EchoProvider();
+  /** The echo provider answers the Messages API through Chat Completions, like any OpenAI-compatible one. */
+  readonly #echo = new MessagesOverChat(new EchoProvider());
   readonly #providers = new WeakMap<object, Provider>();
   /** Route key → time before which a 429's Retry-After keeps the route aside. */
   readonly #blocked = new Map<string, number>();
@@ -151,6 +158,7 @@ export class Router {
           path: call.path,
           body: { ...call.body, model: candidate.route.model },
           signal: attempt.signal,
+          headers: call.headers,
         });
         clearTimeout(timer);
         if (this.breakers.success(candidate.key)) {
@@ -254,12 +262,16 @@ export class Router {
     if (config.baseUrl === ECHO_UPSTREAM) return this.#echo;
     let provider = this.#providers.get(config);
     if (!provider) {
-      provider = new OpenAICompatibleProvider(
-        this.#agentFor(config.connectMs),
-        config.baseUrl,
-        config.apiKey,
-        config.responseMs,
-      );
+      // By kind: Anthropic's Messages API, which answers Chat Completions requests through Messages
+      // (src/messages/from-chat.ts); an OpenAI-compatible API, which answers Messages requests through
+      // Chat Completions (src/messages/translate.ts).
+      const agent = this.#agentFor(config.connectMs);
+      provider =
+        config.kind === 'anthropic'
+          ? new ChatOverMessages(anthropicProvider(agent, config.baseUrl, config.apiKey, config.responseMs))
+          : new MessagesOverChat(
+              new OpenAICompatibleProvider(agent, config.baseUrl, config.apiKey, config.responseMs),
+            );
       this.#providers.set(config, provider);
     }
     return provider;

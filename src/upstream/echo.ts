@@ -1,7 +1,12 @@
+import { createHash } from 'node:crypto';
 import { decode, encode } from 'gpt-tokenizer';
 import type { ChatRequest } from '../chat/schema.ts';
 import { contentText, countPromptTokens } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
+import { countEmbeddingInput } from '../embeddings/api.ts';
+import type { EmbeddingsRequest } from '../embeddings/schema.ts';
+import { countResponsesInput } from '../responses/api.ts';
+import type { ResponsesRequest } from '../responses/schema.ts';
 import {
   type PassthroughAnswer,
   type Provider,
@@ -19,12 +24,24 @@ const ECHO_MAX_CHARS = 2000;
 /**
  * The built-in provider of projects whose upstream is `echo://local` (the dev demo, offline tests): it
  * answers with the last user message (its first ECHO_MAX_CHARS characters) prefixed by `[echo provider] `,
- * cut at `max_tokens` / `max_completion_tokens`, and reports usage counted with o200k. Streaming sends the
- * reply in several chunks, then a usage chunk when `stream_options.include_usage` asks for it. It serves
- * chat completions only: other APIs answer 404, as a provider without them would.
+ * cut at the request's bound, and reports usage counted with o200k — for every API Tollgate serves:
+ * - Chat Completions: streaming sends the reply in several chunks, then a usage chunk when
+ *   `stream_options.include_usage` asks for it;
+ * - Responses (`input` as a string or items, bound `max_output_tokens`): a Response, or its event stream;
+ * - Embeddings: a deterministic unit vector per input (8 dimensions, or `dimensions`), floats or base64;
+ * - Messages: through Chat Completions, like any OpenAI-compatible provider (src/messages/translate.ts).
+ * Other calls (`GET /responses/{id}`, …) answer 404, as a provider without them would.
  */
 export class EchoProvider implements Provider {
   async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
+    if (call.path === '/responses') {
+      const json = echoResponse(call.body);
+      return { text: JSON.stringify(json), json };
+    }
+    if (call.path === '/embeddings') {
+      const json = echoEmbeddings(call.body);
+      return { text: JSON.stringify(json), json };
+    }
     chatOnly(call.path);
     const reply = echoReply(call.body);
     const json = {
@@ -46,6 +63,7 @@ export class EchoProvider implements Provider {
   }
 
   async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
+    if (call.path === '/responses') return echoResponseStream(call);
     chatOnly(call.path);
     return echoStream(call);
   }
@@ -55,10 +73,13 @@ export class EchoProvider implements Provider {
   }
 }
 
+const NOT_SERVED =
+  'The echo provider serves POST /chat/completions, /responses, /embeddings (and the Messages API) only.';
+
 function notServed(): UpstreamError {
-  return new UpstreamError('status', 'The echo provider serves chat completions only.', {
+  return new UpstreamError('status', NOT_SERVED, {
     status: 404,
-    body: JSON.stringify({ error: { message: 'The echo provider serves chat completions only.' } }),
+    body: JSON.stringify({ error: { message: NOT_SERVED } }),
   });
 }
 
@@ -72,22 +93,156 @@ interface EchoReply {
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
 }
 
+/** The echo of a text, cut at `limit` tokens. */
+function echoText(
+  said: string,
+  limit: number | null | undefined,
+): { text: string; tokens: number; cut: boolean } {
+  let tokens = encode(ECHO_PREFIX + said.slice(0, ECHO_MAX_CHARS));
+  const cut = Boolean(limit && tokens.length > limit);
+  if (cut) tokens = tokens.slice(0, limit!);
+  return { text: decode(tokens), tokens: tokens.length, cut };
+}
+
 function echoReply(body: Record<string, unknown>): EchoReply {
   const request = body as unknown as ChatRequest;
   const lastUser = [...request.messages].reverse().find((m) => m.role === 'user');
-  let tokens = encode(ECHO_PREFIX + contentText(lastUser?.content).slice(0, ECHO_MAX_CHARS));
-  const limit = request.max_completion_tokens ?? request.max_tokens;
-  let finishReason: EchoReply['finishReason'] = 'stop';
-  if (limit && tokens.length > limit) {
-    tokens = tokens.slice(0, limit);
-    finishReason = 'length';
-  }
+  const echo = echoText(contentText(lastUser?.content), request.max_completion_tokens ?? request.max_tokens);
   const prompt = countPromptTokens(request);
   return {
-    text: decode(tokens),
-    finishReason,
-    usage: { prompt_tokens: prompt, completion_tokens: tokens.length, total_tokens: prompt + tokens.length },
+    text: echo.text,
+    finishReason: echo.cut ? 'length' : 'stop',
+    usage: { prompt_tokens: prompt, completion_tokens: echo.tokens, total_tokens: prompt + echo.tokens },
   };
+}
+
+/** The text of the last user message of a Responses `input`. */
+function lastResponsesInput(input: unknown): string {
+  if (typeof input === 'string') return input;
+  if (!Array.isArray(input)) return '';
+  const items = input as Array<{ role?: unknown; type?: unknown; content?: unknown }>;
+  const last = [...items].reverse().find((i) => i.role === 'user' && (i.type ?? 'message') === 'message');
+  if (!last) return '';
+  if (typeof last.content === 'string') return last.content;
+  if (!Array.isArray(last.content)) return '';
+  return (last.content as Array<{ type?: unknown; text?: unknown }>)
+    .map((part) => (part.type === 'input_text' && typeof part.text === 'string' ? part.text : ''))
+    .join('');
+}
+
+/** A completed (or, cut at `max_output_tokens`, incomplete) Response echoing the last user input. */
+function echoResponse(body: Record<string, unknown>) {
+  const echo = echoText(lastResponsesInput(body.input), body.max_output_tokens as number | undefined);
+  const input = countResponsesInput(body as unknown as ResponsesRequest);
+  return {
+    id: newId('resp'),
+    object: 'response',
+    created_at: Math.floor(Date.now() / 1000),
+    status: echo.cut ? 'incomplete' : 'completed',
+    error: null,
+    incomplete_details: echo.cut ? { reason: 'max_output_tokens' } : null,
+    instructions: body.instructions ?? null,
+    max_output_tokens: body.max_output_tokens ?? null,
+    model: String(body.model),
+    output: [
+      {
+        type: 'message',
+        id: newId('msg'),
+        status: 'completed',
+        role: 'assistant',
+        content: [{ type: 'output_text', text: echo.text, annotations: [], logprobs: [] }],
+      },
+    ],
+    parallel_tool_calls: true,
+    previous_response_id: null,
+    store: false,
+    temperature: null,
+    text: { format: { type: 'text' } },
+    tool_choice: 'auto',
+    tools: [],
+    top_p: null,
+    truncation: 'disabled',
+    usage: {
+      input_tokens: input,
+      input_tokens_details: { cached_tokens: 0 },
+      output_tokens: echo.tokens,
+      output_tokens_details: { reasoning_tokens: 0 },
+      total_tokens: input + echo.tokens,
+    },
+    metadata: {},
+  };
+}
+
+/** The same Response as Responses events, its text in several `response.output_text.delta` events. */
+async function* echoResponseStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
+  const response = echoResponse(call.body);
+  const message = response.output[0]!;
+  const part = message.content[0]!;
+  const item = { item_id: message.id, output_index: 0, content_index: 0 };
+  const inProgress = { ...response, status: 'in_progress', output: [], usage: null };
+  let sequence = 0;
+  const event = (data: Record<string, unknown>): SseMessage => ({
+    event: String(data.type),
+    data: JSON.stringify({ ...data, sequence_number: sequence++ }),
+  });
+  yield event({ type: 'response.created', response: inProgress });
+  yield event({ type: 'response.in_progress', response: inProgress });
+  yield event({
+    type: 'response.output_item.added',
+    output_index: 0,
+    item: { ...message, status: 'in_progress', content: [] },
+  });
+  yield event({ type: 'response.content_part.added', ...item, part: { ...part, text: '' } });
+  for (const piece of pieces(part.text)) {
+    if (call.signal.aborted) return;
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    yield event({ type: 'response.output_text.delta', ...item, delta: piece, logprobs: [] });
+  }
+  yield event({ type: 'response.output_text.done', ...item, text: part.text, logprobs: [] });
+  yield event({ type: 'response.content_part.done', ...item, part });
+  yield event({ type: 'response.output_item.done', output_index: 0, item: message });
+  yield event({
+    type: response.status === 'completed' ? 'response.completed' : 'response.incomplete',
+    response,
+  });
+}
+
+/** A deterministic unit vector per input (its SHA-256 spread over the dimensions), usage counted. */
+function echoEmbeddings(body: Record<string, unknown>) {
+  const request = body as unknown as EmbeddingsRequest;
+  const raw = request.input as unknown;
+  const inputs: unknown[] =
+    typeof raw === 'string' || (Array.isArray(raw) && typeof raw[0] === 'number')
+      ? [raw]
+      : (raw as unknown[]);
+  const dimensions = typeof body.dimensions === 'number' && body.dimensions > 0 ? body.dimensions : 8;
+  const data = inputs.map((input, index) => {
+    const digest = createHash('sha256').update(JSON.stringify(input)).digest();
+    const vector = Array.from({ length: dimensions }, (_, i) => digest[i % digest.length]! / 255 - 0.5);
+    const norm = Math.hypot(...vector) || 1;
+    const unit = vector.map((v) => v / norm);
+    const embedding =
+      body.encoding_format === 'base64'
+        ? Buffer.from(new Float32Array(unit).buffer).toString('base64')
+        : unit;
+    return { object: 'embedding', index, embedding };
+  });
+  const tokens = countEmbeddingInput(request);
+  return {
+    object: 'list',
+    data,
+    model: String(body.model),
+    usage: { prompt_tokens: tokens, total_tokens: tokens },
+  };
+}
+
+/** A text in about STREAM_CHUNKS pieces, split by characters (never inside a multi-byte one). */
+function pieces(text: string): string[] {
+  const chars = Array.from(text);
+  const size = Math.max(1, Math.ceil(chars.length / STREAM_CHUNKS));
+  const out: string[] = [];
+  for (let i = 0; i < chars.length; i += size) out.push(chars.slice(i, i + size).join(''));
+  return out;
 }
 
 const STREAM_CHUNKS = 6;

@@ -36,6 +36,35 @@ export function createUpstreamAgent(timeouts: UpstreamTimeouts): Agent {
 
 const MAX_ERROR_BODY = 8192;
 
+export interface ProviderHttpOptions {
+  /** How the key is sent: `Authorization: Bearer` (OpenAI-compatible) or `x-api-key` (Anthropic). */
+  auth?: 'bearer' | 'x-api-key';
+  /** Headers sent with every call (a call's own headers override them). */
+  headers?: Record<string, string>;
+}
+
+/** Anthropic's API version sent when the client named none. */
+export const ANTHROPIC_VERSION = '2023-06-01';
+
+/**
+ * A provider of kind `anthropic`: the Messages API at `{baseUrl}/v1/messages` (the base URL is
+ * `https://api.anthropic.com`, or any URL of a compatible API, with or without its `/v1`), the key in
+ * `x-api-key`, `anthropic-version` (the client's, else ANTHROPIC_VERSION) on every call.
+ */
+export function anthropicProvider(
+  agent: Dispatcher,
+  baseUrl: string,
+  apiKey: string | undefined,
+  responseMs?: number,
+): OpenAICompatibleProvider {
+  const trimmed = baseUrl.replace(/\/+$/, '');
+  const base = /\/v1$/.test(trimmed) ? trimmed : `${trimmed}/v1`;
+  return new OpenAICompatibleProvider(agent, base, apiKey, responseMs, {
+    auth: 'x-api-key',
+    headers: { 'anthropic-version': ANTHROPIC_VERSION },
+  });
+}
+
 /**
  * Any OpenAI-compatible provider: `POST {baseUrl}{path}` with a bearer key, for every API Tollgate
  * meters (`/chat/completions`, `/responses`, `/embeddings`), and other calls passed through as received.
@@ -48,16 +77,28 @@ export class OpenAICompatibleProvider implements Provider {
   /** A provider's own response time-out (routing); the agent's otherwise. */
   readonly #timeouts: { headersTimeout?: number; bodyTimeout?: number };
 
-  constructor(agent: Dispatcher, baseUrl: string, apiKey: string | undefined, responseMs?: number) {
+  constructor(
+    agent: Dispatcher,
+    baseUrl: string,
+    apiKey: string | undefined,
+    responseMs?: number,
+    options: ProviderHttpOptions = {},
+  ) {
     const url = new URL(baseUrl.replace(/\/+$/, ''));
     this.#agent = agent;
     this.#origin = url.origin;
     this.#basePath = url.pathname.replace(/\/+$/, '');
     this.#timeouts = responseMs === undefined ? {} : { headersTimeout: responseMs, bodyTimeout: responseMs };
+    const auth: Record<string, string> = !apiKey
+      ? {}
+      : options.auth === 'x-api-key'
+        ? { 'x-api-key': apiKey }
+        : { authorization: `Bearer ${apiKey}` };
     this.#headers = {
       'content-type': 'application/json',
       accept: 'application/json, text/event-stream',
-      ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}),
+      ...options.headers,
+      ...auth,
     };
   }
 
@@ -117,6 +158,13 @@ export class OpenAICompatibleProvider implements Provider {
     };
   }
 
+  #auth(): Record<string, string> {
+    const headers = this.#headers;
+    if (headers.authorization) return { authorization: headers.authorization };
+    if (headers['x-api-key']) return { 'x-api-key': headers['x-api-key'] };
+    return {};
+  }
+
   async #send(call: UpstreamCall): Promise<Dispatcher.ResponseData> {
     let res: Dispatcher.ResponseData;
     try {
@@ -124,7 +172,8 @@ export class OpenAICompatibleProvider implements Provider {
         origin: this.#origin,
         path: this.#basePath + call.path,
         method: 'POST',
-        headers: this.#headers,
+        // The client's own headers (the Messages API's `anthropic-version`, …) go along, never the key.
+        headers: call.headers ? { ...this.#headers, ...call.headers, ...this.#auth() } : this.#headers,
         body: JSON.stringify(call.body),
         signal: call.signal,
         ...this.#timeouts,

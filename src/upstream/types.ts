@@ -11,6 +11,8 @@ export interface UpstreamCall {
   body: Record<string, unknown>;
   /** Aborted when the client goes away or Tollgate stops a stream at its bound. */
   signal: AbortSignal;
+  /** Client headers forwarded to the provider (the Messages API's `anthropic-version`, `anthropic-beta`). */
+  headers?: Record<string, string> | undefined;
 }
 
 export interface UpstreamAnswer {

@@ -9,7 +9,10 @@ import type { AddressInfo, Socket } from 'node:net';
  * (until the conversation carries a `tool` message), with `n` it answers that many choices.
  * `POST /v1/responses` answers a Response (or its event stream) of the same text, cut at
  * `max_output_tokens` (or `function_call` items, with `toolCalls`), and `GET /v1/responses/{id}` returns it again; `POST /v1/embeddings` answers a
- * 3-dimensional vector per input (floats or base64).
+ * 3-dimensional vector per input (floats or base64). `POST /v1/messages` speaks Anthropic's Messages API
+ * natively (the same text as a `text` block, or `tool_use` blocks with `toolCalls` until the last user
+ * turn carries a `tool_result`; usage with `cacheWriteTokens` / `cachedTokens` as cache creation / reads;
+ * streaming with Anthropic's events, a `ping` included); it wants `x-api-key` and `anthropic-version`.
  *
  * Behaviour is chosen per upstream model name (`behaviors`), falling back to `defaults`, so tests that
  * run at the same time can use different behaviours through different models.
@@ -55,6 +58,8 @@ export interface MockBehavior {
   reasoningTokens?: number;
   /** Answer 404 to /responses (a provider without the Responses API). */
   noResponses?: boolean;
+  /** Messages: cache_creation_input_tokens to report. */
+  cacheWriteTokens?: number;
 }
 
 export interface ReceivedRequest {
@@ -94,7 +99,8 @@ export async function startMockUpstream(
   const server = http.createServer((req, res) => {
     if (req.method === 'GET' && (req.url ?? '').split('?')[0]!.endsWith('/models')) {
       // The model list a provider check (the admin API's live call) reads; the key must be present.
-      const ok = /^Bearer \S+/.test(req.headers.authorization ?? '');
+      // (Anthropic's API lists its models too, with the key in x-api-key.)
+      const ok = /^Bearer \S+/.test(req.headers.authorization ?? '') || Boolean(req.headers['x-api-key']);
       res.writeHead(ok ? 200 : 401, { 'content-type': 'application/json' });
       res.end(
         JSON.stringify(
@@ -141,9 +147,11 @@ export async function startMockUpstream(
       const answering =
         route === 'chat'
           ? answer(body, behavior, res)
-          : route === 'responses'
-            ? answerResponse(body, behavior, res, responses)
-            : answerEmbeddings(body, behavior, res);
+          : route === 'messages'
+            ? answerMessages(body, behavior, req.headers, res)
+            : route === 'responses'
+              ? answerResponse(body, behavior, res, responses)
+              : answerEmbeddings(body, behavior, res);
       answering.then(
         () => {
           finished = true;
@@ -297,7 +305,7 @@ async function answer(body: any, b: MockBehavior, res: http.ServerResponse): Pro
   res.end('data: [DONE]\n\n');
 }
 
-type Route = 'chat' | 'responses' | 'retrieve' | 'embeddings' | undefined;
+type Route = 'chat' | 'responses' | 'retrieve' | 'embeddings' | 'messages' | undefined;
 
 function routeOf(method: string | undefined, url: string): Route {
   const path = url.split('?')[0]!;
@@ -305,6 +313,7 @@ function routeOf(method: string | undefined, url: string): Route {
   if (method === 'POST' && path.endsWith('/responses')) return 'responses';
   if (method === 'GET' && path.includes('/responses/')) return 'retrieve';
   if (method === 'POST' && path.endsWith('/embeddings')) return 'embeddings';
+  if (method === 'POST' && path.endsWith('/v1/messages')) return 'messages';
   return undefined;
 }
 
@@ -468,4 +477,104 @@ async function answerEmbeddings(body: any, b: MockBehavior, res: http.ServerResp
   });
   res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
   res.end(json);
+}
+
+/** `POST /v1/messages`: Anthropic's Messages API (a message of `tokens` pieces, or its event stream). */
+async function answerMessages(
+  body: any,
+  b: MockBehavior,
+  headers: http.IncomingHttpHeaders,
+  res: http.ServerResponse,
+): Promise<void> {
+  const fail = (status: number, type: string, message: string) => {
+    res.writeHead(status, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ type: 'error', error: { type, message } }));
+  };
+  if (!headers['x-api-key']) return fail(401, 'authentication_error', 'x-api-key header is required');
+  if (!headers['anthropic-version'])
+    return fail(400, 'invalid_request_error', 'anthropic-version is required');
+  if (b.stall) return new Promise((resolve) => res.on('close', resolve));
+  if (b.failStatus) return fail(b.failStatus, 'api_error', `mock failure ${b.failStatus}`);
+  const limit = body.max_tokens;
+  let count = b.tokens ?? 5;
+  let stopReason = 'end_turn';
+  if (typeof limit === 'number' && count > limit) {
+    count = limit;
+    stopReason = 'max_tokens';
+  }
+  const piece = b.piece ?? ' hello';
+  const last = Array.isArray(body.messages) ? body.messages.at(-1) : undefined;
+  const answered =
+    Array.isArray(last?.content) && last.content.some((block: any) => block?.type === 'tool_result');
+  const calls = b.toolCalls && !answered ? b.toolCalls : undefined;
+  const usage = {
+    input_tokens: b.promptTokens ?? 12,
+    cache_creation_input_tokens: b.cacheWriteTokens ?? 0,
+    cache_read_input_tokens: b.cachedTokens ?? 0,
+    output_tokens: count,
+  };
+  const toolBlocks = (calls ?? []).map((call, i) => ({
+    type: 'tool_use',
+    id: `toolu_mock${i}`,
+    name: call.name,
+    input: JSON.parse(call.arguments),
+  }));
+  const message = {
+    id: `msg_mock${Math.random().toString(36).slice(2, 10)}`,
+    type: 'message',
+    role: 'assistant',
+    model: body.model,
+    content: calls ? toolBlocks : [{ type: 'text', text: piece.repeat(count) }],
+    stop_reason: calls ? 'tool_use' : stopReason,
+    stop_sequence: null,
+    usage,
+  };
+  if (!body.stream) {
+    const json = JSON.stringify(message);
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
+    res.end(json);
+    return;
+  }
+  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+  const send = (event: Record<string, unknown>) =>
+    res.write(`event: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`);
+  send({
+    type: 'message_start',
+    message: { ...message, content: [], stop_reason: null, usage: { ...usage, output_tokens: 1 } },
+  });
+  send({ type: 'ping' });
+  if (calls) {
+    for (const [index, block] of toolBlocks.entries()) {
+      send({ type: 'content_block_start', index, content_block: { ...block, input: {} } });
+      const json = JSON.stringify(block.input);
+      for (let at = 0; at < json.length; at += 4) {
+        if (res.destroyed) return;
+        send({
+          type: 'content_block_delta',
+          index,
+          delta: { type: 'input_json_delta', partial_json: json.slice(at, at + 4) },
+        });
+      }
+      send({ type: 'content_block_stop', index });
+    }
+  } else {
+    send({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
+    for (let i = 0; i < count; i++) {
+      if (res.destroyed) return;
+      if (b.chunkDelayMs) await sleep(b.chunkDelayMs);
+      if (b.truncateAfterChunks !== undefined && i === b.truncateAfterChunks) {
+        res.end();
+        return;
+      }
+      send({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: piece } });
+    }
+    send({ type: 'content_block_stop', index: 0 });
+  }
+  send({
+    type: 'message_delta',
+    delta: { stop_reason: message.stop_reason, stop_sequence: null },
+    usage: { output_tokens: count },
+  });
+  send({ type: 'message_stop' });
+  res.end();
 }

@@ -1,0 +1,348 @@
+import type { FastifyRequest } from 'fastify';
+import type { LinkReply } from '../chat/paywall.ts';
+import { countText, partTokens, type TextCounter } from '../chat/tokens.ts';
+import type { ApiError } from '../core/errors.ts';
+import { newId } from '../core/ids.ts';
+import {
+  type AnswerReading,
+  type Exchange,
+  type MeteredApi,
+  type RefusalReply,
+  type ReportedUsage,
+  reportedUsage,
+  type StreamReader,
+  type StreamStep,
+} from '../metering/api.ts';
+import { END_USER_HEADER } from '../metering/end-user.ts';
+import { sseEvent } from '../metering/relay.ts';
+import { type SseMessage, UpstreamError } from '../upstream/types.ts';
+import type { ContentBlock, CountTokensRequest, MessagesRequest } from './schema.ts';
+import { messagesRequestSchema } from './schema.ts';
+
+/**
+ * `POST /v1/messages` (Anthropic's Messages API) as a metered API. The request is forwarded as received
+ * with the provider's model name (`max_tokens`, required by the API, is the bound the hold pays for),
+ * with the client's `anthropic-version` and `anthropic-beta` headers; a provider of kind
+ * `openai-compatible` gets it translated to Chat Completions (src/upstream/translate.ts). Usage is read
+ * from `usage` of the message, or of the stream's `message_start` and final `message_delta`:
+ * `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens` are the input (cache reads
+ * priced as cached input, cache writes as input), `output_tokens` the output. Stream events pass through
+ * untouched, with their `event:` names.
+ */
+
+/** Headers of Anthropic's clients passed on to the provider. */
+export const FORWARDED_HEADERS = ['anthropic-version', 'anthropic-beta'] as const;
+
+/**
+ * The hold counts the prompt with o200k times this factor (besides the flow's own 1.1): Claude's
+ * tokenizer yields more tokens than o200k for the same text, markedly so for code (Anthropic's legacy
+ * published tokenizer: prose 1.04×, TypeScript 1.12×, JSON 1.02× of o200k; the Claude 3+ tokenizers are
+ * not published and count more). The charge is always the provider's reported usage.
+ */
+export const CLAUDE_INPUT_MARGIN = 1.3;
+
+const str = (value: unknown): string => (typeof value === 'string' ? value : '');
+
+/** Tokens of one content block as Tollgate estimates them (o200k; images by OpenAI's tile rule). */
+function blockTokens(block: ContentBlock, count: TextCounter): number {
+  switch (block.type) {
+    case 'text':
+      return count(str(block.text));
+    case 'image': {
+      const source = block.source as { type?: string; media_type?: string; data?: string; url?: string };
+      const url =
+        source.type === 'base64' ? `data:${source.media_type};base64,${source.data}` : str(source.url);
+      return partTokens({ type: 'image_url', image_url: { url } }, count);
+    }
+    case 'tool_use':
+      return count(`${str(block.name)}${JSON.stringify(block.input ?? {})}`);
+    case 'tool_result': {
+      const content = block.content;
+      if (typeof content === 'string') return count(content);
+      if (!Array.isArray(content)) return 0;
+      let tokens = 0;
+      for (const inner of content as ContentBlock[]) tokens += blockTokens(inner, count);
+      return tokens;
+    }
+    case 'thinking':
+      return count(str(block.thinking));
+    default:
+      return count(JSON.stringify(block));
+  }
+}
+
+/**
+ * Input tokens as Tollgate estimates them: 3 for the reply, per message 4 of framing plus its blocks,
+ * the system prompt, tool definitions and tool choice as their JSON.
+ */
+export function countMessagesInput(body: CountTokensRequest, count: TextCounter = countText): number {
+  let tokens = 3;
+  const system = body.system;
+  if (typeof system === 'string') tokens += 4 + count(system);
+  else if (Array.isArray(system)) for (const block of system) tokens += 4 + count(block.text);
+  for (const message of body.messages) {
+    tokens += 4;
+    if (typeof message.content === 'string') tokens += count(message.content);
+    else for (const block of message.content as ContentBlock[]) tokens += blockTokens(block, count);
+  }
+  if (body.tools?.length) tokens += count(JSON.stringify(body.tools));
+  if (body.tool_choice) tokens += count(JSON.stringify(body.tool_choice));
+  return tokens;
+}
+
+export interface AnthropicUsage {
+  input_tokens?: number | null;
+  output_tokens?: number | null;
+  cache_creation_input_tokens?: number | null;
+  cache_read_input_tokens?: number | null;
+}
+
+/** Anthropic's usage in Tollgate's terms: every input token (cache writes and reads included) is input. */
+export function messagesUsage(usage: AnthropicUsage | null | undefined): ReportedUsage | undefined {
+  if (!usage) return undefined;
+  const parts = [usage.input_tokens, usage.cache_creation_input_tokens, usage.cache_read_input_tokens];
+  const input = parts.some((n) => typeof n === 'number')
+    ? parts.reduce<number>((sum, n) => sum + (typeof n === 'number' ? n : 0), 0)
+    : undefined;
+  return reportedUsage({
+    input,
+    output: usage.output_tokens,
+    cachedInput: usage.cache_read_input_tokens ?? (input === undefined ? undefined : 0),
+  });
+}
+
+/** Text a message produced: text, thinking, tool inputs. */
+function producedText(content: unknown): string {
+  if (!Array.isArray(content)) return '';
+  let text = '';
+  for (const block of content as Array<Record<string, unknown>>) {
+    text += str(block.text) + str(block.thinking);
+    if (block.type === 'tool_use') text += str(block.name) + JSON.stringify(block.input ?? {});
+  }
+  return text;
+}
+
+export const messagesApi: MeteredApi<MessagesRequest> = {
+  name: 'messages',
+  endpoint: 'chat',
+  title: 'Messages',
+  upstreamPath: '/messages',
+  schema: messagesRequestSchema,
+  countInput: countMessagesInput,
+  requestedBound: (body) => body.max_tokens,
+  choices: () => 1,
+  inputMargin: CLAUDE_INPUT_MARGIN,
+
+  upstreamBody(body, model, bound) {
+    const out: Record<string, unknown> = { ...body, model: model.upstream_model };
+    if (bound !== undefined) out.max_tokens = bound;
+    return out;
+  },
+
+  read(json): AnswerReading {
+    if (!Array.isArray(json.content)) {
+      throw new UpstreamError('malformed', 'The provider returned a message without `content`.');
+    }
+    const usage = messagesUsage(json.usage as AnthropicUsage | undefined);
+    return {
+      usage,
+      produced: usage?.output === undefined ? countText(producedText(json.content)) : 0,
+      finishReason: typeof json.stop_reason === 'string' ? json.stop_reason : null,
+    };
+  },
+
+  refusal(link: LinkReply, x: Exchange<MessagesRequest>): RefusalReply {
+    const message = linkMessage(link, x.model.id);
+    if (!x.stream) return { kind: 'json', status: 200, body: message };
+    return { kind: 'stream', body: linkMessageStream(message, link.message) };
+  },
+
+  streamReader: () => new MessagesStreamReader(),
+  // The header wins here: Claude Code fills `metadata.user_id` with its own per-session id, while the
+  // header (ANTHROPIC_CUSTOM_HEADERS) is the developer's choice.
+  endUser: (body, request) =>
+    request.headers[END_USER_HEADER] ? undefined : (body.metadata?.user_id ?? undefined),
+  upstreamHeaders: forwardedHeaders,
+  renderError: (error) => ({ event: 'error', body: anthropicError(error) }),
+};
+
+/** The client's `anthropic-version` / `anthropic-beta`, to pass on. */
+export function forwardedHeaders(request: FastifyRequest): Record<string, string> | undefined {
+  const out: Record<string, string> = {};
+  for (const name of FORWARDED_HEADERS) {
+    const value = request.headers[name];
+    const text = Array.isArray(value) ? value.join(',') : value;
+    if (text) out[name] = text;
+  }
+  return Object.keys(out).length ? out : undefined;
+}
+
+/** Anthropic's error types by HTTP status. */
+function anthropicErrorType(error: ApiError): string {
+  switch (error.status) {
+    case 400:
+      return 'invalid_request_error';
+    case 401:
+      return 'authentication_error';
+    case 402:
+      return 'billing_error';
+    case 403:
+      return 'permission_error';
+    case 404:
+      return 'not_found_error';
+    case 413:
+      return 'request_too_large';
+    case 429:
+      return 'rate_limit_error';
+    case 503:
+    case 529:
+      return 'overloaded_error';
+    case 504:
+      return 'timeout_error';
+  }
+  return error.status < 500 ? 'invalid_request_error' : 'api_error';
+}
+
+/** An error in Anthropic's shape: `{"type":"error","error":{"type","message"}}` (plus Tollgate's code). */
+export function anthropicError(error: ApiError) {
+  return {
+    type: 'error',
+    error: {
+      type: anthropicErrorType(error),
+      message: error.message,
+      ...(error.param ? { param: error.param } : {}),
+      ...(error.code ? { code: error.code } : {}),
+    },
+  };
+}
+
+/**
+ * An Anthropic stream: `message_start` (input usage), content blocks, `message_delta` (stop reason and
+ * the cumulative usage), `message_stop`; `ping`s; an `error` event is the provider's failure. Relayed
+ * whole (the bound is `max_tokens`, which the provider enforces).
+ */
+class MessagesStreamReader implements StreamReader {
+  readonly canCut = false;
+  #usage: AnthropicUsage = {};
+  #seenUsage = false;
+  finishReason: string | null = null;
+  finished = false;
+
+  get usage(): ReportedUsage | undefined {
+    return this.#seenUsage ? messagesUsage(this.#usage) : undefined;
+  }
+
+  next(message: SseMessage): StreamStep {
+    let event: {
+      type?: unknown;
+      message?: { usage?: AnthropicUsage };
+      usage?: AnthropicUsage;
+      delta?: {
+        type?: unknown;
+        text?: unknown;
+        partial_json?: unknown;
+        thinking?: unknown;
+        stop_reason?: unknown;
+      };
+      error?: { type?: unknown };
+    };
+    try {
+      event = JSON.parse(message.data);
+    } catch {
+      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
+    }
+    if (event === null || typeof event !== 'object') {
+      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
+    }
+    const type = typeof event.type === 'string' ? event.type : message.event;
+    switch (type) {
+      case 'error':
+        throw new UpstreamError('status', 'The provider reported an error in the stream.', {
+          status: event.error?.type === 'overloaded_error' ? 529 : 500,
+          body: message.data,
+        });
+      case 'message_start':
+        // its output_tokens is a placeholder (1): the output is final only in message_delta, and a
+        // stream that breaks off before it is charged Tollgate's count of what was forwarded
+        this.#merge(event.message?.usage, ['output_tokens']);
+        return { action: 'forward', tokens: 0 };
+      case 'message_delta':
+        this.#merge(event.usage);
+        if (typeof event.delta?.stop_reason === 'string') this.finishReason = event.delta.stop_reason;
+        return { action: 'forward', tokens: 0 };
+      case 'message_stop':
+        this.finished = true;
+        this.finishReason ??= 'end_turn';
+        return { action: 'forward', tokens: 0 };
+      case 'content_block_delta': {
+        const delta = event.delta;
+        const text = str(delta?.text) + str(delta?.partial_json) + str(delta?.thinking);
+        return { action: 'forward', tokens: text ? countText(text) : 0 };
+      }
+    }
+    return { action: 'forward', tokens: 0 };
+  }
+
+  /** Usage fields are cumulative: a later event's value replaces an earlier one. */
+  #merge(usage: AnthropicUsage | undefined, except: string[] = []): void {
+    if (!usage || typeof usage !== 'object') return;
+    for (const [name, value] of Object.entries(usage)) {
+      if (typeof value === 'number' && !except.includes(name)) {
+        (this.#usage as Record<string, number>)[name] = value;
+        this.#seenUsage = true;
+      }
+    }
+  }
+
+  tail(): string {
+    return '';
+  }
+}
+
+/** A message whose one text block carries the link (plus `paywall` for programs). */
+export function linkMessage(link: LinkReply, model: string) {
+  return {
+    id: newId('msg'),
+    type: 'message',
+    role: 'assistant',
+    model,
+    content: [{ type: 'text', text: link.message }],
+    stop_reason: 'end_turn',
+    stop_sequence: null,
+    usage: {
+      input_tokens: 0,
+      output_tokens: 0,
+      cache_creation_input_tokens: 0,
+      cache_read_input_tokens: 0,
+    },
+    paywall: {
+      decision: link.decision,
+      url: link.url,
+      ...(link.required ? { required: link.required, available: link.available } : {}),
+    },
+  };
+}
+
+/**
+ * The same message as Anthropic's event stream: `message_start`, `content_block_start`,
+ * `content_block_delta` (`text_delta`, the whole text), `content_block_stop`, `message_delta`,
+ * `message_stop`.
+ */
+export function linkMessageStream(message: ReturnType<typeof linkMessage>, text: string): string {
+  const events: Array<Record<string, unknown>> = [
+    {
+      type: 'message_start',
+      message: { ...message, content: [], stop_reason: null },
+    },
+    { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } },
+    { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } },
+    { type: 'content_block_stop', index: 0 },
+    {
+      type: 'message_delta',
+      delta: { stop_reason: 'end_turn', stop_sequence: null },
+      usage: { output_tokens: 0 },
+    },
+    { type: 'message_stop' },
+  ];
+  return events.map((event) => sseEvent(JSON.stringify(event), String(event.type))).join('');
+}

@@ -1,0 +1,434 @@
+import { badRequest } from '../core/errors.ts';
+import { newId } from '../core/ids.ts';
+import type {
+  ChatUsage,
+  PassthroughAnswer,
+  PassthroughCall,
+  Provider,
+  SseMessage,
+  UpstreamAnswer,
+  UpstreamCall,
+} from '../upstream/types.ts';
+import { UpstreamError } from '../upstream/types.ts';
+
+/**
+ * Anthropic's Messages API over an OpenAI-compatible provider: a `POST /v1/messages` whose route is a
+ * provider of kind `openai-compatible` (or the echo provider) is sent as a Chat Completions request and
+ * its answer — JSON or stream — comes back as an Anthropic message / event stream. What cannot be
+ * carried is a 400 naming the field, never a silent drop. The mapping (also in the README):
+ *
+ * | Messages request                          | Chat Completions request                               |
+ * |-------------------------------------------|--------------------------------------------------------|
+ * | `system` (string or text blocks)          | a first `system` message                               |
+ * | `text` block                              | `text` part                                            |
+ * | `image` block (base64 or url)             | `image_url` part (a data URL for base64)               |
+ * | `document` block (base64 PDF / text)      | `file` part (`file_data`) / `text` part                |
+ * | assistant `tool_use` blocks               | the assistant message's `tool_calls`                   |
+ * | user `tool_result` blocks                 | `tool` messages (before the user's other content)      |
+ * | `tools` (custom: name, description, input_schema) | `tools` of type `function` (`parameters`)      |
+ * | `tool_choice` auto / any / tool / none    | `auto` / `required` / `{function}` / `none`            |
+ * | `disable_parallel_tool_use`               | `parallel_tool_calls: false`                           |
+ * | `max_tokens`, `stop_sequences`, `temperature`, `top_p` | `max_tokens`, `stop`, `temperature`, `top_p` |
+ * | `metadata.user_id`                        | `user`                                                 |
+ * | `thinking` enabled (`budget_tokens`)      | `reasoning_effort` low (< 4096) / medium (< 16384) / high |
+ * | `stream`                                  | `stream` with `stream_options.include_usage`           |
+ * | `cache_control`, `inference_geo`, `speed`, `diagnostics`, `service_tier` | left out: hints |
+ *
+ * Refused with a 400: `thinking`/`redacted_thinking` blocks in the history (Claude's signed
+ * reasoning), server tools (`web_search_…`, …), `file` image or document sources, `top_k`,
+ * `container`, `mcp_servers` and other Anthropic-only fields.
+ *
+ * Answers: `content` → a `text` block, `tool_calls` → `tool_use` blocks (arguments parsed as JSON),
+ * `finish_reason` stop / length / tool_calls / content_filter → `stop_reason` end_turn / max_tokens /
+ * tool_use / refusal; usage `prompt_tokens` (minus `cached_tokens`) → `input_tokens`, `cached_tokens` →
+ * `cache_read_input_tokens`, `completion_tokens` → `output_tokens`.
+ */
+
+/** Request fields carried over (or read) by the translation; any other one is refused. */
+const CARRIED = new Set([
+  'model',
+  'messages',
+  'system',
+  'max_tokens',
+  'stop_sequences',
+  'temperature',
+  'top_p',
+  'tools',
+  'tool_choice',
+  'metadata',
+  'stream',
+  'thinking',
+]);
+
+type Json = Record<string, unknown>;
+
+/** Hints with no Chat Completions meaning, left out (not content: the answer is the same without them). */
+const HINTS = new Set(['cache_control', 'inference_geo', 'speed', 'diagnostics', 'service_tier']);
+
+const cannot = (field: string, why: string) =>
+  badRequest(
+    `'${field}' cannot be sent to this model's provider (an OpenAI-compatible API, reached through Chat Completions): ${why}.`,
+    field,
+    'untranslatable_field',
+  );
+
+/** The Chat Completions request of a Messages request. */
+export function messagesToChat(body: Json): Json {
+  for (const field of Object.keys(body)) {
+    if (!CARRIED.has(field) && !HINTS.has(field) && body[field] !== undefined && body[field] !== null) {
+      throw cannot(field, 'Chat Completions has no such field');
+    }
+  }
+  const messages: Json[] = [];
+  const system = body.system;
+  if (typeof system === 'string') messages.push({ role: 'system', content: system });
+  else if (Array.isArray(system)) {
+    messages.push({
+      role: 'system',
+      content: (system as Json[]).map((b) => String(b.text ?? '')).join('\n'),
+    });
+  }
+  for (const [i, message] of (body.messages as Json[]).entries()) {
+    messages.push(...chatMessages(message, `messages.${i}`));
+  }
+  const out: Json = { model: body.model, messages, max_tokens: body.max_tokens };
+  if (/^(o\d|gpt-5)/.test(String(body.model))) {
+    out.max_completion_tokens = out.max_tokens;
+    delete out.max_tokens;
+  }
+  if (body.stop_sequences !== undefined) out.stop = body.stop_sequences;
+  if (body.temperature !== undefined) out.temperature = body.temperature;
+  if (body.top_p !== undefined) out.top_p = body.top_p;
+  const userId = (body.metadata as { user_id?: unknown } | undefined)?.user_id;
+  if (typeof userId === 'string') out.user = userId;
+  if (body.stream === true) {
+    out.stream = true;
+    out.stream_options = { include_usage: true };
+  }
+  const thinking = body.thinking as { type?: string; budget_tokens?: number } | undefined;
+  if (thinking?.type === 'enabled') {
+    const budget = thinking.budget_tokens ?? 0;
+    out.reasoning_effort = budget < 4096 ? 'low' : budget < 16384 ? 'medium' : 'high';
+  } else if (thinking?.type === 'adaptive') {
+    out.reasoning_effort = 'medium';
+  }
+  if (Array.isArray(body.tools) && body.tools.length) {
+    out.tools = (body.tools as Json[]).map((tool, i) => {
+      if (tool.type !== undefined && tool.type !== null && tool.type !== 'custom') {
+        throw cannot(`tools.${i}`, `the server tool '${String(tool.type)}' runs only at Anthropic`);
+      }
+      return {
+        type: 'function',
+        function: {
+          name: tool.name,
+          ...(tool.description !== undefined ? { description: tool.description } : {}),
+          parameters: tool.input_schema ?? { type: 'object', properties: {} },
+        },
+      };
+    });
+  }
+  const choice = body.tool_choice as { type?: string; name?: string; disable_parallel_tool_use?: boolean };
+  if (choice) {
+    out.tool_choice =
+      choice.type === 'any'
+        ? 'required'
+        : choice.type === 'tool'
+          ? { type: 'function', function: { name: choice.name } }
+          : choice.type;
+    if (choice.disable_parallel_tool_use === true && out.tools) out.parallel_tool_calls = false;
+  }
+  return out;
+}
+
+/** One Anthropic message as Chat Completions messages (tool results become `tool` messages). */
+function chatMessages(message: Json, path: string): Json[] {
+  const role = message.role as 'user' | 'assistant';
+  const content = message.content;
+  if (typeof content === 'string') return [{ role, content }];
+  const blocks = content as Json[];
+  if (role === 'assistant') {
+    let text = '';
+    const toolCalls: Json[] = [];
+    for (const [j, block] of blocks.entries()) {
+      const where = `${path}.content.${j}`;
+      if (block.type === 'text') text += String(block.text ?? '');
+      else if (block.type === 'tool_use') {
+        toolCalls.push({
+          id: block.id,
+          type: 'function',
+          function: { name: block.name, arguments: JSON.stringify(block.input ?? {}) },
+        });
+      } else throw cannot(where, `an assistant '${String(block.type)}' block has no Chat Completions form`);
+    }
+    return [
+      {
+        role: 'assistant',
+        content: text || (toolCalls.length ? null : ''),
+        ...(toolCalls.length ? { tool_calls: toolCalls } : {}),
+      },
+    ];
+  }
+  const out: Json[] = [];
+  const parts: Json[] = [];
+  for (const [j, block] of blocks.entries()) {
+    const where = `${path}.content.${j}`;
+    if (block.type === 'tool_result') {
+      out.push({ role: 'tool', tool_call_id: block.tool_use_id, content: toolResultText(block, where) });
+      continue;
+    }
+    parts.push(chatPart(block, where));
+  }
+  if (parts.length) out.push({ role: 'user', content: parts });
+  return out;
+}
+
+function chatPart(block: Json, where: string): Json {
+  switch (block.type) {
+    case 'text':
+      return { type: 'text', text: block.text };
+    case 'image': {
+      const source = block.source as { type?: string; media_type?: string; data?: string; url?: string };
+      if (source.type === 'base64') {
+        return { type: 'image_url', image_url: { url: `data:${source.media_type};base64,${source.data}` } };
+      }
+      if (source.type === 'url') return { type: 'image_url', image_url: { url: source.url } };
+      throw cannot(`${where}.source`, `an image source of type '${String(source.type)}' is Anthropic's own`);
+    }
+    case 'document': {
+      const source = block.source as { type?: string; media_type?: string; data?: unknown };
+      if (source.type === 'base64') {
+        return {
+          type: 'file',
+          file: {
+            filename: typeof block.title === 'string' ? block.title : 'document.pdf',
+            file_data: `data:${source.media_type};base64,${String(source.data)}`,
+          },
+        };
+      }
+      if (source.type === 'text') return { type: 'text', text: String(source.data ?? '') };
+      throw cannot(
+        `${where}.source`,
+        `a document source of type '${String(source.type)}' is Anthropic's own`,
+      );
+    }
+  }
+  throw cannot(where, `a '${String(block.type)}' block has no Chat Completions form`);
+}
+
+function toolResultText(block: Json, where: string): string {
+  const content = block.content;
+  const text =
+    typeof content === 'string'
+      ? content
+      : Array.isArray(content)
+        ? (content as Json[])
+            .map((inner, k) => {
+              if (inner.type !== 'text') {
+                throw cannot(`${where}.content.${k}`, 'a tool result carries only text to Chat Completions');
+              }
+              return String(inner.text ?? '');
+            })
+            .join('')
+        : '';
+  return block.is_error === true ? `Error: ${text}` : text;
+}
+
+const STOP_REASONS: Record<string, string> = {
+  stop: 'end_turn',
+  length: 'max_tokens',
+  tool_calls: 'tool_use',
+  function_call: 'tool_use',
+  content_filter: 'refusal',
+};
+
+const stopReason = (finish: unknown) =>
+  typeof finish === 'string' ? (STOP_REASONS[finish] ?? 'end_turn') : 'end_turn';
+
+/** Chat usage as Anthropic's. */
+export function anthropicUsage(usage: ChatUsage | null | undefined) {
+  const cached = usage?.prompt_tokens_details?.cached_tokens ?? 0;
+  return {
+    input_tokens: Math.max(0, (usage?.prompt_tokens ?? 0) - cached),
+    output_tokens: usage?.completion_tokens ?? 0,
+    cache_creation_input_tokens: 0,
+    cache_read_input_tokens: cached,
+  };
+}
+
+function parseArguments(text: unknown): unknown {
+  if (typeof text !== 'string' || !text) return {};
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new UpstreamError('malformed', 'The provider returned tool call arguments that are not JSON.');
+  }
+}
+
+/** The Anthropic message of a chat completion. */
+export function chatToMessage(json: Json, model: string): Json {
+  const choice = (json.choices as Json[] | undefined)?.[0];
+  if (!choice) throw new UpstreamError('malformed', 'The provider returned a response without `choices`.');
+  const message = (choice.message ?? {}) as Json;
+  const content: Json[] = [];
+  const text = [message.content, message.refusal].filter((t) => typeof t === 'string' && t).join('');
+  if (text) content.push({ type: 'text', text });
+  for (const call of (message.tool_calls as Json[] | undefined) ?? []) {
+    const fn = (call.function ?? {}) as Json;
+    content.push({ type: 'tool_use', id: call.id, name: fn.name, input: parseArguments(fn.arguments) });
+  }
+  return {
+    id: `msg_${String(json.id ?? newId('msg')).replace(/^chatcmpl[-_]?/, '')}`,
+    type: 'message',
+    role: 'assistant',
+    model,
+    content,
+    stop_reason: stopReason(choice.finish_reason),
+    stop_sequence: null,
+    usage: anthropicUsage(json.usage as ChatUsage | undefined),
+  };
+}
+
+const event = (type: string, data: Json): SseMessage => ({
+  event: type,
+  data: JSON.stringify({ type, ...data }),
+});
+
+/**
+ * A Chat Completions stream as Anthropic's events: `message_start` at the first chunk, a `text` block
+ * for content, a `tool_use` block per tool call (its arguments as `input_json_delta`), each block
+ * stopped when the next starts, then at `[DONE]` `message_delta` (stop reason and the usage of the
+ * provider's usage chunk) and `message_stop`. A stream that ends without `[DONE]` ends without them
+ * (the flow then reports it truncated).
+ */
+export async function* chatStreamToMessages(
+  chunks: AsyncIterable<SseMessage>,
+  model: string,
+): AsyncGenerator<SseMessage> {
+  let started = false;
+  let index = -1;
+  let open: 'text' | 'tool' | undefined;
+  const tools = new Map<number, number>(); // chat tool call index → block index
+  let finish: unknown;
+  let usage: ChatUsage | undefined;
+  for await (const message of chunks) {
+    if (message.data === '[DONE]') {
+      if (!started) break;
+      if (open) yield event('content_block_stop', { index });
+      yield event('message_delta', {
+        delta: { stop_reason: stopReason(finish), stop_sequence: null },
+        usage: anthropicUsage(usage),
+      });
+      yield event('message_stop', {});
+      return;
+    }
+    let chunk: Json;
+    try {
+      chunk = JSON.parse(message.data) as Json;
+    } catch {
+      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
+    }
+    if (chunk === null || typeof chunk !== 'object') {
+      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
+    }
+    if (chunk.error) {
+      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
+        status: 500,
+        body: message.data,
+      });
+    }
+    if (!started) {
+      started = true;
+      yield event('message_start', {
+        message: {
+          id: `msg_${String(chunk.id ?? newId('msg')).replace(/^chatcmpl[-_]?/, '')}`,
+          type: 'message',
+          role: 'assistant',
+          model,
+          content: [],
+          stop_reason: null,
+          stop_sequence: null,
+          usage: {
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: 0,
+          },
+        },
+      });
+    }
+    if (chunk.usage) usage = chunk.usage as ChatUsage;
+    const choice = (chunk.choices as Json[] | undefined)?.[0];
+    if (!choice) continue;
+    const delta = (choice.delta ?? {}) as Json;
+    const text = [delta.content, delta.refusal].filter((t) => typeof t === 'string' && t).join('');
+    if (text) {
+      if (open !== 'text') {
+        if (open) yield event('content_block_stop', { index });
+        index++;
+        open = 'text';
+        yield event('content_block_start', { index, content_block: { type: 'text', text: '' } });
+      }
+      yield event('content_block_delta', { index, delta: { type: 'text_delta', text } });
+    }
+    for (const call of (delta.tool_calls as Json[] | undefined) ?? []) {
+      const callIndex = typeof call.index === 'number' ? call.index : 0;
+      const fn = (call.function ?? {}) as Json;
+      if (!tools.has(callIndex)) {
+        if (open) yield event('content_block_stop', { index });
+        index++;
+        open = 'tool';
+        tools.set(callIndex, index);
+        yield event('content_block_start', {
+          index,
+          content_block: {
+            type: 'tool_use',
+            id: call.id ?? `toolu_${index}`,
+            name: fn.name ?? '',
+            input: {},
+          },
+        });
+      }
+      if (typeof fn.arguments === 'string' && fn.arguments) {
+        yield event('content_block_delta', {
+          index: tools.get(callIndex)!,
+          delta: { type: 'input_json_delta', partial_json: fn.arguments },
+        });
+      }
+    }
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+}
+
+/**
+ * An OpenAI-compatible provider (or the echo provider) that also answers the Messages API, through
+ * Chat Completions; every other call goes to it as is.
+ */
+export class MessagesOverChat implements Provider {
+  readonly #inner: Provider;
+
+  constructor(inner: Provider) {
+    this.#inner = inner;
+  }
+
+  async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
+    if (call.path !== '/messages') return this.#inner.complete(call);
+    const answer = await this.#inner.complete(chatCall(call));
+    const json = chatToMessage(answer.json, String(call.body.model));
+    return { text: JSON.stringify(json), json };
+  }
+
+  async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
+    if (call.path !== '/messages') return this.#inner.stream(call);
+    const chunks = await this.#inner.stream(chatCall(call));
+    return chatStreamToMessages(chunks, String(call.body.model));
+  }
+
+  passthrough(call: PassthroughCall): Promise<PassthroughAnswer> {
+    return this.#inner.passthrough(call);
+  }
+}
+
+/** The chat call of a Messages call (the client's Anthropic headers are not sent). */
+function chatCall(call: UpstreamCall): UpstreamCall {
+  return { path: '/chat/completions', body: messagesToChat(call.body), signal: call.signal };
+}
