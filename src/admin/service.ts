@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import { request } from 'undici';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
@@ -9,13 +10,16 @@ import type { Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
 import { endpointsOf, type ModelSpec, type PricingFile, pricingOf } from '../models/pricing.ts';
 import { applyPricing } from '../models/service.ts';
+import { checkDestination, DestinationError } from '../net/destination.ts';
 import {
+  baseUrlProblem,
   type CreateProjectInput,
   createProject,
   ECHO_UPSTREAM,
   type UpdateProjectInput,
   updateProject,
 } from '../projects/service.ts';
+import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import {
   chargeFromApi,
   connectUser,
@@ -148,43 +152,87 @@ export const providerBody = z.strictObject({
     .trim()
     .refine((v) => v === ECHO_UPSTREAM || /^https?:\/\/[^\s]+$/.test(v), {
       message: 'must be the http(s) base URL of an OpenAI-compatible API, e.g. https://api.openai.com/v1',
+    })
+    .superRefine((v, ctx) => {
+      const problem = v === ECHO_UPSTREAM ? undefined : baseUrlProblem(v);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
     }),
   apiKey: z.string().trim().min(1, { message: 'must not be empty' }).max(1000).optional(),
 });
 export type ProviderInput = z.infer<typeof providerBody>;
 
+/** The most of a provider's `/models` answer the check reads. */
+const CHECK_READ_LIMIT = 1024 * 1024;
+
 /**
- * Checks a provider with a live `GET {baseUrl}/models` using the key; a refusal or an unreachable
- * provider is a 400 that says what the provider answered. Returns the model ids it lists.
+ * Checks a provider with a live `GET {baseUrl}/models` using the key. The base URL's host must be a
+ * public address unless TOLLGATE_ALLOW_PRIVATE_PROVIDERS is set (../net/destination.ts, checked again
+ * on the connection itself), and a provider that cannot be reached gets one fixed message whatever the
+ * cause, so the check cannot be used to scan ports. A refusal or an unexpected answer is a 400 that says
+ * what the provider answered. Returns the model ids it lists.
  */
 export async function checkProvider(ctx: AppContext, input: ProviderInput): Promise<{ models: string[] }> {
   if (input.baseUrl === ECHO_UPSTREAM) return { models: [] };
   const url = `${input.baseUrl.replace(/\/+$/, '')}/models`;
-  let res: Response;
+  const allowPrivate = ctx.config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS;
   try {
-    res = await fetch(url, {
+    await checkDestination(new URL(url), allowPrivate);
+  } catch (err) {
+    if (err instanceof DestinationError) throw providerCheckFailed(`${err.message}`);
+    throw err;
+  }
+  const timeoutMs = Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000);
+  const agent = createUpstreamAgent({ connectMs: timeoutMs, responseMs: timeoutMs, allowPrivate });
+  let status: number;
+  let text = '';
+  try {
+    const res = await request(url, {
+      dispatcher: agent,
       headers: {
         accept: 'application/json',
         ...(input.apiKey ? { authorization: `Bearer ${input.apiKey}` } : {}),
       },
-      redirect: 'manual',
-      signal: AbortSignal.timeout(Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000)),
+      signal: AbortSignal.timeout(timeoutMs),
     });
+    status = res.statusCode;
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of res.body) {
+      chunks.push(chunk as Buffer);
+      size += (chunk as Buffer).length;
+      if (size > CHECK_READ_LIMIT) {
+        res.body.destroy();
+        break;
+      }
+    }
+    text = Buffer.concat(chunks).toString('utf8');
   } catch (err) {
-    const reason = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name;
-    throw providerCheckFailed(`could not reach ${url} (${reason})`);
+    ctx.log.debug({ err, url }, 'provider check could not connect');
+    throw providerCheckFailed(`could not connect to ${url}`);
+  } finally {
+    agent.close().catch(() => {});
   }
-  const text = await res.text().catch(() => '');
-  if (res.status === 401 || res.status === 403) {
-    throw providerCheckFailed(`the provider refused the key (${res.status} from ${url})`);
+  if (status === 401 || status === 403) {
+    throw providerCheckFailed(`the provider refused the key (${status} from ${url})`);
   }
-  if (!res.ok) throw providerCheckFailed(`the provider answered ${res.status} to GET ${url}`);
+  if (status < 200 || status > 299)
+    throw providerCheckFailed(`the provider answered ${status} to GET ${url}`);
+  let body: { data?: unknown } | null;
   try {
-    const body = JSON.parse(text) as { data?: Array<{ id?: unknown }> };
-    return { models: (body.data ?? []).map((m) => String(m.id)).filter(Boolean) };
+    body = JSON.parse(text) as { data?: unknown } | null;
   } catch {
-    throw providerCheckFailed(`GET ${url} did not answer JSON: is this the API's base URL (ending in /v1)?`);
+    body = null;
   }
+  // A model list, not any JSON: `{"object":"list","data":[{"id":…},…]}`.
+  if (!body || typeof body !== 'object' || !Array.isArray(body.data))
+    throw providerCheckFailed(
+      `GET ${url} did not answer a model list: is this the API's base URL (ending in /v1)?`,
+    );
+  return {
+    models: (body.data as Array<{ id?: unknown } | null>)
+      .map((m) => (m && typeof m === 'object' ? String(m.id ?? '') : ''))
+      .filter(Boolean),
+  };
 }
 
 const providerCheckFailed = (why: string) =>

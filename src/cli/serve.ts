@@ -262,6 +262,10 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: process.env.WEBHOOK_ALLOW_PRIVATE_NETWORKS?.trim()
       ? config.WEBHOOK_ALLOW_PRIVATE_NETWORKS
       : true,
+    // Providers on this machine (Ollama, vLLM, a mock), unless the environment says otherwise.
+    TOLLGATE_ALLOW_PRIVATE_PROVIDERS: process.env.TOLLGATE_ALLOW_PRIVATE_PROVIDERS?.trim()
+      ? config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS
+      : true,
   });
   const { state, running } = await starting(ctx, async () => {
     const applied = await ctx.migrate();

@@ -50,6 +50,7 @@ export const configSchema = z.object({
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
   UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),
   UPSTREAM_RESPONSE_TIMEOUT_MS: int(100, 3_600_000).default(120_000),
+  TOLLGATE_ALLOW_PRIVATE_PROVIDERS: bool.default(false),
   ROUTING_MAX_ATTEMPTS: int(1, 20).default(3),
   ROUTING_DEADLINE_MS: int(100, 3_600_000).default(180_000),
   ROUTING_CIRCUIT_FAILURES: int(1, 10_000).default(5),
@@ -114,6 +115,8 @@ export const configDocs: Record<keyof Config, string> = {
     'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
   UPSTREAM_RESPONSE_TIMEOUT_MS: 'Time-out for the provider’s response headers and between streamed chunks.',
+  TOLLGATE_ALLOW_PRIVATE_PROVIDERS:
+    'Allow provider base URLs on private, loopback and link-local addresses (a model server on the same host or network). Off: such URLs are refused when saved and every upstream connection is checked again. `dev` turns it on.',
   ROUTING_MAX_ATTEMPTS:
     'Attempts of one metered request across its model’s routes (the first included) before it fails.',
   ROUTING_DEADLINE_MS:

@@ -59,6 +59,7 @@ export class MeteredFlow {
     this.#agent = createUpstreamAgent({
       connectMs: ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS,
       responseMs: ctx.config.UPSTREAM_RESPONSE_TIMEOUT_MS,
+      allowPrivate: ctx.config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS,
     });
     this.#router = new Router(ctx, this.#agent);
     this.#limits = new Limits(ctx);

@@ -57,6 +57,7 @@ export class Router {
   readonly #settings: RoutingSettings;
   readonly #agent: Agent;
   readonly #responseMs: number;
+  readonly #allowPrivate: boolean;
   readonly #agents = new Map<number, Agent>();
   readonly #echo = new EchoProvider();
   readonly #providers = new WeakMap<object, Provider>();
@@ -73,6 +74,7 @@ export class Router {
     };
     this.#agent = agent;
     this.#responseMs = c.UPSTREAM_RESPONSE_TIMEOUT_MS;
+    this.#allowPrivate = c.TOLLGATE_ALLOW_PRIVATE_PROVIDERS;
     this.breakers = new CircuitBreakers({
       failures: this.#settings.circuitFailures,
       cooldownMs: this.#settings.circuitCooldownMs,
@@ -269,7 +271,11 @@ export class Router {
     if (connectMs === undefined) return this.#agent;
     let agent = this.#agents.get(connectMs);
     if (!agent) {
-      agent = createUpstreamAgent({ connectMs, responseMs: this.#responseMs });
+      agent = createUpstreamAgent({
+        connectMs,
+        responseMs: this.#responseMs,
+        allowPrivate: this.#allowPrivate,
+      });
       this.#agents.set(connectMs, agent);
     }
     return agent;
