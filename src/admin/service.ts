@@ -311,11 +311,17 @@ function specOf(row: Parameters<typeof pricingOf>[0]): ModelSpec {
   return {
     id: row.id,
     upstreamModel: row.upstream_model,
+    ...(row.routes?.length ? { routes: row.routes } : {}),
     pricing: pricingOf(row),
     endpoints: endpointsOf(row),
   };
 }
 
+/**
+ * The project's whole pricing document — currency, every model with its routes, and the limits — in the
+ * shape `PUT …/models` (and `tollgate models apply`) takes, so applying a listing as read changes
+ * nothing.
+ */
 export async function listModels(ctx: AppContext, principal: Principal, projectId: string) {
   const project = await ownedProject(ctx, principal, projectId);
   const rows = await ctx.db
@@ -328,6 +334,16 @@ export async function listModels(ctx: AppContext, principal: Principal, projectI
     object: 'pricing' as const,
     currency: project.currency,
     models: rows.map(specOf),
+    ...(project.limits ? { limits: project.limits } : {}),
+  };
+}
+
+/** The listing as a pricing file (without `object`). */
+function fileOf(listing: Awaited<ReturnType<typeof listModels>>, models: ModelSpec[]): PricingFile {
+  return {
+    currency: listing.currency,
+    models,
+    ...(listing.limits ? { limits: listing.limits as PricingFile['limits'] } : {}),
   };
 }
 
@@ -344,24 +360,37 @@ export async function applyModels(
   return { object: 'pricing.applied' as const, ...result };
 }
 
-/** Adds or replaces one model, keeping the others (the dashboard's price form). */
-export async function putModel(ctx: AppContext, principal: Principal, projectId: string, spec: ModelSpec) {
+/**
+ * Adds one model or edits it, keeping everything the edit does not name: the other models, the
+ * project's limits, and of the model itself the fields left out (its routes, endpoints and provider
+ * model stay as they were). The admin API's `PUT …/models/{id}` and the dashboard's price form.
+ */
+export async function putModel(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  spec: Partial<ModelSpec> & Pick<ModelSpec, 'id' | 'pricing'>,
+) {
   const current = await listModels(ctx, principal, projectId);
-  const models = current.models.filter((m) => m.id !== spec.id).concat(spec);
-  return applyModels(ctx, principal, projectId, { currency: current.currency, models });
+  const existing = current.models.find((m) => m.id === spec.id);
+  const defined = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
+  const merged: ModelSpec = { ...existing, ...defined } as ModelSpec;
+  const models = current.models.filter((m) => m.id !== spec.id).concat(merged);
+  return applyModels(ctx, principal, projectId, fileOf(current, models));
 }
 
+/** Removes one model, keeping the others (with their routes) and the project's limits. */
 export async function deleteModel(ctx: AppContext, principal: Principal, projectId: string, modelId: string) {
   const current = await listModels(ctx, principal, projectId);
   if (!current.models.some((m) => m.id === modelId))
     throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
   const models = current.models.filter((m) => m.id !== modelId);
   if (models.length === 0) {
-    await ctx.db.deleteFrom('models').where('project_id', '=', projectId).execute();
+    await ctx.db.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', modelId).execute();
     await ctx.projects.changed(projectId);
     return { object: 'pricing.applied' as const, created: [], updated: [], deleted: [modelId] };
   }
-  return applyModels(ctx, principal, projectId, { currency: current.currency, models });
+  return applyModels(ctx, principal, projectId, fileOf(current, models));
 }
 
 // ---- end users ----

@@ -681,7 +681,7 @@ ${keys.data.map(
     const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
     const pricing = await listModels(ctx, s.principal, project.id);
     const path = projectPath(project.id);
-    const yaml = toYaml({ currency: pricing.currency, models: pricing.models });
+    const yaml = toYaml({ currency: pricing.currency, models: pricing.models, limits: pricing.limits });
     return page(
       request,
       reply,
@@ -714,7 +714,7 @@ ${pricing.models.map(
 <p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}.</p>
 <button type="submit">Save the price</button></form></section>
 <section class="card"><h2>Pricing file</h2>
-<p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models exactly these.</p>
+<p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models, their routes and the limits exactly these.</p>
 <form method="post" action="${path}/pricing/file">${csrfField(s.csrf)}
 <label for="file">Pricing file (YAML)</label><textarea id="file" name="file" spellcheck="false">${yaml}</textarea>
 <button type="submit">Apply the pricing file</button></form></section>`,
