@@ -87,6 +87,9 @@ export const configSchema = z.object({
     .min(24, { message: 'must be at least 24 characters (generate one with `openssl rand -hex 32`)' })
     .optional(),
   TOLLGATE_URL: url(['http:', 'https:']).optional(),
+  TOLLGATE_SIGNUP: z
+    .enum(['open', 'invite', 'closed'], { message: "must be 'open', 'invite' or 'closed'" })
+    .default('invite'),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -159,6 +162,8 @@ export const configDocs: Record<keyof Config, string> = {
   POD_NAME: 'Leader-election identity (set from the downward API; default: the host name).',
   TOLLGATE_ADMIN_TOKEN:
     'Full-access bearer token of the admin API (`/admin/v1`), the first admin token; more are created and revoked over the API. `dev` generates one in `TOLLGATE_DATA_DIR`. Unset: only developer sessions and created tokens.',
+  TOLLGATE_SIGNUP:
+    'Who may create a developer account: `open` (anyone), `invite` (an invite code from a full-access admin, `POST /admin/v1/invites`) or `closed` (only a full-access admin token, `POST /admin/v1/developers`). `dev` uses `open`.',
   TOLLGATE_URL:
     'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
 };

@@ -3,6 +3,7 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import { stringify as toYaml } from 'yaml';
 import { z } from 'zod';
 import {
+  admitSignUp,
   checkCredentials,
   createAdminToken,
   createSession,
@@ -14,6 +15,7 @@ import {
   revokeAdminToken,
   SESSION_TTL_SECONDS,
   signUp,
+  signUpSchema,
 } from '../admin/accounts.ts';
 import { SignInLimiter } from '../admin/rate-limit.ts';
 import {
@@ -318,6 +320,7 @@ ${csrfField(csrf)}
 <input id="email" name="email" type="email" autocomplete="email" required autofocus>
 <label for="password">Password${signup ? ' (at least 10 characters)' : ''}</label>
 <input id="password" name="password" type="password" autocomplete="${signup ? 'new-password' : 'current-password'}" minlength="${signup ? 10 : 1}" required>
+${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">Invite code</label><input id="invite" name="invite" value="${String((request.query as Form).invite ?? '')}" required>` : ''}
 <button type="submit">${signup ? 'Sign up' : 'Sign in'}</button>
 </form>
 <p class="muted">${
@@ -342,7 +345,8 @@ ${csrfField(csrf)}
 
   app.post('/signup', async (request, reply) =>
     action(reply, '/dashboard/signup', async () => {
-      const input = parseInput(credentialsSchema, pick(request.body as Form, ['email', 'password']));
+      const input = parseInput(signUpSchema, pick(request.body as Form, ['email', 'password', 'invite']));
+      admitSignUp(ctx.config.TOLLGATE_SIGNUP, ctx.sealer, input, false);
       const developer = await signUp(ctx.db, input);
       await startSession(request, reply, developer.id);
       return reply.redirect('/dashboard/start', 303);

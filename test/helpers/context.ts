@@ -39,6 +39,7 @@ export async function createTestContext(
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
     // The mock providers listen on loopback; the SSRF tests turn this off.
     TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
+    TOLLGATE_SIGNUP: 'open',
     ...env,
   });
   const ctx = await createContext(config, { schema: `tgt_${id}`, busPrefix: `t${id}:` });
