@@ -1,7 +1,9 @@
 import { createServer as createHttpServer, type Server } from 'node:http';
 import { createServer as createTcpServer, type Socket, type Server as TcpServer } from 'node:net';
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config/index.ts';
+import { createUpstreamAgent } from '../src/upstream/openai-compatible.ts';
 import { connectUser } from '../src/users/service.ts';
 import { api, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
@@ -151,6 +153,35 @@ describe('provider URLs with private providers refused (production)', () => {
         });
       }
       expect(metadataHits, host).toBe(before);
+    }
+  });
+});
+
+describe('the upstream agent', () => {
+  it('refuses private addresses on the connection itself: literals before connecting, names in the lookup', async () => {
+    const agent = createUpstreamAgent({ connectMs: 2000, responseMs: 2000, allowPrivate: false });
+    try {
+      const before = metadataHits;
+      for (const host of ['127.0.0.1', 'localhost', '[::ffff:7f00:1]', '[::1]']) {
+        const err = await request(`http://${host}:${metadataPort}/latest/meta-data`, {
+          dispatcher: agent,
+        }).then(
+          () => undefined,
+          (e: NodeJS.ErrnoException) => e,
+        );
+        expect(err?.code, host).toBe('EPRIVATEADDRESS');
+      }
+      expect(metadataHits).toBe(before);
+    } finally {
+      await agent.close();
+    }
+    const open = createUpstreamAgent({ connectMs: 2000, responseMs: 2000, allowPrivate: true });
+    try {
+      const res = await request(`http://localhost:${metadataPort}/v1/models`, { dispatcher: open });
+      expect(res.statusCode).toBe(200);
+      await res.body.text();
+    } finally {
+      await open.close();
     }
   });
 });
