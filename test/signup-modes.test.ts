@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createInvite } from '../src/admin/accounts.ts';
 import { loadConfig } from '../src/config/index.ts';
@@ -107,6 +109,42 @@ describe('TOLLGATE_SIGNUP', () => {
     expect(ok.page).toContain(`value="${code}"`);
     expect(ok.status).toBe(303);
     expect(ok.location).toBe('/dashboard/start');
+  });
+
+  it('invite: `tollgate invite create` over the admin API makes a code that signs up', async () => {
+    const run = (token: string, ...args: string[]) =>
+      promisify(execFile)(process.execPath, ['cmd/tollgate.ts', ...args], {
+        env: {
+          ...process.env,
+          DATABASE_URL: '',
+          REDIS_URL: '',
+          TOLLGATE_URL: invite.url,
+          TOLLGATE_ADMIN_TOKEN: token,
+          LOG_LEVEL: 'warn',
+        },
+        encoding: 'utf8',
+        timeout: 60_000,
+      });
+    const { stdout } = await run(
+      ROOT,
+      'invite',
+      'create',
+      '--email',
+      'cli@example.com',
+      '--days',
+      '3',
+      '--json',
+    );
+    const made = JSON.parse(stdout) as { code: string; url: string; expiresAt: string };
+    expect(made.url).toContain('/dashboard/signup?invite=tgi_');
+    expect(Date.parse(made.expiresAt) - Date.now()).toBeGreaterThan(2.9 * 86_400_000);
+    expect(Date.parse(made.expiresAt) - Date.now()).toBeLessThan(3.1 * 86_400_000);
+    expect((await signUp(invite, { email: 'cli@example.com', invite: made.code })).status).toBe(201);
+    const bad = await run(ROOT, 'invite', 'create', '--email', 'cli2@example.com', '--days', '365').catch(
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect((bad as { code: number }).code).not.toBe(0);
+    expect((bad as { stderr: string }).stderr).toContain('expiresInDays');
   });
 
   it('closed: nobody signs up but a full-access admin, invite or not', async () => {

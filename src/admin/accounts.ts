@@ -78,6 +78,17 @@ export function createInvite(
   return { code: `tgi_${body}.${sealer.sign(`invite.${body}`)}`, email: address, expiresAt };
 }
 
+/** The dashboard's sign-up form with the code filled in. */
+export function inviteUrl(publicBaseUrl: string, code: string): string {
+  return `${publicBaseUrl}/dashboard/signup?invite=${encodeURIComponent(code)}`;
+}
+
+/** The request of an invite: the address and how long the code lasts. */
+export const inviteSchema = z.strictObject({
+  email: emailSchema,
+  expiresInDays: z.number().int().min(1).max(90).default(INVITE_TTL_DAYS),
+});
+
 /** True when the code is a valid, unexpired invite for this (normalised) e-mail address. */
 export function inviteAdmits(sealer: Sealer, code: string, email: string, now = Date.now()): boolean {
   const match = /^tgi_([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)$/.exec(code);

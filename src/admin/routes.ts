@@ -24,10 +24,10 @@ import {
   createInvite,
   createSession,
   credentialsSchema,
-  emailSchema,
   endSession,
   getDeveloper,
-  INVITE_TTL_DAYS,
+  inviteSchema,
+  inviteUrl,
   listAdminTokens,
   type Principal,
   resolveAdminToken,
@@ -95,10 +95,6 @@ const nameBody = z.strictObject({ name: z.string().trim().min(1).max(200).defaul
 const updateProjectBody = z.strictObject({
   name: z.string().trim().min(1).max(200).optional(),
   settings: projectSettingsSchema.partial().optional(),
-});
-const inviteBody = z.strictObject({
-  email: emailSchema,
-  expiresInDays: z.number().int().min(1).max(90).default(INVITE_TTL_DAYS),
 });
 const moneyBody = z.strictObject({ amount: amountInputSchema, metadata: metadataSchema.optional() });
 
@@ -211,7 +207,7 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
     );
 
     // invites (TOLLGATE_SIGNUP=invite): made by a full-access admin, for one e-mail address
-    api.post('/invites', { schema: { body: inviteBody } }, async (request, reply) => {
+    api.post('/invites', { schema: { body: inviteSchema } }, async (request, reply) => {
       if (request.principal.developerId !== null)
         throw new ApiError(403, 'permission_error', 'Only a full-access admin token can invite.', {
           code: 'full_access_required',
@@ -222,7 +218,7 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
         object: 'invite',
         email: invite.email,
         code: invite.code,
-        url: `${ctx.publicBaseUrl}/dashboard/signup?invite=${encodeURIComponent(invite.code)}`,
+        url: inviteUrl(ctx.publicBaseUrl, invite.code),
         expiresAt: invite.expiresAt.toISOString(),
       };
     });

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { ApiError, type ErrorBody } from '../core/errors.ts';
 import { type Output, UsageError } from './output.ts';
-import { optional, pricingFileFrom, required, settingsFrom, type Values } from './values.ts';
+import { days, optional, pricingFileFrom, required, settingsFrom, type Values } from './values.ts';
 
 /**
  * The admin commands over HTTP: with TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN set, `project`, `key`,
@@ -210,6 +210,15 @@ export async function remoteAdminCommand(
         { id: result.id, user, amount: result.amount, currency: result.currency, balance: result.balance },
         `Deposited ${result.amount} ${result.currency} to ${user}; balance ${result.balance} ${result.currency}`,
       );
+      return;
+    }
+    case 'invite create': {
+      const expiresInDays = days(values);
+      const invite = await client.call('POST', '/invites', {
+        email: required(values, 'email'),
+        ...(expiresInDays !== undefined ? { expiresInDays } : {}),
+      });
+      out.result(invite, [`Invite for ${invite.email} (until ${invite.expiresAt}):`, invite.url]);
       return;
     }
     default:

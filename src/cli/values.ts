@@ -43,3 +43,11 @@ export function pricingFileFrom(values: Values): PricingFile {
   }
   return parsePricingFile(text);
 }
+
+/** `--days N` as a number (the schema checks the range); undefined when not given. */
+export function days(values: Values): number | undefined {
+  const given = optional(values, 'days');
+  if (given === undefined) return undefined;
+  if (!/^\d+$/.test(given)) throw new UsageError('--days must be a whole number of days (1 to 90)');
+  return Number(given);
+}
