@@ -140,6 +140,22 @@ describe('editing one model keeps limits and routes', () => {
     expect(p.models).toEqual([]);
   });
 
+  it('admin API: concurrent edits of different models all stay (one transaction per edit)', async () => {
+    const projectId = await pricedProject('Concurrent');
+    const ids = Array.from({ length: 8 }, (_, i) => `n${i}`);
+    const results = await Promise.all([
+      ...ids.map((id, i) =>
+        api(server, token, 'PUT', `/admin/v1/projects/${projectId}/models/${id}`, {
+          pricing: { mode: 'per_request', perRequest: `0.0${i + 1}` },
+        }),
+      ),
+      api(server, token, 'DELETE', `/admin/v1/projects/${projectId}/models/c`),
+    ]);
+    for (const r of results) expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const p = await expectKept(projectId);
+    expect(p.models.map((m) => m.id)).toEqual(['a', 'b', ...ids]);
+  });
+
   it('dashboard: the price form and the delete button', async () => {
     const projectId = await pricedProject('Dashboard form');
     const d = dashboard(projectId);

@@ -8,8 +8,8 @@ import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import type { Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
-import { endpointsOf, type ModelSpec, type PricingFile, pricingOf } from '../models/pricing.ts';
-import { applyPricing } from '../models/service.ts';
+import { type ModelSpec, type PricingFile, specOf } from '../models/pricing.ts';
+import { applyPricing, editPricing } from '../models/service.ts';
 import { checkDestination, DestinationError } from '../net/destination.ts';
 import {
   baseUrlProblem,
@@ -307,16 +307,6 @@ export async function revokeApiKey(ctx: AppContext, principal: Principal, projec
 
 // ---- models and pricing ----
 
-function specOf(row: Parameters<typeof pricingOf>[0]): ModelSpec {
-  return {
-    id: row.id,
-    upstreamModel: row.upstream_model,
-    ...(row.routes?.length ? { routes: row.routes } : {}),
-    pricing: pricingOf(row),
-    endpoints: endpointsOf(row),
-  };
-}
-
 /**
  * The project's whole pricing document — currency, every model with its routes, and the limits — in the
  * shape `PUT …/models` (and `tollgate models apply`) takes, so applying a listing as read changes
@@ -338,15 +328,6 @@ export async function listModels(ctx: AppContext, principal: Principal, projectI
   };
 }
 
-/** The listing as a pricing file (without `object`). */
-function fileOf(listing: Awaited<ReturnType<typeof listModels>>, models: ModelSpec[]): PricingFile {
-  return {
-    currency: listing.currency,
-    models,
-    ...(listing.limits ? { limits: listing.limits as PricingFile['limits'] } : {}),
-  };
-}
-
 /** Makes the project's models exactly those of the pricing file (as `tollgate models apply`). */
 export async function applyModels(
   ctx: AppContext,
@@ -363,7 +344,8 @@ export async function applyModels(
 /**
  * Adds one model or edits it, keeping everything the edit does not name: the other models, the
  * project's limits, and of the model itself the fields left out (its routes, endpoints and provider
- * model stay as they were). The admin API's `PUT …/models/{id}` and the dashboard's price form.
+ * model stay as they were). The admin API's `PUT …/models/{id}` and the dashboard's price form. Read and
+ * write are one transaction (`editPricing`), so concurrent edits of different models both stay.
  */
 export async function putModel(
   ctx: AppContext,
@@ -371,26 +353,27 @@ export async function putModel(
   projectId: string,
   spec: Partial<ModelSpec> & Pick<ModelSpec, 'id' | 'pricing'>,
 ) {
-  const current = await listModels(ctx, principal, projectId);
-  const existing = current.models.find((m) => m.id === spec.id);
+  await ownedProject(ctx, principal, projectId);
   const defined = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
-  const merged: ModelSpec = { ...existing, ...defined } as ModelSpec;
-  const models = current.models.filter((m) => m.id !== spec.id).concat(merged);
-  return applyModels(ctx, principal, projectId, fileOf(current, models));
+  const result = await editPricing(ctx.db, projectId, (current) => {
+    const existing = current.models.find((m) => m.id === spec.id);
+    const merged = { ...existing, ...defined } as ModelSpec;
+    return current.models.filter((m) => m.id !== spec.id).concat(merged);
+  });
+  await ctx.projects.changed(projectId);
+  return { object: 'pricing.applied' as const, ...result };
 }
 
 /** Removes one model, keeping the others (with their routes) and the project's limits. */
 export async function deleteModel(ctx: AppContext, principal: Principal, projectId: string, modelId: string) {
-  const current = await listModels(ctx, principal, projectId);
-  if (!current.models.some((m) => m.id === modelId))
-    throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
-  const models = current.models.filter((m) => m.id !== modelId);
-  if (models.length === 0) {
-    await ctx.db.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', modelId).execute();
-    await ctx.projects.changed(projectId);
-    return { object: 'pricing.applied' as const, created: [], updated: [], deleted: [modelId] };
-  }
-  return applyModels(ctx, principal, projectId, fileOf(current, models));
+  await ownedProject(ctx, principal, projectId);
+  const result = await editPricing(ctx.db, projectId, (current) => {
+    if (!current.models.some((m) => m.id === modelId))
+      throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
+    return current.models.filter((m) => m.id !== modelId);
+  });
+  await ctx.projects.changed(projectId);
+  return { object: 'pricing.applied' as const, ...result };
 }
 
 // ---- end users ----
