@@ -150,7 +150,7 @@ export const providerBody = z.strictObject({
   baseUrl: z
     .string()
     .trim()
-    .refine((v) => v === ECHO_UPSTREAM || /^https?:\/\/[^\s]+$/.test(v), {
+    .refine((v) => v === ECHO_UPSTREAM || (/^https?:\/\/[^\s]+$/.test(v) && URL.canParse(v)), {
       message: 'must be the http(s) base URL of an OpenAI-compatible API, e.g. https://api.openai.com/v1',
     })
     .superRefine((v, ctx) => {
