@@ -271,6 +271,8 @@ async function main(): Promise<void> {
     const startedAt = Date.now();
     const proxy = start('proxy', ['proxy'], {
       ...db,
+      // The mock provider listens on loopback.
+      TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
       HOST: '127.0.0.1',
       PORT: String(port),
       PUBLIC_BASE_URL: base,

@@ -39,6 +39,7 @@ describe.skipIf(!pgUrl || !redisUrl)('rate limits across two proxy processes', (
         LOG_LEVEL: 'info',
         PORT: '0',
         HOST: '127.0.0.1',
+        TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
       },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
+import { isPrivateAddress } from '../src/net/destination.ts';
 import { getProject } from '../src/projects/service.ts';
 import { buildRequest, Sender, sign } from '../src/webhooks/deliver.ts';
-import { isPrivateAddress } from '../src/webhooks/destination.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { verifyWebhook } from '../src/webhooks/verify.ts';
 import { startDeliveryWorker } from '../src/webhooks/worker/index.ts';

@@ -1,7 +1,7 @@
 import { randomBytes, type ScryptOptions, scrypt, timingSafeEqual } from 'node:crypto';
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { sha256Hex } from '../core/crypto.ts';
+import { type Sealer, sha256Hex } from '../core/crypto.ts';
 import { ApiError, conflict, notFound } from '../core/errors.ts';
 import { newId, randomToken } from '../core/ids.ts';
 import type { Database } from '../db/index.ts';
@@ -46,6 +46,95 @@ export const passwordSchema = z
 
 export const credentialsSchema = z.strictObject({ email: emailSchema, password: passwordSchema });
 export type Credentials = z.infer<typeof credentialsSchema>;
+
+/** Sign-up: the credentials and, when TOLLGATE_SIGNUP is `invite`, the invite code. */
+export const signUpSchema = credentialsSchema.extend({
+  invite: z.string().trim().max(2000).optional(),
+});
+export type SignUpInput = z.infer<typeof signUpSchema>;
+
+// ---- who may sign up (TOLLGATE_SIGNUP) ----
+
+export type SignUpMode = 'open' | 'invite' | 'closed';
+
+export const INVITE_TTL_DAYS = 7;
+
+/**
+ * An invite code: `tgi_<payload>.<signature>`, the payload naming one e-mail address and an expiry,
+ * signed with the encryption key's signing key (a different message from link tokens, so neither can
+ * stand for the other). It needs no table: it admits one address, and that address can sign up once.
+ */
+export function createInvite(
+  sealer: Sealer,
+  email: string,
+  ttlDays = INVITE_TTL_DAYS,
+  now = Date.now(),
+): { code: string; email: string; expiresAt: Date } {
+  const address = emailSchema.parse(email);
+  const expiresAt = new Date(now + ttlDays * 86_400_000);
+  const body = Buffer.from(
+    JSON.stringify({ e: address, x: Math.floor(expiresAt.getTime() / 1000) }),
+  ).toString('base64url');
+  return { code: `tgi_${body}.${sealer.sign(`invite.${body}`)}`, email: address, expiresAt };
+}
+
+/** The dashboard's sign-up form with the code filled in. */
+export function inviteUrl(publicBaseUrl: string, code: string): string {
+  return `${publicBaseUrl}/dashboard/signup?invite=${encodeURIComponent(code)}`;
+}
+
+/** The request of an invite: the address and how long the code lasts. */
+export const inviteSchema = z.strictObject({
+  email: emailSchema,
+  expiresInDays: z.number().int().min(1).max(90).default(INVITE_TTL_DAYS),
+});
+
+/** True when the code is a valid, unexpired invite for this (normalised) e-mail address. */
+export function inviteAdmits(sealer: Sealer, code: string, email: string, now = Date.now()): boolean {
+  const match = /^tgi_([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)$/.exec(code);
+  if (!match || !sealer.verify(`invite.${match[1]}`, match[2]!)) return false;
+  try {
+    const payload = JSON.parse(Buffer.from(match[1]!, 'base64url').toString('utf8')) as {
+      e?: unknown;
+      x?: unknown;
+    };
+    return payload.e === email && typeof payload.x === 'number' && payload.x * 1000 > now;
+  } catch {
+    return false;
+  }
+}
+
+const signUpRefused = (message: string, code: string) =>
+  new ApiError(403, 'permission_error', message, { code });
+
+/**
+ * Whether a sign-up may go ahead, before anything is looked up (so a refused sign-up cannot tell
+ * whether an address has an account): `open` — anyone; `invite` — with an invite code for this address
+ * (`createInvite`), or by a full-access admin; `closed` — only by a full-access admin. Throws 403.
+ */
+export function admitSignUp(
+  mode: SignUpMode,
+  sealer: Sealer,
+  input: Pick<SignUpInput, 'email' | 'invite'>,
+  fullAccess: boolean,
+): void {
+  if (mode === 'open' || fullAccess) return;
+  if (mode === 'closed')
+    throw signUpRefused(
+      'Sign-up is closed on this server; an administrator creates accounts.',
+      'signup_closed',
+    );
+  if (!input.invite)
+    throw signUpRefused(
+      'Sign-up needs an invite code on this server; ask its administrator.',
+      'invite_required',
+    );
+  if (!inviteAdmits(sealer, input.invite, input.email))
+    throw signUpRefused(
+      'This invite code is not valid for this e-mail address, or it has expired.',
+      'invalid_invite',
+    );
+}
 
 const SCRYPT = { N: 2 ** 15, r: 8, p: 1, maxmem: 64 * 1024 * 1024 } satisfies ScryptOptions;
 const KEY_LENGTH = 32;

@@ -18,18 +18,23 @@ import {
   subscriptionInputSchema,
 } from '../webhooks/subscriptions.ts';
 import {
+  admitSignUp,
   checkCredentials,
   createAdminToken,
+  createInvite,
   createSession,
   credentialsSchema,
   endSession,
   getDeveloper,
+  inviteSchema,
+  inviteUrl,
   listAdminTokens,
   type Principal,
   resolveAdminToken,
   resolveSession,
   revokeAdminToken,
   signUp,
+  signUpSchema,
 } from './accounts.ts';
 import { SignInLimiter } from './rate-limit.ts';
 import {
@@ -137,7 +142,11 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
 
   // ---- no token: sign up, sign in ----
 
-  app.post('/developers', { schema: { body: credentialsSchema } }, async (request, reply) => {
+  app.post('/developers', { schema: { body: signUpSchema } }, async (request, reply) => {
+    // A full-access admin may create accounts whatever TOLLGATE_SIGNUP says.
+    const bearer = request.headers.authorization;
+    const fullAccess = bearer ? (await principalOf(plain, bearer)).developerId === null : false;
+    admitSignUp(ctx.config.TOLLGATE_SIGNUP, ctx.sealer, request.body, fullAccess);
     const developer = await signUp(ctx.db, request.body);
     const session = await createSession(ctx.db, developer.id);
     reply.status(201);
@@ -202,6 +211,23 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
       { schema: { params: z.object({ id: textInput(255) }) } },
       async (request) => revokeAdminToken(ctx.db, request.principal, request.params.id),
     );
+
+    // invites (TOLLGATE_SIGNUP=invite): made by a full-access admin, for one e-mail address
+    api.post('/invites', { schema: { body: inviteSchema } }, async (request, reply) => {
+      if (request.principal.developerId !== null)
+        throw new ApiError(403, 'permission_error', 'Only a full-access admin token can invite.', {
+          code: 'full_access_required',
+        });
+      const invite = createInvite(ctx.sealer, request.body.email, request.body.expiresInDays);
+      reply.status(201);
+      return {
+        object: 'invite',
+        email: invite.email,
+        code: invite.code,
+        url: inviteUrl(ctx.publicBaseUrl, invite.code),
+        expiresAt: invite.expiresAt.toISOString(),
+      };
+    });
 
     // projects
     api.get('/projects', { schema: { querystring: pageQuery } }, async (request) =>

@@ -1,3 +1,4 @@
+import { request } from 'undici';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
@@ -7,8 +8,10 @@ import { formatForCurrency, Money } from '../core/money.ts';
 import type { Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
 import type { ModelSpec, PricingFile } from '../models/pricing.ts';
-import { applyPricing, listedModel } from '../models/service.ts';
+import { applyPricing, editPricing, listedModel } from '../models/service.ts';
+import { checkDestination, DestinationError } from '../net/destination.ts';
 import {
+  baseUrlProblem,
   type CreateProjectInput,
   createProject,
   ECHO_UPSTREAM,
@@ -16,7 +19,7 @@ import {
   updateProject,
 } from '../projects/service.ts';
 import { DEFAULT_PROVIDER, PROVIDER_KINDS, upsertProvider } from '../routing/providers.ts';
-import { ANTHROPIC_VERSION } from '../upstream/openai-compatible.ts';
+import { ANTHROPIC_VERSION, createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import {
   chargeFromApi,
   connectUser,
@@ -149,8 +152,12 @@ export const providerBody = z.strictObject({
   baseUrl: z
     .string()
     .trim()
-    .refine((v) => v === ECHO_UPSTREAM || /^https?:\/\/[^\s]+$/.test(v), {
+    .refine((v) => v === ECHO_UPSTREAM || (/^https?:\/\/[^\s]+$/.test(v) && URL.canParse(v)), {
       message: 'must be the http(s) base URL of an OpenAI-compatible API, e.g. https://api.openai.com/v1',
+    })
+    .superRefine((v, ctx) => {
+      const problem = v === ECHO_UPSTREAM ? undefined : baseUrlProblem(v);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
     }),
   apiKey: z.string().trim().min(1, { message: 'must not be empty' }).max(1000).optional(),
   /** The API it speaks: `openai-compatible` (default) or `anthropic` (Anthropic's Messages API). */
@@ -158,9 +165,15 @@ export const providerBody = z.strictObject({
 });
 export type ProviderInput = z.infer<typeof providerBody>;
 
+/** The most of a provider's `/models` answer the check reads. */
+const CHECK_READ_LIMIT = 1024 * 1024;
+
 /**
- * Checks a provider with a live `GET {baseUrl}/models` using the key; a refusal or an unreachable
- * provider is a 400 that says what the provider answered. Returns the model ids it lists.
+ * Checks a provider with a live `GET {baseUrl}/models` using the key. The base URL's host must be a
+ * public address unless TOLLGATE_ALLOW_PRIVATE_PROVIDERS is set (../net/destination.ts, checked again
+ * on the connection itself), and a provider that cannot be reached gets one fixed message whatever the
+ * cause, so the check cannot be used to scan ports. A refusal or an unexpected answer is a 400 that says
+ * what the provider answered. Returns the model ids it lists.
  */
 export async function checkProvider(ctx: AppContext, input: ProviderInput): Promise<{ models: string[] }> {
   if (input.baseUrl === ECHO_UPSTREAM) return { models: [] };
@@ -173,28 +186,62 @@ export async function checkProvider(ctx: AppContext, input: ProviderInput): Prom
     : anthropic
       ? { 'x-api-key': input.apiKey, 'anthropic-version': ANTHROPIC_VERSION }
       : { authorization: `Bearer ${input.apiKey}` };
-  let res: Response;
+  const allowPrivate = ctx.config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS;
   try {
-    res = await fetch(url, {
-      headers: { accept: 'application/json', ...auth },
-      redirect: 'manual',
-      signal: AbortSignal.timeout(Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000)),
-    });
+    await checkDestination(new URL(url), allowPrivate);
   } catch (err) {
-    const reason = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name;
-    throw providerCheckFailed(`could not reach ${url} (${reason})`);
+    if (err instanceof DestinationError) throw providerCheckFailed(`${err.message}`);
+    throw err;
   }
-  const text = await res.text().catch(() => '');
-  if (res.status === 401 || res.status === 403) {
-    throw providerCheckFailed(`the provider refused the key (${res.status} from ${url})`);
-  }
-  if (!res.ok) throw providerCheckFailed(`the provider answered ${res.status} to GET ${url}`);
+  const timeoutMs = Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000);
+  const agent = createUpstreamAgent({ connectMs: timeoutMs, responseMs: timeoutMs, allowPrivate });
+  let status: number;
+  let text = '';
   try {
-    const body = JSON.parse(text) as { data?: Array<{ id?: unknown }> };
-    return { models: (body.data ?? []).map((m) => String(m.id)).filter(Boolean) };
-  } catch {
-    throw providerCheckFailed(`GET ${url} did not answer JSON: is this the API's base URL (ending in /v1)?`);
+    const res = await request(url, {
+      dispatcher: agent,
+      headers: { accept: 'application/json', ...auth },
+      signal: AbortSignal.timeout(timeoutMs),
+    });
+    status = res.statusCode;
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of res.body) {
+      chunks.push(chunk as Buffer);
+      size += (chunk as Buffer).length;
+      if (size > CHECK_READ_LIMIT) {
+        res.body.destroy();
+        break;
+      }
+    }
+    text = Buffer.concat(chunks).toString('utf8');
+  } catch (err) {
+    ctx.log.debug({ err, url }, 'provider check could not connect');
+    throw providerCheckFailed(`could not connect to ${url}`);
+  } finally {
+    agent.close().catch(() => {});
   }
+  if (status === 401 || status === 403) {
+    throw providerCheckFailed(`the provider refused the key (${status} from ${url})`);
+  }
+  if (status < 200 || status > 299)
+    throw providerCheckFailed(`the provider answered ${status} to GET ${url}`);
+  let body: { data?: unknown } | null;
+  try {
+    body = JSON.parse(text) as { data?: unknown } | null;
+  } catch {
+    body = null;
+  }
+  // A model list, not any JSON: `{"object":"list","data":[{"id":…},…]}`.
+  if (!body || typeof body !== 'object' || !Array.isArray(body.data))
+    throw providerCheckFailed(
+      `GET ${url} did not answer a model list: is this the API's base URL (ending in /v1)?`,
+    );
+  return {
+    models: (body.data as Array<{ id?: unknown } | null>)
+      .map((m) => (m && typeof m === 'object' ? String(m.id ?? '') : ''))
+      .filter(Boolean),
+  };
 }
 
 const providerCheckFailed = (why: string) =>
@@ -280,6 +327,11 @@ export async function revokeApiKey(ctx: AppContext, principal: Principal, projec
 
 // ---- models and pricing ----
 
+/**
+ * The project's whole pricing document — currency, every model with its routes, and the limits — in the
+ * shape `PUT …/models` (and `tollgate models apply`) takes, so applying a listing as read changes
+ * nothing.
+ */
 export async function listModels(ctx: AppContext, principal: Principal, projectId: string) {
   const project = await ownedProject(ctx, principal, projectId);
   const rows = await ctx.db
@@ -292,6 +344,7 @@ export async function listModels(ctx: AppContext, principal: Principal, projectI
     object: 'pricing' as const,
     currency: project.currency,
     models: rows.map(listedModel),
+    ...(project.limits ? { limits: project.limits } : {}),
   };
 }
 
@@ -308,24 +361,39 @@ export async function applyModels(
   return { object: 'pricing.applied' as const, ...result };
 }
 
-/** Adds or replaces one model, keeping the others (the dashboard's price form). */
-export async function putModel(ctx: AppContext, principal: Principal, projectId: string, spec: ModelSpec) {
-  const current = await listModels(ctx, principal, projectId);
-  const models = current.models.filter((m) => m.id !== spec.id).concat(spec);
-  return applyModels(ctx, principal, projectId, { currency: current.currency, models });
+/**
+ * Adds one model or edits it, keeping everything the edit does not name: the other models, the
+ * project's limits, and of the model itself the fields left out (its routes, endpoints and provider
+ * model stay as they were). The admin API's `PUT …/models/{id}` and the dashboard's price form. Read and
+ * write are one transaction (`editPricing`), so concurrent edits of different models both stay.
+ */
+export async function putModel(
+  ctx: AppContext,
+  principal: Principal,
+  projectId: string,
+  spec: Partial<ModelSpec> & Pick<ModelSpec, 'id' | 'pricing'>,
+) {
+  await ownedProject(ctx, principal, projectId);
+  const defined = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
+  const result = await editPricing(ctx.db, projectId, (current) => {
+    const existing = current.models.find((m) => m.id === spec.id);
+    const merged = { ...existing, ...defined } as ModelSpec;
+    return current.models.filter((m) => m.id !== spec.id).concat(merged);
+  });
+  await ctx.projects.changed(projectId);
+  return { object: 'pricing.applied' as const, ...result };
 }
 
+/** Removes one model, keeping the others (with their routes) and the project's limits. */
 export async function deleteModel(ctx: AppContext, principal: Principal, projectId: string, modelId: string) {
-  const current = await listModels(ctx, principal, projectId);
-  if (!current.models.some((m) => m.id === modelId))
-    throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
-  const models = current.models.filter((m) => m.id !== modelId);
-  if (models.length === 0) {
-    await ctx.db.deleteFrom('models').where('project_id', '=', projectId).execute();
-    await ctx.projects.changed(projectId);
-    return { object: 'pricing.applied' as const, created: [], updated: [], deleted: [modelId] };
-  }
-  return applyModels(ctx, principal, projectId, { currency: current.currency, models });
+  await ownedProject(ctx, principal, projectId);
+  const result = await editPricing(ctx.db, projectId, (current) => {
+    if (!current.models.some((m) => m.id === modelId))
+      throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
+    return current.models.filter((m) => m.id !== modelId);
+  });
+  await ctx.projects.changed(projectId);
+  return { object: 'pricing.applied' as const, ...result };
 }
 
 // ---- end users ----

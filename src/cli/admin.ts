@@ -1,3 +1,4 @@
+import { createInvite, inviteSchema, inviteUrl } from '../admin/accounts.ts';
 import { type AppContext, createContext } from '../app/context.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
 import type { Config } from '../config/index.ts';
@@ -10,6 +11,7 @@ import { listProviders, removeProvider, upsertProvider } from '../routing/provid
 import { connectUser, grantFromApi } from '../users/service.ts';
 import { type Output, UsageError } from './output.ts';
 import {
+  days,
   grantInputFrom,
   grantSummary,
   optional,
@@ -273,6 +275,19 @@ export async function adminCommand(
         out.result(
           { user, ...caps },
           `Spend caps of ${user}: daily ${caps.daily ?? '-'}, monthly ${caps.monthly ?? '-'}`,
+        );
+      });
+    case 'invite create':
+      return withContext(config, async (ctx) => {
+        const input = parseInput(inviteSchema, {
+          email: required(values, 'email'),
+          expiresInDays: days(values),
+        });
+        const invite = createInvite(ctx.sealer, input.email, input.expiresInDays);
+        const url = inviteUrl(ctx.publicBaseUrl, invite.code);
+        out.result(
+          { email: invite.email, code: invite.code, url, expiresAt: invite.expiresAt.toISOString() },
+          [`Invite for ${invite.email} (until ${invite.expiresAt.toISOString()}):`, url],
         );
       });
     default:

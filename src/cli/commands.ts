@@ -66,6 +66,17 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Projects and keys',
   },
   {
+    name: 'invite create',
+    usage: 'invite create --email E [--days 7]',
+    summary: 'an invite code for one developer e-mail (TOLLGATE_SIGNUP=invite) and its sign-up link',
+    details: [
+      'The code admits that address only, until it expires (1 to 90 days); send the link, which opens',
+      "the dashboard's sign-up form with the code filled in. Over the admin API it needs a full-access token.",
+    ],
+    options: ['email', 'days'],
+    group: 'Projects and keys',
+  },
+  {
     name: 'project list',
     usage: 'project list',
     summary: 'list projects (over the admin API: TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN)',
@@ -228,6 +239,8 @@ export const OPTIONS = {
   reason: { type: 'string' },
   priority: { type: 'string' },
   expires: { type: 'string' },
+  email: { type: 'string' },
+  days: { type: 'string' },
   namespace: { type: 'string', multiple: true },
 } as const;
 

@@ -3,6 +3,7 @@ import { ApiError, type ErrorBody } from '../core/errors.ts';
 import { modelLine } from '../models/service.ts';
 import { type Output, UsageError } from './output.ts';
 import {
+  days,
   grantInputFrom,
   grantSummary,
   optional,
@@ -236,6 +237,15 @@ export async function remoteAdminCommand(
         { 'idempotency-key': `cli-${randomUUID()}` },
       );
       out.result(result, grantSummary(result));
+      return;
+    }
+    case 'invite create': {
+      const expiresInDays = days(values);
+      const invite = await client.call('POST', '/invites', {
+        email: required(values, 'email'),
+        ...(expiresInDays !== undefined ? { expiresInDays } : {}),
+      });
+      out.result(invite, [`Invite for ${invite.email} (until ${invite.expiresAt}):`, invite.url]);
       return;
     }
     default:

@@ -268,6 +268,11 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: process.env.WEBHOOK_ALLOW_PRIVATE_NETWORKS?.trim()
       ? config.WEBHOOK_ALLOW_PRIVATE_NETWORKS
       : true,
+    // Providers on this machine (Ollama, vLLM, a mock) and open sign-up, unless the environment says otherwise.
+    TOLLGATE_ALLOW_PRIVATE_PROVIDERS: process.env.TOLLGATE_ALLOW_PRIVATE_PROVIDERS?.trim()
+      ? config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS
+      : true,
+    TOLLGATE_SIGNUP: process.env.TOLLGATE_SIGNUP?.trim() ? config.TOLLGATE_SIGNUP : 'open',
   });
   const { state, running } = await starting(ctx, async () => {
     const applied = await ctx.migrate();

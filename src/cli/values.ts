@@ -76,3 +76,11 @@ export function grantSummary(g: {
 }): string {
   return `Granted ${g.amount} ${g.currency} of ${g.reason} credit to ${g.user}${g.expiresAt ? ` (expires ${g.expiresAt})` : ''}; balance ${g.balance} ${g.currency}`;
 }
+
+/** `--days N` as a number (the schema checks the range); undefined when not given. */
+export function days(values: Values): number | undefined {
+  const given = optional(values, 'days');
+  if (given === undefined) return undefined;
+  if (!/^\d+$/.test(given)) throw new UsageError('--days must be a whole number of days (1 to 90)');
+  return Number(given);
+}

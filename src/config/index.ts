@@ -50,6 +50,7 @@ export const configSchema = z.object({
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
   UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),
   UPSTREAM_RESPONSE_TIMEOUT_MS: int(100, 3_600_000).default(120_000),
+  TOLLGATE_ALLOW_PRIVATE_PROVIDERS: bool.default(false),
   ROUTING_MAX_ATTEMPTS: int(1, 20).default(3),
   ROUTING_DEADLINE_MS: int(100, 3_600_000).default(180_000),
   ROUTING_CIRCUIT_FAILURES: int(1, 10_000).default(5),
@@ -86,6 +87,9 @@ export const configSchema = z.object({
     .min(24, { message: 'must be at least 24 characters (generate one with `openssl rand -hex 32`)' })
     .optional(),
   TOLLGATE_URL: url(['http:', 'https:']).optional(),
+  TOLLGATE_SIGNUP: z
+    .enum(['open', 'invite', 'closed'], { message: "must be 'open', 'invite' or 'closed'" })
+    .default('invite'),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -114,6 +118,8 @@ export const configDocs: Record<keyof Config, string> = {
     'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
   UPSTREAM_RESPONSE_TIMEOUT_MS: 'Time-out for the provider’s response headers and between streamed chunks.',
+  TOLLGATE_ALLOW_PRIVATE_PROVIDERS:
+    'Allow provider base URLs on private, loopback and link-local addresses (a model server on the same host or network). Off: such URLs are refused when saved and every upstream connection is checked again. `dev` turns it on.',
   ROUTING_MAX_ATTEMPTS:
     'Attempts of one metered request across its model’s routes (the first included) before it fails.',
   ROUTING_DEADLINE_MS:
@@ -156,6 +162,8 @@ export const configDocs: Record<keyof Config, string> = {
   POD_NAME: 'Leader-election identity (set from the downward API; default: the host name).',
   TOLLGATE_ADMIN_TOKEN:
     'Full-access bearer token of the admin API (`/admin/v1`), the first admin token; more are created and revoked over the API. `dev` generates one in `TOLLGATE_DATA_DIR`. Unset: only developer sessions and created tokens.',
+  TOLLGATE_SIGNUP:
+    'Who may create a developer account: `open` (anyone), `invite` (an invite code from a full-access admin, `POST /admin/v1/invites`) or `closed` (only a full-access admin token, `POST /admin/v1/developers`). `dev` uses `open`.',
   TOLLGATE_URL:
     'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
 };

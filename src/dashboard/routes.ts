@@ -3,6 +3,7 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import { stringify as toYaml } from 'yaml';
 import { z } from 'zod';
 import {
+  admitSignUp,
   checkCredentials,
   createAdminToken,
   createSession,
@@ -14,6 +15,7 @@ import {
   revokeAdminToken,
   SESSION_TTL_SECONDS,
   signUp,
+  signUpSchema,
 } from '../admin/accounts.ts';
 import { SignInLimiter } from '../admin/rate-limit.ts';
 import { usageReport } from '../admin/reports.ts';
@@ -319,6 +321,7 @@ ${csrfField(csrf)}
 <input id="email" name="email" type="email" autocomplete="email" required autofocus>
 <label for="password">Password${signup ? ' (at least 10 characters)' : ''}</label>
 <input id="password" name="password" type="password" autocomplete="${signup ? 'new-password' : 'current-password'}" minlength="${signup ? 10 : 1}" required>
+${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">Invite code</label><input id="invite" name="invite" value="${String((request.query as Form).invite ?? '')}" required>` : ''}
 <button type="submit">${signup ? 'Sign up' : 'Sign in'}</button>
 </form>
 <p class="muted">${
@@ -343,7 +346,8 @@ ${csrfField(csrf)}
 
   app.post('/signup', async (request, reply) =>
     action(reply, '/dashboard/signup', async () => {
-      const input = parseInput(credentialsSchema, pick(request.body as Form, ['email', 'password']));
+      const input = parseInput(signUpSchema, pick(request.body as Form, ['email', 'password', 'invite']));
+      admitSignUp(ctx.config.TOLLGATE_SIGNUP, ctx.sealer, input, false);
       const developer = await signUp(ctx.db, input);
       await startSession(request, reply, developer.id);
       return reply.redirect('/dashboard/start', 303);
@@ -687,7 +691,7 @@ ${keys.data.map(
     const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
     const pricing = await listModels(ctx, s.principal, project.id);
     const path = projectPath(project.id);
-    const yaml = toYaml({ currency: pricing.currency, models: pricing.models });
+    const yaml = toYaml({ currency: pricing.currency, models: pricing.models, limits: pricing.limits });
     return page(
       request,
       reply,
@@ -721,7 +725,7 @@ ${pricing.models.map(
 <p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}. Per token, the prompt Tollgate counts is held times the hold margin (1 to 10), by default the measured one of the provider model's tokenizer family.</p>
 <button type="submit">Save the price</button></form></section>
 <section class="card"><h2>Pricing file</h2>
-<p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models exactly these.</p>
+<p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models, their routes and the limits exactly these.</p>
 <form method="post" action="${path}/pricing/file">${csrfField(s.csrf)}
 <label for="file">Pricing file (YAML)</label><textarea id="file" name="file" spellcheck="false">${yaml}</textarea>
 <button type="submit">Apply the pricing file</button></form></section>`,

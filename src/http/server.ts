@@ -29,6 +29,9 @@ import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
 import { installJsonParser } from './json.ts';
 
+/** 256 characters (the longest end user id) × 9 (a percent-encoded 3-byte UTF-8 character), rounded up. */
+export const MAX_PARAM_LENGTH = 2400;
+
 declare module 'fastify' {
   interface FastifyInstance {
     ctx: AppContext;
@@ -55,7 +58,9 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     trustProxy: true,
     return503OnClosing: true,
     forceCloseConnections: 'idle',
-    routerOptions: { ignoreTrailingSlash: true },
+    // A path parameter may be as long as the longest value it carries: an end user id is up to 256
+    // characters, each up to 9 when percent-encoded (find-my-way's default limit is 100: a 414).
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: MAX_PARAM_LENGTH },
     // Requests Node's HTTP parser refuses get the same error shape (./client-errors.ts).
     clientErrorHandler,
     // Errors fastify raises before routing (a malformed URL, a bad header) get the same error shape.

@@ -61,6 +61,7 @@ export class MeteredFlow {
     this.#agent = createUpstreamAgent({
       connectMs: ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS,
       responseMs: ctx.config.UPSTREAM_RESPONSE_TIMEOUT_MS,
+      allowPrivate: ctx.config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS,
     });
     this.#router = new Router(ctx, this.#agent);
     this.#limits = new Limits(ctx);
@@ -209,6 +210,7 @@ export class MeteredFlow {
       return sendPassthrough(reply, answer);
     } catch (err) {
       if (watch.gone) return abandon(reply);
+      logUnreachable(this.#ctx, err, request.project.id);
       throw unsupportedEndpoint(err, 'Responses', path) ?? toClientError(err);
     } finally {
       watch.stop();
@@ -472,6 +474,7 @@ export class MeteredFlow {
     const reason = err instanceof UpstreamError ? err.kind : 'internal';
     if (!(err instanceof UpstreamError) && !(err instanceof ApiError))
       ctx.log.error({ err, requestId: x.requestId }, `${x.api.name} request failed`);
+    else logUnreachable(ctx, err, x.project.id);
     ctx.metrics.upstreamErrors.inc({ project: x.project.id, model: x.model.id, reason });
     if (countRequest) {
       ctx.metrics.requests.inc({
@@ -725,4 +728,14 @@ export function meteredFlowOf(ctx: AppContext): MeteredFlow {
 /** The flow serving a context, if any route created it (tests wait on `idle()` for settles). */
 export function existingFlowOf(ctx: AppContext): MeteredFlow | undefined {
   return flows.get(ctx);
+}
+
+/**
+ * The client sees one fixed message when a provider cannot be reached (no port scanning); the pod's log
+ * keeps the cause (ECONNREFUSED, EPRIVATEADDRESS, a parser error…) for the operator.
+ */
+function logUnreachable(ctx: AppContext, err: unknown, projectId: string): void {
+  if (!(err instanceof UpstreamError) || err.kind !== 'connection' || err.cause === undefined) return;
+  const cause = err.cause as { code?: string; message?: string };
+  ctx.log.warn({ project: projectId, cause: cause.code ?? cause.message }, err.message);
 }

@@ -134,6 +134,17 @@ export function pricingColumns(pricing: Pricing) {
   };
 }
 
+/** A models row as the pricing file states it (routes only when it has some). */
+export function specOf(row: ModelRow): ModelSpec {
+  return {
+    id: row.id,
+    upstreamModel: row.upstream_model,
+    ...(row.routes?.length ? { routes: row.routes } : {}),
+    pricing: pricingOf(row),
+    endpoints: endpointsOf(row),
+  };
+}
+
 /** The APIs a model row serves. */
 export function endpointsOf(row: ModelRow): ModelEndpoint[] {
   return row.endpoints?.length ? row.endpoints : DEFAULT_ENDPOINTS;

@@ -1,18 +1,18 @@
+import type { Transaction } from 'kysely';
 import { parse as parseYaml } from 'yaml';
 import { badRequest } from '../core/errors.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import type { ModelRow } from '../db/schema.ts';
+import type { DB, ModelRow } from '../db/schema.ts';
 import { holdMarginOf } from './hold-margin.ts';
 import {
   DEFAULT_ENDPOINTS,
-  endpointsOf,
   type ModelSpec,
   type Pricing,
   type PricingFile,
   pricingColumns,
   pricingFileSchema,
-  pricingOf,
+  specOf,
 } from './pricing.ts';
 
 export interface ApplyResult {
@@ -38,53 +38,14 @@ export function parsePricingFile(text: string): PricingFile {
  */
 export async function applyPricing(db: Database, projectId: string, file: PricingFile): Promise<ApplyResult> {
   return db.transaction().execute(async (tx) => {
-    const project = await tx
-      .selectFrom('projects')
-      .select('currency')
-      .where('id', '=', projectId)
-      .forUpdate()
-      .executeTakeFirst();
-    if (!project) throw badRequest(`no project ${projectId}`, 'project');
+    const project = await lockProject(tx, projectId);
     if (project.currency !== file.currency) {
       throw badRequest(
         `the file's currency ${file.currency} differs from the project's currency ${project.currency}`,
         'currency',
       );
     }
-    const existing = new Set(
-      (await tx.selectFrom('models').select('id').where('project_id', '=', projectId).execute()).map(
-        (r) => r.id,
-      ),
-    );
-    const result: ApplyResult = { created: [], updated: [], deleted: [] };
-    for (const model of file.models) {
-      const columns = {
-        ...pricingColumns(model.pricing),
-        upstream_model: model.upstreamModel ?? model.id,
-        endpoints: model.endpoints ?? DEFAULT_ENDPOINTS,
-        routes: model.routes ? JSON.stringify(model.routes) : null,
-      };
-      await tx
-        .insertInto('models')
-        .values({ project_id: projectId, id: model.id, ...columns })
-        .onConflict((oc) =>
-          oc.columns(['project_id', 'id']).doUpdateSet({ ...columns, updated_at: new Date() }),
-        )
-        .execute();
-      (existing.has(model.id) ? result.updated : result.created).push(model.id);
-      existing.delete(model.id);
-    }
-    // Limits (src/limits) come with the pricing file; a file without them removes them.
-    await tx
-      .updateTable('projects')
-      .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
-      .where('id', '=', projectId)
-      .execute();
-    for (const id of existing) {
-      await tx.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', id).execute();
-      result.deleted.push(id);
-    }
-    return result;
+    return applyIn(tx, projectId, file);
   });
 }
 
@@ -93,12 +54,11 @@ export async function applyPricing(db: Database, projectId: string, file: Pricin
  * in force (the pricing file's, or the default of the upstream model's tokenizer family).
  */
 export function listedModel(row: ModelRow): ModelSpec {
-  const pricing = pricingOf(row);
+  const spec = specOf(row);
+  const pricing = spec.pricing;
   return {
-    id: row.id,
-    upstreamModel: row.upstream_model,
+    ...spec,
     pricing: pricing.mode === 'per_token' ? { ...pricing, holdMargin: holdMarginOf(row).margin } : pricing,
-    endpoints: endpointsOf(row),
   };
 }
 
@@ -118,4 +78,83 @@ function pricingSummary(p: Pricing): string {
     case 'subscription':
       return `${p.fee} every ${p.period}`;
   }
+}
+
+/**
+ * A partial edit of the pricing: `edit` gets the whole current document (every model with its routes,
+ * and the limits) and returns the models it should hold; the limits and everything else it does not
+ * change stay. Read and write happen in one transaction under the project's row lock, so two edits at
+ * once cannot drop each other's change. An edit that leaves no model deletes them all (limits kept).
+ */
+export async function editPricing(
+  db: Database,
+  projectId: string,
+  edit: (current: PricingFile) => ModelSpec[],
+): Promise<ApplyResult> {
+  return db.transaction().execute(async (tx) => {
+    const project = await lockProject(tx, projectId);
+    const rows = await tx
+      .selectFrom('models')
+      .selectAll()
+      .where('project_id', '=', projectId)
+      .orderBy('id')
+      .execute();
+    const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
+    const current: PricingFile = { currency: project.currency, models: rows.map(specOf), ...limits };
+    const models = edit(current);
+    if (models.length === 0) {
+      await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
+      return { created: [], updated: [], deleted: rows.map((r) => r.id) };
+    }
+    const file = parseInput(pricingFileSchema, { currency: project.currency, models, ...limits }, 'pricing');
+    return applyIn(tx, projectId, file);
+  });
+}
+
+async function lockProject(tx: Transaction<DB>, projectId: string) {
+  const project = await tx
+    .selectFrom('projects')
+    .select(['currency', 'limits'])
+    .where('id', '=', projectId)
+    .forUpdate()
+    .executeTakeFirst();
+  if (!project) throw badRequest(`no project ${projectId}`, 'project');
+  return project;
+}
+
+async function applyIn(tx: Transaction<DB>, projectId: string, file: PricingFile): Promise<ApplyResult> {
+  const existing = new Set(
+    (await tx.selectFrom('models').select('id').where('project_id', '=', projectId).execute()).map(
+      (r) => r.id,
+    ),
+  );
+  const result: ApplyResult = { created: [], updated: [], deleted: [] };
+  for (const model of file.models) {
+    const columns = {
+      ...pricingColumns(model.pricing),
+      upstream_model: model.upstreamModel ?? model.id,
+      endpoints: model.endpoints ?? DEFAULT_ENDPOINTS,
+      routes: model.routes ? JSON.stringify(model.routes) : null,
+    };
+    await tx
+      .insertInto('models')
+      .values({ project_id: projectId, id: model.id, ...columns })
+      .onConflict((oc) =>
+        oc.columns(['project_id', 'id']).doUpdateSet({ ...columns, updated_at: new Date() }),
+      )
+      .execute();
+    (existing.has(model.id) ? result.updated : result.created).push(model.id);
+    existing.delete(model.id);
+  }
+  // Limits (src/limits) come with the pricing file; a file without them removes them.
+  await tx
+    .updateTable('projects')
+    .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
+    .where('id', '=', projectId)
+    .execute();
+  for (const id of existing) {
+    await tx.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', id).execute();
+    result.deleted.push(id);
+  }
+  return result;
 }

@@ -13,11 +13,28 @@ const httpUrl = z
   .url()
   .refine((v) => /^https?:\/\//.test(v), { message: 'must start with http:// or https://' });
 
+/**
+ * Why a URL cannot be a provider's base URL although it is http(s): paths are appended to it, so a
+ * query or a fragment would swallow them (`…?x=` + `/models` reaches the base path itself), and
+ * credentials belong in the API key, not in a URL that is shown back.
+ */
+export function baseUrlProblem(value: string): string | undefined {
+  if (/^[a-z][a-z0-9+.-]*:\/\/[^/?#]*@/i.test(value))
+    return 'must not hold a user name or password (give the key as the API key)';
+  if (value.includes('?')) return 'must not have a query (?…): paths are appended to the base URL';
+  if (value.includes('#')) return 'must not have a fragment (#…): paths are appended to the base URL';
+  return undefined;
+}
+
 /** An upstream base URL: an OpenAI-compatible provider, or `echo://local` for the built-in echo provider. */
 export const upstreamUrlSchema = z
   .string()
   .refine((v) => v === ECHO_UPSTREAM || httpUrl.safeParse(v).success, {
     message: `must be an http(s) URL of an OpenAI-compatible API (e.g. https://api.openai.com/v1) or ${'echo://local'}`,
+  })
+  .superRefine((v, ctx) => {
+    const problem = v === ECHO_UPSTREAM ? undefined : baseUrlProblem(v);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
   });
 
 export const ECHO_UPSTREAM = 'echo://local';

@@ -1,12 +1,39 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
 import { meteredFlowOf } from '../metering/flow.ts';
 import { responsesApi } from './api.ts';
 
 /**
- * `POST /v1/responses` (metered, paywalled), and every other `/v1/responses/…` call (retrieve, delete,
- * cancel, input items, …) passed through unmetered to providers that support them.
+ * `POST /v1/responses` (metered, paywalled), and the Responses API's own sub-resources passed through
+ * unmetered to providers that support them — only these, as OpenAI's API reference lists them:
+ *
+ * - `GET /v1/responses/{id}` (retrieve), `DELETE /v1/responses/{id}` (delete)
+ * - `POST /v1/responses/{id}/cancel` (cancel a background response)
+ * - `GET /v1/responses/{id}/input_items` (list input items)
+ *
+ * The path sent to the provider is rebuilt from the checked id, never copied from the request: an id is
+ * letters, digits and `_ - . :` and does not start with a dot, so `.`/`..` segments (raw or
+ * percent-encoded), encoded slashes and backslashes cannot reach other provider endpoints with the
+ * project's key. Anything else under `/v1/responses/` is 404.
  */
+export const responseIdSchema = z
+  .string()
+  .max(256, { message: 'must be at most 256 characters' })
+  .regex(/^[A-Za-z0-9_-][A-Za-z0-9._:-]*$/, {
+    message: 'must be a response id (letters, digits, _ - . :), such as resp_abc123',
+  });
+
+const idParams = z.object({ id: responseIdSchema });
+
+/** The request's query string as received (`?…`, or empty); never part of the path. */
+function queryOf(request: FastifyRequest): string {
+  const url = request.raw.url ?? '';
+  const at = url.indexOf('?');
+  if (at < 0) return '';
+  return new URL(url.slice(at), 'http://localhost').search;
+}
+
 export async function responsesRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const flow = meteredFlowOf(app.ctx);
@@ -14,9 +41,17 @@ export async function responsesRoutes(plain: FastifyInstance): Promise<void> {
   app.post('/responses', { schema: { body: responsesApi.schema } }, (request, reply) =>
     flow.handle(responsesApi, request, reply, request.body),
   );
-  app.all('/responses/*', (request, reply) => {
-    const url = request.raw.url ?? '';
-    const path = url.slice(url.indexOf('/responses/'));
-    return flow.passthrough(request, reply, path);
-  });
+
+  const pass = (suffix: string) => (request: FastifyRequest, reply: FastifyReply) => {
+    const { id } = request.params as { id: string };
+    return flow.passthrough(
+      request,
+      reply,
+      `/responses/${encodeURIComponent(id)}${suffix}${queryOf(request)}`,
+    );
+  };
+  app.get('/responses/:id', { schema: { params: idParams } }, pass(''));
+  app.delete('/responses/:id', { schema: { params: idParams } }, pass(''));
+  app.post('/responses/:id/cancel', { schema: { params: idParams } }, pass('/cancel'));
+  app.get('/responses/:id/input_items', { schema: { params: idParams } }, pass('/input_items'));
 }

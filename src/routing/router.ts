@@ -63,6 +63,7 @@ export class Router {
   readonly #settings: RoutingSettings;
   readonly #agent: Agent;
   readonly #responseMs: number;
+  readonly #allowPrivate: boolean;
   readonly #agents = new Map<number, Agent>();
   /** The echo provider answers the Messages API through Chat Completions, like any OpenAI-compatible one. */
   readonly #echo = new MessagesOverChat(new EchoProvider());
@@ -80,6 +81,7 @@ export class Router {
     };
     this.#agent = agent;
     this.#responseMs = c.UPSTREAM_RESPONSE_TIMEOUT_MS;
+    this.#allowPrivate = c.TOLLGATE_ALLOW_PRIVATE_PROVIDERS;
     this.breakers = new CircuitBreakers({
       failures: this.#settings.circuitFailures,
       cooldownMs: this.#settings.circuitCooldownMs,
@@ -281,7 +283,11 @@ export class Router {
     if (connectMs === undefined) return this.#agent;
     let agent = this.#agents.get(connectMs);
     if (!agent) {
-      agent = createUpstreamAgent({ connectMs, responseMs: this.#responseMs });
+      agent = createUpstreamAgent({
+        connectMs,
+        responseMs: this.#responseMs,
+        allowPrivate: this.#allowPrivate,
+      });
       this.#agents.set(connectMs, agent);
     }
     return agent;

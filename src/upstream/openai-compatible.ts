@@ -1,5 +1,6 @@
 import { createParser } from 'eventsource-parser';
 import { Agent, type Dispatcher } from 'undici';
+import { guardedConnector } from '../net/destination.ts';
 import {
   isAbort,
   type PassthroughAnswer,
@@ -17,19 +18,29 @@ export interface UpstreamTimeouts {
   responseMs: number;
 }
 
+export interface UpstreamAgentOptions extends UpstreamTimeouts {
+  /** TOLLGATE_ALLOW_PRIVATE_PROVIDERS: when false, every connection is judged by ../net/destination.ts. */
+  allowPrivate: boolean;
+}
+
 /**
  * One undici Agent per process: a keep-alive connection pool per provider origin, shared by every
  * project that uses that provider. HTTP/1.1 (no pipelining) for predictable time-outs and aborts.
+ * Unless private providers are allowed, each new connection is checked where it is made (address
+ * literals before connecting, names inside the DNS lookup), so a base URL whose name later resolves to
+ * a private address (DNS rebinding) still cannot reach it.
  */
-export function createUpstreamAgent(timeouts: UpstreamTimeouts): Agent {
+export function createUpstreamAgent(options: UpstreamAgentOptions): Agent {
   return new Agent({
     connections: 512,
     pipelining: 1,
     keepAliveTimeout: 30_000,
     keepAliveMaxTimeout: 120_000,
-    connectTimeout: timeouts.connectMs,
-    headersTimeout: timeouts.responseMs,
-    bodyTimeout: timeouts.responseMs,
+    ...(options.allowPrivate
+      ? { connectTimeout: options.connectMs }
+      : { connect: guardedConnector({ timeout: options.connectMs }) }),
+    headersTimeout: options.responseMs,
+    bodyTimeout: options.responseMs,
     allowH2: false,
   });
 }
@@ -274,23 +285,22 @@ async function* chunksOf(body: Dispatcher.ResponseData['body']): AsyncGenerator<
   }
 }
 
+/**
+ * What every failure to connect to a provider says, whatever the cause (refused, reset, not HTTP, a
+ * refused private address, a connect time-out): the text must not tell a closed port from an open one.
+ * The cause stays on the error for the logs.
+ */
+export const UNREACHABLE_MESSAGE = 'Could not connect to the model provider.';
+
 /** Maps undici's errors to UpstreamError; our own abort is rethrown as is. */
 export function failure(err: unknown): unknown {
   if (err instanceof UpstreamError || isAbort(err)) return err;
   const code = (err as { code?: string }).code ?? '';
   switch (code) {
-    case 'UND_ERR_CONNECT_TIMEOUT':
-      return new UpstreamError('timeout', 'Connecting to the provider timed out.', { cause: err });
     case 'UND_ERR_HEADERS_TIMEOUT':
       return new UpstreamError('timeout', 'The provider did not answer in time.', { cause: err });
     case 'UND_ERR_BODY_TIMEOUT':
       return new UpstreamError('timeout', 'The provider stopped sending its response.', { cause: err });
   }
-  return new UpstreamError(
-    'connection',
-    `Could not reach the provider (${code || (err as Error).message}).`,
-    {
-      cause: err,
-    },
-  );
+  return new UpstreamError('connection', UNREACHABLE_MESSAGE, { cause: err });
 }

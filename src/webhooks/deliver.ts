@@ -5,7 +5,7 @@ import { rootCertificates } from 'node:tls';
 import { Agent, request } from 'undici';
 import { type Config, ConfigError } from '../config/index.ts';
 import type { EventEnvelope } from '../events/outbox.ts';
-import { guardedLookup, hostOf, isPrivateAddress } from './destination.ts';
+import { guardedLookup, hostOf, isPrivateAddress } from '../net/destination.ts';
 
 /** Bytes of a response body read at most; the rest is dropped with the connection. */
 export const RESPONSE_READ_LIMIT = 64 * 1024;

@@ -6,7 +6,7 @@ import { ApiError, badRequest, conflict, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput } from '../core/validation.ts';
 import type { WebhookSubscriptionsTable } from '../db/schema.ts';
-import { checkDestination, DestinationError } from './destination.ts';
+import { checkDestination, DestinationError } from '../net/destination.ts';
 import { SubscriptionFilter, subscriptionsChangedChannel } from './filter.ts';
 import { patternProblem } from './patterns.ts';
 
@@ -197,7 +197,7 @@ async function checkUrl(ctx: AppContext, raw: string): Promise<void> {
       'invalid_url',
     );
   try {
-    await checkDestination(ctx.config, url);
+    await checkDestination(url, ctx.config.WEBHOOK_ALLOW_PRIVATE_NETWORKS);
   } catch (err) {
     if (err instanceof DestinationError)
       throw badRequest(`Invalid 'url': ${err.message}.`, 'url', 'invalid_url');

@@ -37,6 +37,9 @@ export async function createTestContext(
     HOST: '127.0.0.1',
     WEBHOOK_ALLOW_HTTP: 'true',
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
+    // The mock providers listen on loopback; the SSRF tests turn this off.
+    TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
+    TOLLGATE_SIGNUP: 'open',
     ...env,
   });
   const ctx = await createContext(config, { schema: `tgt_${id}`, busPrefix: `t${id}:` });

@@ -1,13 +1,16 @@
 import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
 import { isIP } from 'node:net';
 import ipaddr from 'ipaddr.js';
-import type { Config } from '../config/index.ts';
+import { buildConnector } from 'undici';
 
 /**
- * Where a webhook may be sent. Private, loopback, link-local, carrier-grade NAT, multicast, reserved and
- * cloud-metadata addresses are refused unless WEBHOOK_ALLOW_PRIVATE_NETWORKS is set. The check runs when
- * a subscription is saved and again inside the connection's DNS lookup at send time, so the address
- * checked is the address connected to (a name that later resolves somewhere private is still refused).
+ * Where Tollgate may open an outbound connection on a user's say-so: webhook destinations and model
+ * provider base URLs. Private, loopback, link-local, carrier-grade NAT, multicast, reserved and
+ * cloud-metadata addresses are refused unless allowed by configuration (WEBHOOK_ALLOW_PRIVATE_NETWORKS
+ * for webhooks, TOLLGATE_ALLOW_PRIVATE_PROVIDERS for providers). The check runs when the URL is saved
+ * (`checkDestination`) and again inside each connection (`guardedLookup`, `guardedConnector`), so the
+ * address checked is the address connected to (a name that later resolves somewhere private — DNS
+ * rebinding — is still refused).
  *
  * The ranges are ipaddr.js's classification: an IPv4 address must be plain `unicast`; an IPv6 address
  * must be `unicast` inside 2000::/3 (global unicast), or one of the forms that embed an IPv4 address —
@@ -45,7 +48,7 @@ function ipv4Allowed(address: ipaddr.IPv4): boolean {
   return address.range() === 'unicast';
 }
 
-/** True for an address a webhook must not reach on a public deployment (and for anything unparsable). */
+/** True for an address an outbound request must not reach on a public deployment (and anything unparsable). */
 export function isPrivateAddress(address: string): boolean {
   if (!ipaddr.isValid(address) || !isIP(address)) return true;
   const parsed = ipaddr.parse(address);
@@ -69,6 +72,12 @@ export function hostOf(url: URL): string {
   return url.hostname.replace(/^\[|\]$/g, '');
 }
 
+/** Names that are local by convention, refused without asking DNS. */
+function isLocalName(host: string): boolean {
+  const name = host.toLowerCase().replace(/\.$/, '');
+  return name === 'localhost' || name.endsWith('.localhost') || name.endsWith('.internal');
+}
+
 function resolveAll(host: string): Promise<LookupAddress[]> {
   return new Promise((resolve, reject) => {
     dnsLookup(host, { all: true, verbatim: true }, (err, addresses) => {
@@ -82,16 +91,15 @@ function resolveAll(host: string): Promise<LookupAddress[]> {
  * Checks a destination URL's host: an address literal directly, a name through DNS (every address it
  * resolves to must be public). Throws DestinationError.
  */
-export async function checkDestination(config: Pick<Config, 'WEBHOOK_ALLOW_PRIVATE_NETWORKS'>, url: URL) {
-  if (config.WEBHOOK_ALLOW_PRIVATE_NETWORKS) return;
+export async function checkDestination(url: URL, allowPrivate: boolean): Promise<void> {
+  if (allowPrivate) return;
   const host = hostOf(url);
   if (isIP(host)) {
     if (isPrivateAddress(host))
       throw new DestinationError('private_address', `${host} is a private, loopback or reserved address`);
     return;
   }
-  if (host === 'localhost' || host.endsWith('.localhost') || host.endsWith('.internal'))
-    throw new DestinationError('private_address', `${host} is a local name`);
+  if (isLocalName(host)) throw new DestinationError('private_address', `${host} is a local name`);
   let addresses: LookupAddress[];
   try {
     addresses = await resolveAll(host);
@@ -129,16 +137,36 @@ export function guardedLookup(
     const addresses = result as unknown as LookupAddress[];
     const bad = addresses.find((a) => isPrivateAddress(a.address));
     if (bad || addresses.length === 0) {
-      const error = new Error(
-        bad
-          ? `refused: ${hostname} resolves to ${bad.address}, a private, loopback or reserved address`
-          : `refused: ${hostname} has no address`,
-      ) as NodeJS.ErrnoException;
-      error.code = 'EPRIVATEADDRESS';
-      return callback(error, '');
+      const why = bad
+        ? `${hostname} resolves to ${bad.address}, a private, loopback or reserved address`
+        : `${hostname} has no address`;
+      return callback(refused(why), '');
     }
     if (options?.all) return callback(null, addresses);
     const first = addresses[0]!;
     callback(null, first.address, first.family);
   });
+}
+
+function refused(message: string): NodeJS.ErrnoException {
+  const error = new Error(`refused: ${message}`) as NodeJS.ErrnoException;
+  error.code = 'EPRIVATEADDRESS';
+  return error;
+}
+
+/**
+ * An undici `connect` that refuses private destinations: an address literal is judged before
+ * connecting (Node connects to literals without a lookup), a name through `guardedLookup`. Every new
+ * connection of the pool passes here, so a name that resolves elsewhere later is judged again.
+ */
+export function guardedConnector(options: buildConnector.BuildOptions): buildConnector.connector {
+  const connect = buildConnector({ ...options, lookup: guardedLookup } as buildConnector.BuildOptions);
+  return (opts, callback) => {
+    const host = opts.hostname.replace(/^\[|\]$/g, '');
+    if (isIP(host) && isPrivateAddress(host)) {
+      callback(refused(`${host} is a private, loopback or reserved address`), null);
+      return;
+    }
+    connect(opts, callback);
+  };
 }
