@@ -1,0 +1,254 @@
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildServer } from '../src/http/server.ts';
+import { createTestContext, newTestId } from './helpers/context.ts';
+import { api, startTestServer, type TestServer } from './helpers/server.ts';
+
+/**
+ * Issue 22, items 3, 6 and 8: the sign-in limit counts each attempt before the password check, trusts
+ * X-Forwarded-For only from TOLLGATE_TRUSTED_PROXIES, is shared by pods through Redis and cannot lock an
+ * owner out from elsewhere; sign-up does not tell who has an account, refuses weak passwords and is
+ * limited; the sign-in page shows messages by code only; pages rendered by POSTs log no warning.
+ */
+
+const PASSWORD = 'a long enough password';
+const servers: TestServer[] = [];
+async function start(env: Record<string, string> = {}, shared: { id?: string } = {}) {
+  const server = await startTestServer(env, shared);
+  servers.push(server);
+  return server;
+}
+afterAll(async () => {
+  for (const s of servers) await s.close();
+});
+
+const signIn = (server: TestServer, email: string, password: string, headers: Record<string, string> = {}) =>
+  api(server, undefined, 'POST', '/admin/v1/sessions', { email, password }, headers);
+
+async function account(server: TestServer, email: string) {
+  const res = await api(server, undefined, 'POST', '/admin/v1/developers', { email, password: PASSWORD });
+  expect(res.status).toBe(202);
+}
+
+describe('the sign-in limit', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    // The per-address limit (all e-mails) is set out of the way: this is about one e-mail.
+    server = await start({ SIGNIN_MAX_ATTEMPTS_PER_ADDRESS: '1000' });
+  });
+
+  it('lets at most 5 of 40 concurrent guesses for one e-mail reach the password check', async () => {
+    await account(server, 'concurrent@example.com');
+    const answers = await Promise.all(
+      Array.from({ length: 40 }, (_, i) => signIn(server, 'concurrent@example.com', `guess number ${i}`)),
+    );
+    const checked = answers.filter((a) => a.status !== 429);
+    // A 429 is answered before the hash; every other answer ran one.
+    expect(checked.length).toBeLessThanOrEqual(5);
+    expect(checked.every((a) => a.status === 401)).toBe(true);
+    expect(answers.filter((a) => a.status === 429).length).toBeGreaterThanOrEqual(35);
+    for (const limited of answers.filter((a) => a.status === 429)) {
+      expect(limited.body.error).toMatchObject({ type: 'rate_limit_error', code: 'sign_in_rate_limited' });
+      expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(0);
+    }
+  });
+
+  it('ignores X-Forwarded-For by default: spoofed addresses are limited all the same', async () => {
+    await account(server, 'spoofed@example.com');
+    const statuses: number[] = [];
+    for (let i = 0; i < 8; i++) {
+      const res = await signIn(server, 'spoofed@example.com', `wrong password ${i}`, {
+        'x-forwarded-for': `203.0.113.${i + 1}`,
+      });
+      statuses.push(res.status);
+    }
+    expect(statuses).toEqual([401, 401, 401, 401, 401, 429, 429, 429]);
+  });
+});
+
+describe('with TOLLGATE_TRUSTED_PROXIES=1 (an ingress in front)', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    server = await start({ TOLLGATE_TRUSTED_PROXIES: '1' });
+  });
+
+  it('limits the guessing address, never the owner signing in from elsewhere', async () => {
+    await account(server, 'owner@example.com');
+    const attacker = { 'x-forwarded-for': '198.51.100.7' };
+    for (let i = 0; i < 5; i++)
+      expect((await signIn(server, 'owner@example.com', `guess ${i} guess`, attacker)).status).toBe(401);
+    expect((await signIn(server, 'owner@example.com', PASSWORD, attacker)).status).toBe(429);
+    const owner = await signIn(server, 'owner@example.com', PASSWORD, { 'x-forwarded-for': '192.0.2.10' });
+    expect(owner.status).toBe(201);
+  });
+});
+
+describe('a limit that lifts', () => {
+  it('lets the owner in again once the window has passed', async () => {
+    const server = await start({ SIGNIN_WINDOW_SECONDS: '1', SIGNIN_MAX_ATTEMPTS: '2' });
+    await account(server, 'window@example.com');
+    await signIn(server, 'window@example.com', 'wrong password 1');
+    await signIn(server, 'window@example.com', 'wrong password 2');
+    const limited = await signIn(server, 'window@example.com', PASSWORD);
+    expect(limited.status).toBe(429);
+    // The key expires with its window (Retry-After says when); poll, bounded.
+    const deadline = Date.now() + 5000;
+    let status = 429;
+    while (status === 429 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 200));
+      status = (await signIn(server, 'window@example.com', PASSWORD)).status;
+    }
+    expect(status).toBe(201);
+  });
+});
+
+describe.skipIf(!process.env.TOLLGATE_TEST_REDIS)('two pods sharing Redis', () => {
+  it('share one sign-in limit', async () => {
+    const shared = { id: newTestId() };
+    const a = await start({}, shared);
+    const b = await start({}, shared);
+    expect(a.ctx.bus.kind).toBe('redis');
+    await account(a, 'pods@example.com');
+    const statuses: number[] = [];
+    for (let i = 0; i < 6; i++)
+      statuses.push((await signIn(i % 2 ? b : a, 'pods@example.com', `wrong password ${i}`)).status);
+    expect(statuses).toEqual([401, 401, 401, 401, 401, 429]);
+    expect((await signIn(a, 'pods@example.com', PASSWORD)).status).toBe(429);
+  });
+});
+
+describe('sign-up', () => {
+  let server: TestServer;
+  beforeAll(async () => {
+    server = await start({ SIGNUP_MAX_PER_HOUR: '6' });
+  });
+
+  it('answers a taken address exactly as a new one, and changes nothing', async () => {
+    const fresh = await api(server, undefined, 'POST', '/admin/v1/developers', {
+      email: 'taken@example.com',
+      password: PASSWORD,
+    });
+    const taken = await api(server, undefined, 'POST', '/admin/v1/developers', {
+      email: 'TAKEN@example.com',
+      password: 'another long password',
+    });
+    expect(taken.status).toBe(fresh.status);
+    expect(taken.body).toEqual(fresh.body);
+    expect(taken.body.error).toBeUndefined();
+    // The owner's password still works; the second one does not.
+    expect((await signIn(server, 'taken@example.com', PASSWORD)).status).toBe(201);
+    expect((await signIn(server, 'taken@example.com', 'another long password')).status).toBe(401);
+  });
+
+  it('refuses blank and common passwords', async () => {
+    for (const password of [
+      ' '.repeat(10),
+      `  ${'\t'.repeat(10)}`,
+      'qwertyuiop',
+      '1234567890',
+      'Password123',
+    ]) {
+      const res = await api(server, undefined, 'POST', '/admin/v1/developers', {
+        email: 'weak@example.com',
+        password,
+      });
+      expect(res.status, JSON.stringify(password)).toBe(400);
+      expect(res.body.error.param).toBe('password');
+    }
+    const count = await server.ctx.db
+      .selectFrom('developers')
+      .select(server.ctx.db.fn.countAll().as('n'))
+      .where('email', '=', 'weak@example.com')
+      .executeTakeFirstOrThrow();
+    expect(Number(count.n)).toBe(0);
+  });
+
+  it('is limited per address', async () => {
+    const statuses: number[] = [];
+    for (let i = 0; i < 6; i++) {
+      const res = await api(server, undefined, 'POST', '/admin/v1/developers', {
+        email: `many-${i}@example.com`,
+        password: PASSWORD,
+      });
+      statuses.push(res.status);
+    }
+    // 2 sign-ups above, 4 here, then the limit of 6 per hour.
+    expect(statuses).toEqual([202, 202, 202, 202, 429, 429]);
+  });
+});
+
+describe('dashboard messages', () => {
+  it('shows messages chosen by code, never text from the query', async () => {
+    const server = await start();
+    const planted = 'Your account is locked: call +1 555 0100 now';
+    const page = await fetch(`${server.url}/dashboard/signin?error=${encodeURIComponent(planted)}`);
+    const text = await page.text();
+    expect(page.status).toBe(200);
+    expect(text).not.toContain('call +1 555');
+    expect(text).not.toContain('role="alert"');
+    const known = await (await fetch(`${server.url}/dashboard/signin?error=invalid_credentials`)).text();
+    expect(known).toContain('<p class="error" role="alert">Incorrect e-mail or password.</p>');
+    const done = await (
+      await fetch(`${server.url}/dashboard/signin?done=${encodeURIComponent(planted)}`)
+    ).text();
+    expect(done).not.toContain('call +1 555');
+  });
+});
+
+describe('dashboard POSTs that render a page', () => {
+  it('log no "Reply was already sent"', async () => {
+    const lines: string[] = [];
+    const ctx = await createTestContext();
+    ctx.log = pino(
+      { level: 'warn' },
+      new Writable({
+        write(chunk, _encoding, next) {
+          lines.push(String(chunk));
+          next();
+        },
+      }),
+    );
+    const app = await buildServer(ctx);
+    await app.listen({ port: 0, host: '127.0.0.1' });
+    const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+    servers.push({
+      ctx,
+      app,
+      url,
+      async close() {
+        await app.close();
+        await ctx.close();
+      },
+    });
+    const server = servers.at(-1)!;
+    await account(server, 'pages@example.com');
+    const token = (await signIn(server, 'pages@example.com', PASSWORD)).body.session.token as string;
+    const cookie = `tollgate_session=${token}`;
+    const projectId = (await api(server, token, 'POST', '/admin/v1/projects', { name: 'P' })).body.project
+      .id as string;
+    const csrf = /name="csrf" value="([^"]+)"/.exec(
+      await (await fetch(`${url}/dashboard/projects/${projectId}`, { headers: { cookie } })).text(),
+    )![1]!;
+    const post = (path: string, form: Record<string, string>) =>
+      fetch(url + path, {
+        method: 'POST',
+        headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ csrf, ...form }).toString(),
+        redirect: 'manual',
+      });
+    expect((await post('/dashboard/admin-tokens', { name: 'cli' })).status).toBe(200);
+    expect((await post(`/dashboard/projects/${projectId}/keys`, { name: 'second' })).status).toBe(200);
+    expect(
+      (await post(`/dashboard/projects/${projectId}/webhooks`, { url: 'http://127.0.0.1:9/h', events: '*' }))
+        .status,
+    ).toBe(200);
+    expect(
+      (await post('/dashboard/start', { name: 'S', baseUrl: 'echo://local', apiKey: 'k', currency: 'usd' }))
+        .status,
+    ).toBe(200);
+    // A refused form renders its error page without a warning either.
+    expect((await post(`/dashboard/projects/${projectId}/keys`, { name: '' })).status).toBe(400);
+    expect(lines.filter((l) => /already sent/i.test(l))).toEqual([]);
+  });
+});
