@@ -28,7 +28,8 @@ const signIn = (server: TestServer, email: string, password: string, headers: Re
 
 async function account(server: TestServer, email: string) {
   const res = await api(server, undefined, 'POST', '/admin/v1/developers', { email, password: PASSWORD });
-  expect(res.status).toBe(202);
+  // 202 (a 201 before issue 22: kept so these tests show what they test on the old code too)
+  expect([201, 202]).toContain(res.status);
 }
 
 describe('the sign-in limit', () => {
@@ -53,17 +54,20 @@ describe('the sign-in limit', () => {
       expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(0);
     }
   });
+});
 
-  it('ignores X-Forwarded-For by default: spoofed addresses are limited all the same', async () => {
-    await account(server, 'spoofed@example.com');
+describe('spoofed X-Forwarded-For with the default setting (no trusted proxy)', () => {
+  it('cannot pick the address: 25 guesses from "25 addresses" meet the per-address limit', async () => {
+    const server = await start({ SIGNIN_MAX_ATTEMPTS_PER_ADDRESS: '20' });
     const statuses: number[] = [];
-    for (let i = 0; i < 8; i++) {
-      const res = await signIn(server, 'spoofed@example.com', `wrong password ${i}`, {
+    for (let i = 0; i < 25; i++) {
+      const res = await signIn(server, `victim-${i}@example.com`, `wrong password ${i}`, {
         'x-forwarded-for': `203.0.113.${i + 1}`,
       });
       statuses.push(res.status);
     }
-    expect(statuses).toEqual([401, 401, 401, 401, 401, 429, 429, 429]);
+    expect(statuses.slice(0, 20).every((s) => s === 401)).toBe(true);
+    expect(statuses.slice(20)).toEqual([429, 429, 429, 429, 429]);
   });
 });
 
@@ -248,7 +252,8 @@ describe('dashboard POSTs that render a page', () => {
         .status,
     ).toBe(200);
     // A refused form renders its error page without a warning either.
-    expect((await post(`/dashboard/projects/${projectId}/keys`, { name: '' })).status).toBe(400);
+    const refused = await post(`/dashboard/projects/${projectId}/keys`, { name: '' });
     expect(lines.filter((l) => /already sent/i.test(l))).toEqual([]);
+    expect(refused.status).toBe(400);
   });
 });
