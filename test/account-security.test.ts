@@ -257,3 +257,16 @@ describe('dashboard POSTs that render a page', () => {
     expect(refused.status).toBe(400);
   });
 });
+
+describe('TOLLGATE_TRUSTED_PROXIES', () => {
+  it('takes a hop count or addresses and CIDRs, and refuses anything else', async () => {
+    const { loadConfig } = await import('../src/config/index.ts');
+    expect(loadConfig({}).TOLLGATE_TRUSTED_PROXIES).toBeUndefined();
+    expect(loadConfig({ TOLLGATE_TRUSTED_PROXIES: '2' }).TOLLGATE_TRUSTED_PROXIES).toBe(2);
+    expect(
+      loadConfig({ TOLLGATE_TRUSTED_PROXIES: '10.0.0.0/8, 127.0.0.1,::1' }).TOLLGATE_TRUSTED_PROXIES,
+    ).toEqual(['10.0.0.0/8', '127.0.0.1', '::1']);
+    expect(() => loadConfig({ TOLLGATE_TRUSTED_PROXIES: 'true' })).toThrow(/TOLLGATE_TRUSTED_PROXIES/);
+    expect(() => loadConfig({ TOLLGATE_TRUSTED_PROXIES: '10.0.0.0/99' })).toThrow(/TOLLGATE_TRUSTED_PROXIES/);
+  });
+});
