@@ -270,3 +270,34 @@ describe('TOLLGATE_TRUSTED_PROXIES', () => {
     expect(() => loadConfig({ TOLLGATE_TRUSTED_PROXIES: '10.0.0.0/99' })).toThrow(/TOLLGATE_TRUSTED_PROXIES/);
   });
 });
+
+describe('dashboard headers (@fastify/helmet)', () => {
+  it('keep the CSP of default-src none with frame-ancestors none, and a nonce only for the copy script', async () => {
+    const server = await start();
+    const res = await fetch(`${server.url}/dashboard/signin`);
+    const csp = res.headers.get('content-security-policy')!;
+    expect(csp).toContain("default-src 'none'");
+    expect(csp).toContain("frame-ancestors 'none'");
+    expect(csp).toContain("form-action 'self'");
+    expect(csp).not.toContain('script-src');
+    expect(res.headers.get('x-frame-options')).toBe('DENY');
+    expect(res.headers.get('x-content-type-options')).toBe('nosniff');
+    expect(res.headers.get('referrer-policy')).toBe('same-origin');
+    expect(res.headers.get('cache-control')).toBe('no-store');
+
+    await account(server, 'headers@example.com');
+    const token = (await signIn(server, 'headers@example.com', PASSWORD)).body.session.token as string;
+    const cookie = `tollgate_session=${token}`;
+    const home = await (await fetch(`${server.url}/dashboard/start`, { headers: { cookie } })).text();
+    const csrf = /name="csrf" value="([^"]+)"/.exec(home)![1]!;
+    const made = await fetch(`${server.url}/dashboard/admin-tokens`, {
+      method: 'POST',
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ csrf, name: 'cli' }).toString(),
+    });
+    const nonce = /script-src 'nonce-([^']+)'/.exec(made.headers.get('content-security-policy')!)?.[1];
+    expect(nonce).toBeTruthy();
+    expect(await made.text()).toContain(`<script nonce="${nonce}">`);
+    expect(made.headers.get('content-security-policy')).toContain("frame-ancestors 'none'");
+  });
+});
