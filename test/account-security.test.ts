@@ -3,6 +3,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildServer } from '../src/http/server.ts';
 import { createTestContext, newTestId } from './helpers/context.ts';
+import { haveRedisServer, startPrivateRedis } from './helpers/private-services.ts';
 import { api, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
@@ -301,4 +302,24 @@ describe('dashboard headers (@fastify/helmet)', () => {
     expect(await made.text()).toContain(`<script nonce="${nonce}">`);
     expect(made.headers.get('content-security-policy')).toContain("frame-ancestors 'none'");
   });
+});
+
+describe.skipIf(!haveRedisServer())('Redis gone (a private redis-server)', () => {
+  it('fails closed with 503 under LIMITS_FAIL_OPEN=false, and lets attempts through under true', async () => {
+    const redis = await startPrivateRedis();
+    try {
+      // Two pods of one database, one failing closed and one open.
+      const shared = { id: newTestId() };
+      const closed = await start({ REDIS_URL: redis.url, LIMITS_FAIL_OPEN: 'false' }, shared);
+      const open = await start({ REDIS_URL: redis.url, LIMITS_FAIL_OPEN: 'true' }, shared);
+      await account(closed, 'redis-gone@example.com');
+      await redis.stop();
+      const refused = await signIn(closed, 'redis-gone@example.com', PASSWORD);
+      expect(refused.status).toBe(503);
+      expect(refused.body.error.code).toBe('limits_unavailable');
+      expect((await signIn(open, 'redis-gone@example.com', PASSWORD)).status).toBe(201);
+    } finally {
+      await redis.destroy();
+    }
+  }, 60_000);
 });

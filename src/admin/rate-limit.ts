@@ -36,7 +36,22 @@ type Keyed = FastifyRequest & { [KEY]?: string };
 
 async function take(limiter: Limiter, request: FastifyRequest, key: string, code: string, message: string) {
   (request as Keyed)[KEY] = key;
-  const result = await limiter(request);
+  let result: Awaited<ReturnType<Limiter>>;
+  try {
+    result = await limiter(request);
+  } catch (err) {
+    // Redis unreachable with LIMITS_FAIL_OPEN=false (with `true` the plugin lets the attempt through).
+    request.log.warn({ err }, 'account limits unavailable');
+    throw new ApiError(
+      503,
+      'service_unavailable',
+      'Sign-in and sign-up are unavailable for a moment; try again.',
+      {
+        code: 'limits_unavailable',
+        headers: { 'retry-after': '1' },
+      },
+    );
+  }
   if (result.isAllowed || !result.isExceeded) return;
   const retryAfter = Math.max(1, result.ttlInSeconds);
   throw new ApiError(429, 'rate_limit_error', message, {
@@ -50,6 +65,7 @@ export const accountLimits = fp(
     const { config } = app.ctx;
     await app.register(rateLimit, {
       global: false,
+      // Without Redis: this process's memory, an LRU of 100,000 keys (an evicted key starts again).
       ...(app.ctx.bus.redis ? { redis: app.ctx.bus.redis } : { cache: 100_000 }),
       nameSpace: `${app.ctx.bus.prefix}ratelimit:`,
       // Redis unreachable: the same choice as the request limits.
