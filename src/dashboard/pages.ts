@@ -1,4 +1,4 @@
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SIGN_UP_ANSWER } from '../admin/accounts.ts';
 import { randomToken } from '../core/ids.ts';
@@ -113,6 +113,20 @@ export function page(
     ),
     nonce,
   );
+}
+
+/** A preValidation hook: POSTs must carry a valid CSRF token (before their body is validated). */
+export function csrfOnPost(app: FastifyInstance) {
+  return (request: FastifyRequest, reply: FastifyReply, next: () => void) => {
+    if (request.method !== 'POST') return next();
+    app.csrfProtection(request, reply, next);
+  };
+}
+
+/** The `csrf` field of a form body. */
+export function csrfToken(request: FastifyRequest): string | undefined {
+  const token = (request.body as { csrf?: unknown } | undefined)?.csrf;
+  return typeof token === 'string' ? token : undefined;
 }
 
 export const csrfField = (csrf: string) => html`<input type="hidden" name="csrf" value="${csrf}">`;

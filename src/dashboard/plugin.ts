@@ -1,12 +1,12 @@
 import cookie from '@fastify/cookie';
 import csrfProtection from '@fastify/csrf-protection';
 import formbody from '@fastify/formbody';
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { type Principal, resolveSession } from '../admin/accounts.ts';
 import { ApiError } from '../core/errors.ts';
 import { toApiError } from '../http/server.ts';
 import { html, htmlHeaders } from './html.ts';
-import { page, SESSION_COOKIE } from './pages.ts';
+import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
 import accountRoutes from './routes/accounts.ts';
 import adminTokenRoutes from './routes/admin-tokens.ts';
 import pricingRoutes from './routes/pricing.ts';
@@ -62,20 +62,6 @@ function sameOrigin(request: FastifyRequest): void {
     } catch {}
     if (host !== request.headers.host) throw forbidden('Form posts from another site are refused.');
   }
-}
-
-/** A preValidation hook: POSTs must carry a valid CSRF token (before their body is validated). */
-export function csrfOnPost(app: FastifyInstance) {
-  return (request: FastifyRequest, reply: FastifyReply, next: () => void) => {
-    if (request.method !== 'POST') return next();
-    app.csrfProtection(request, reply, next);
-  };
-}
-
-/** The `csrf` field of a form body. */
-export function csrfToken(request: FastifyRequest): string | undefined {
-  const token = (request.body as { csrf?: unknown } | undefined)?.csrf;
-  return typeof token === 'string' ? token : undefined;
 }
 
 export async function dashboardRoutes(app: FastifyInstance): Promise<void> {

@@ -15,13 +15,14 @@ import { html } from '../html.ts';
 import {
   CSRF_COOKIE,
   csrfField,
+  csrfOnPost,
+  csrfToken,
   type ErrorCode,
   flashQuery,
   formBody,
   page,
   SESSION_COOKIE,
 } from '../pages.ts';
-import { csrfOnPost, csrfToken } from '../plugin.ts';
 
 /**
  * Sign-up and sign-in (`/dashboard/signup`, `/dashboard/signin`): forms for visitors. Their CSRF secret
@@ -34,11 +35,7 @@ const signUpForm = formBody({ email: emailSchema, password: newPasswordSchema })
 const signInForm = formBody({ email: emailSchema, password: passwordSchema });
 
 /** Sign-in failures shown on the form (by code); anything else is an error page. */
-const SIGN_IN_ERRORS = new Set<string>([
-  'invalid_credentials',
-  'sign_in_rate_limited',
-  'sign_up_rate_limited',
-]);
+const FORM_ERRORS = new Set<string>(['invalid_credentials', 'sign_in_rate_limited', 'sign_up_rate_limited']);
 
 export default async function accountRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
@@ -86,7 +83,7 @@ ${csrfField(csrf)}
 
   /** Back to a form with a message chosen by code (a 429 keeps its Retry-After). */
   function backWith(reply: FastifyReply, path: string, err: unknown): FastifyReply {
-    if (err instanceof ApiError && err.code && SIGN_IN_ERRORS.has(err.code)) {
+    if (err instanceof ApiError && err.code && FORM_ERRORS.has(err.code)) {
       reply.headers(err.headers);
       return reply.redirect(`${path}?error=${err.code as ErrorCode}`, 303);
     }
