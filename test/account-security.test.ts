@@ -323,3 +323,25 @@ describe.skipIf(!haveRedisServer())('Redis gone (a private redis-server)', () =>
     }
   }, 60_000);
 });
+
+describe('a dashboard page that does not exist', () => {
+  it('is a 404 page, whose sign-out form works for a signed-in developer', async () => {
+    const server = await start();
+    const anonymous = await fetch(`${server.url}/dashboard/no-such-page`, { redirect: 'manual' });
+    expect(anonymous.status).toBe(404);
+    await account(server, 'lost@example.com');
+    const token = (await signIn(server, 'lost@example.com', PASSWORD)).body.session.token as string;
+    const cookie = `tollgate_session=${token}`;
+    const missing = await fetch(`${server.url}/dashboard/no-such-page`, { headers: { cookie } });
+    expect(missing.status).toBe(404);
+    const csrf = /name="csrf" value="([^"]+)"/.exec(await missing.text())![1]!;
+    const out = await fetch(`${server.url}/dashboard/signout`, {
+      method: 'POST',
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ csrf }).toString(),
+      redirect: 'manual',
+    });
+    expect(out.status).toBe(303);
+    expect(out.headers.get('location')).toBe('/dashboard/signin?done=signed_out');
+  });
+});

@@ -99,17 +99,6 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     );
   });
 
-  app.setNotFoundHandler((request, reply) =>
-    page(
-      request,
-      reply,
-      'Not found',
-      () =>
-        html`<section class="card"><h1>Not found</h1><p>There is no dashboard page at <code>${request.url.split('?')[0]}</code>.</p><p><a href="/dashboard">Back to the dashboard</a></p></section>`,
-      { status: 404 },
-    ),
-  );
-
   // Sign-up and sign-in: forms for visitors, with their own CSRF secret in a signed cookie.
   await app.register(accountRoutes);
 
@@ -123,8 +112,19 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     scope.addHook('preValidation', csrfOnPost(scope));
     // Visitors are sent to the sign-in page.
     scope.addHook('preHandler', async (request, reply) => {
-      if (!request.dashboard) return reply.redirect('/dashboard/signin', 303);
+      if (!request.dashboard && !request.is404) return reply.redirect('/dashboard/signin', 303);
     });
+    // Unknown pages (in this scope, so the page's sign-out form gets a CSRF token).
+    scope.setNotFoundHandler((request, reply) =>
+      page(
+        request,
+        reply,
+        'Not found',
+        () =>
+          html`<section class="card"><h1>Not found</h1><p>There is no dashboard page at <code>${request.url.split('?')[0]}</code>.</p><p><a href="/dashboard">Back to the dashboard</a></p></section>`,
+        { status: 404 },
+      ),
+    );
     await scope.register(signOutRoutes);
     await scope.register(projectsRoutes);
     await scope.register(adminTokenRoutes);
