@@ -89,6 +89,24 @@ describe('with TOLLGATE_TRUSTED_PROXIES=1 (an ingress in front)', () => {
   });
 });
 
+describe('IPv6 clients', () => {
+  it('count per /64, so one host cannot take a fresh address per guess', async () => {
+    const server = await start({ TOLLGATE_TRUSTED_PROXIES: '1', SIGNIN_MAX_ATTEMPTS_PER_ADDRESS: '3' });
+    const statuses: number[] = [];
+    for (let i = 1; i <= 4; i++) {
+      const res = await signIn(server, `v6-${i}@example.com`, 'wrong password', {
+        'x-forwarded-for': `2001:db8:0:1::${i}`,
+      });
+      statuses.push(res.status);
+    }
+    expect(statuses).toEqual([401, 401, 401, 429]);
+    const elsewhere = await signIn(server, 'v6-1@example.com', 'wrong password', {
+      'x-forwarded-for': '2001:db8:0:2::1',
+    });
+    expect(elsewhere.status).toBe(401);
+  });
+});
+
 describe('a limit that lifts', () => {
   it('lets the owner in again once the window has passed', async () => {
     // One attempt per 3-second window: the second attempt right after the first is refused.

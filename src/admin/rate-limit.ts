@@ -1,4 +1,4 @@
-import rateLimit from '@fastify/rate-limit';
+import rateLimit, { normalizeIP } from '@fastify/rate-limit';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { ApiError } from '../core/errors.ts';
@@ -14,7 +14,8 @@ import { ApiError } from '../core/errors.ts';
  *   alone: guesses from elsewhere never lock the owner out, and every limit lifts when its window ends.
  * - Sign-up: SIGNUP_MAX_PER_HOUR per client address.
  *
- * The client address is `request.ip`, which follows X-Forwarded-For only from TOLLGATE_TRUSTED_PROXIES.
+ * The client address is `request.ip` (an IPv6 address counts as its /64, as the plugin does), which
+ * follows X-Forwarded-For only from TOLLGATE_TRUSTED_PROXIES.
  */
 export interface AccountLimits {
   /** Counts a sign-in attempt for this e-mail from this request's address; 429 past a limit. */
@@ -89,25 +90,32 @@ export const accountLimits = fp(
       keyGenerator: keyOf,
     });
     const tooMany = (what: string) => `Too many ${what} from your address. Try again later.`;
+    const address = (request: FastifyRequest) => normalizeIP(request.ip);
     app.decorate('accountLimits', {
       async signIn(request, email) {
         await take(
           perAddress,
           request,
-          `signin-address:${request.ip}`,
+          `signin-address:${address(request)}`,
           'sign_in_rate_limited',
           tooMany('sign-in attempts'),
         );
         await take(
           perPair,
           request,
-          `signin:${request.ip}:${email}`,
+          `signin:${address(request)}:${email}`,
           'sign_in_rate_limited',
           'Too many sign-in attempts for this account. Try again later.',
         );
       },
       async signUp(request) {
-        await take(signUps, request, `signup:${request.ip}`, 'sign_up_rate_limited', tooMany('sign-ups'));
+        await take(
+          signUps,
+          request,
+          `signup:${address(request)}`,
+          'sign_up_rate_limited',
+          tooMany('sign-ups'),
+        );
       },
     } satisfies AccountLimits);
   },
