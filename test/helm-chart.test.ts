@@ -213,6 +213,8 @@ describe.skipIf(!available)('the Helm chart', () => {
     const data = find(docs, 'ConfigMap', 'tg-tollgate-config').data;
     expect(data).toEqual({
       TOLLGATE_DATA_DIR: '/tmp/tollgate',
+      // The chart's one non-empty default besides the data dir: trust the ingress, one hop.
+      TOLLGATE_TRUSTED_PROXIES: '1',
       WEBHOOK_MAX_ATTEMPTS: '12',
       WEBHOOK_ALLOW_HTTP: 'true',
     });

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, startTestServer, type TestServer } from './helpers/server.ts';
+import { api, signUpAndIn, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
  * Every end user id `/v1` accepts (up to 256 characters) is reachable as a path parameter of the admin
@@ -13,11 +13,10 @@ let apiKey: string;
 
 beforeAll(async () => {
   server = await startTestServer();
-  const signup = await api(server, undefined, 'POST', '/admin/v1/developers', {
+  token = await signUpAndIn(server, {
     email: 'long-ids@example.com',
     password: 'a long enough password',
   });
-  token = signup.body.session.token as string;
   const created = await api(server, token, 'POST', '/admin/v1/projects', { name: 'Long ids' });
   projectId = created.body.project.id as string;
   apiKey = created.body.apiKey.key as string;

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, startTestServer, type TestServer } from './helpers/server.ts';
+import { api, signUpAndIn, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
  * Editing one model keeps what the edit does not name (issue 22, item 4): the project's limits (rate
@@ -20,11 +20,10 @@ const ROUTES_B = [{ provider: 'backup', model: 'up-b' }];
 
 beforeAll(async () => {
   server = await startTestServer();
-  const signup = await api(server, undefined, 'POST', '/admin/v1/developers', {
+  token = await signUpAndIn(server, {
     email: 'pricing-edits@example.com',
     password: 'a long enough password',
   });
-  token = signup.body.session.token as string;
 });
 afterAll(async () => {
   await server?.close();
@@ -161,13 +160,13 @@ describe('editing one model keeps limits and routes', () => {
     const d = dashboard(projectId);
     const saved = await d.post(d.path, { model: 'a', mode: 'per_request', perRequest: '0.07' });
     expect(saved.status).toBe(303);
-    expect(saved.location).toContain('Saved the price of a');
+    expect(saved.location).toContain('done=price_saved');
     const added = await d.post(d.path, { model: 'e', mode: 'per_token', inputPerMillion: '1' });
-    expect(added.location).toContain('Saved the price of e');
+    expect(added.location).toContain('done=price_saved');
     let p = await expectKept(projectId);
     expect(p.models.find((m) => m.id === 'a')!.pricing).toEqual({ mode: 'per_request', perRequest: '0.07' });
     const deleted = await d.post(`${d.path}/c/delete`, {});
-    expect(deleted.location).toContain('Deleted c');
+    expect(deleted.location).toContain('done=model_deleted');
     p = await expectKept(projectId);
     expect(p.models.map((m) => m.id)).toEqual(['a', 'b', 'e']);
   });
@@ -188,7 +187,7 @@ describe('editing one model keeps limits and routes', () => {
     expect(text).toContain('routes:');
     expect(text).toContain('up-a2');
     const applied = await d.post(`${d.path}/file`, { file: text });
-    expect(applied.location).toContain('Applied');
+    expect(applied.location).toContain('done=pricing_applied');
     const p = await expectKept(projectId);
     expect(p.models.map((m) => m.id)).toEqual(['a', 'b', 'c']);
   });

@@ -9,7 +9,7 @@ import { api, startTestServer, type TestServer } from './helpers/server.ts';
  * TOLLGATE_SIGNUP closes open sign-up (issue 22, item 1): `invite` (the default outside `dev`) needs an
  * invite code for the address, made by a full-access admin; `closed` lets only a full-access admin make
  * accounts; `open` is the old behaviour (dev, and the test helper). The admin API and the dashboard's
- * sign-up form follow the same rule (403 with the reason), and a refused sign-up says nothing about
+ * sign-up form follow the same rule (403, or back to the form with the reason), and a refused sign-up says nothing about
  * whether the address has an account.
  */
 const ROOT = 'root-token-for-signup-tests-0123456789';
@@ -78,17 +78,23 @@ describe('TOLLGATE_SIGNUP', () => {
     );
 
     const ok = await signUp(invite, { email: 'new@example.com', invite: code });
-    expect(ok.status, JSON.stringify(ok.body)).toBe(201);
-    const session = ok.body.session.token as string;
-    // Used: the address has its account.
-    expect((await signUp(invite, { email: 'new@example.com', invite: code })).status).toBe(409);
+    expect(ok.status, JSON.stringify(ok.body)).toBe(202);
+    const signedIn = await api(invite, undefined, 'POST', '/admin/v1/sessions', {
+      email: 'new@example.com',
+      password: PASSWORD,
+    });
+    expect(signedIn.status).toBe(201);
+    const session = signedIn.body.session.token as string;
+    // Used again: the same answer as a new address (sign-up does not tell who has an account).
+    const again = await signUp(invite, { email: 'new@example.com', invite: code });
+    expect({ status: again.status, body: again.body }).toEqual({ status: ok.status, body: ok.body });
     // Without a code the answer does not tell that the address is taken.
     expect((await signUp(invite, { email: 'new@example.com' })).body.error.code).toBe('invite_required');
     // A developer cannot invite.
     const byDeveloper = await api(invite, session, 'POST', '/admin/v1/invites', { email: 'x@example.com' });
     expect(byDeveloper.status).toBe(403);
     // A full-access admin may create an account directly.
-    expect((await signUp(invite, { email: 'direct@example.com' }, ROOT)).status).toBe(201);
+    expect((await signUp(invite, { email: 'direct@example.com' }, ROOT)).status).toBe(202);
     // A developer's bearer does not count as full access.
     const withSession = await signUp(invite, { email: 'friend@example.com' }, session);
     expect(withSession.body.error.code).toBe('invite_required');
@@ -97,8 +103,11 @@ describe('TOLLGATE_SIGNUP', () => {
   it('invite: the dashboard form asks for the code and follows the same rule', async () => {
     const refused = await dashboardSignUp(invite, { email: 'dash@example.com' });
     expect(refused.page).toContain('name="invite"');
-    expect(refused.status).toBe(403);
-    expect(refused.body).toContain('needs an invite code');
+    // back to the form with the reason, chosen by code
+    expect(refused.status).toBe(303);
+    expect(refused.location).toBe('/dashboard/signup?error=invite_required');
+    const shown = await fetch(`${invite.url}${refused.location}`);
+    expect(await shown.text()).toContain('needs an invite code');
     const made = await api(invite, ROOT, 'POST', '/admin/v1/invites', { email: 'dash@example.com' });
     const code = made.body.code as string;
     const ok = await dashboardSignUp(
@@ -108,7 +117,7 @@ describe('TOLLGATE_SIGNUP', () => {
     );
     expect(ok.page).toContain(`value="${code}"`);
     expect(ok.status).toBe(303);
-    expect(ok.location).toBe('/dashboard/start');
+    expect(ok.location).toBe('/dashboard/signin?done=signed_up');
   });
 
   it('invite: `tollgate invite create` over the admin API makes a code that signs up', async () => {
@@ -139,7 +148,7 @@ describe('TOLLGATE_SIGNUP', () => {
     expect(made.url).toContain('/dashboard/signup?invite=tgi_');
     expect(Date.parse(made.expiresAt) - Date.now()).toBeGreaterThan(2.9 * 86_400_000);
     expect(Date.parse(made.expiresAt) - Date.now()).toBeLessThan(3.1 * 86_400_000);
-    expect((await signUp(invite, { email: 'cli@example.com', invite: made.code })).status).toBe(201);
+    expect((await signUp(invite, { email: 'cli@example.com', invite: made.code })).status).toBe(202);
     const bad = await run(ROOT, 'invite', 'create', '--email', 'cli2@example.com', '--days', '365').catch(
       (e: { code: number; stderr: string }) => e,
     );
@@ -153,8 +162,9 @@ describe('TOLLGATE_SIGNUP', () => {
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('signup_closed');
     const dash = await dashboardSignUp(closed, { email: 'closed@example.com' });
-    expect(dash.status).toBe(403);
-    expect(dash.body).toContain('Sign-up is closed');
-    expect((await signUp(closed, { email: 'closed@example.com' }, ROOT)).status).toBe(201);
+    expect(dash.status).toBe(303);
+    expect(dash.location).toBe('/dashboard/signup?error=signup_closed');
+    expect(await (await fetch(`${closed.url}${dash.location}`)).text()).toContain('Sign-up is closed');
+    expect((await signUp(closed, { email: 'closed@example.com' }, ROOT)).status).toBe(202);
   });
 });

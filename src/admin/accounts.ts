@@ -2,9 +2,11 @@ import { randomBytes, type ScryptOptions, scrypt, timingSafeEqual } from 'node:c
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { type Sealer, sha256Hex } from '../core/crypto.ts';
-import { ApiError, conflict, notFound } from '../core/errors.ts';
+import { ApiError, notFound } from '../core/errors.ts';
 import { newId, randomToken } from '../core/ids.ts';
+import { isPlainText } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
+import { COMMON_PASSWORDS } from './common-passwords.ts';
 
 /**
  * Developer accounts, their sessions and admin tokens.
@@ -37,18 +39,35 @@ export const emailSchema = z
   .trim()
   .toLowerCase()
   .max(254, { message: 'must be at most 254 characters' })
-  .regex(/^[^\s@]+@[^\s@]+$/, { message: 'must be an e-mail address' });
+  .regex(/^[^\s@]+@[^\s@]+$/, { message: 'must be an e-mail address' })
+  .refine(isPlainText, { message: 'must be an e-mail address' });
 
+/** A password as given at sign-in: whatever rule was in force when it was chosen. */
 export const passwordSchema = z
   .string({ message: 'must be a string' })
   .min(10, { message: 'must be at least 10 characters' })
-  .max(200, { message: 'must be at most 200 characters' });
+  .max(200, { message: 'must be at most 200 characters' })
+  .refine((v) => !v.includes('\u0000') && !/\p{Cs}/u.test(v), { message: 'must not contain NUL characters' });
+
+const common = new Set(COMMON_PASSWORDS);
+
+/**
+ * A new password: at least 10 characters, not only white space, and not one of the common passwords of
+ * leaked password sets (./common-passwords.ts).
+ */
+export const newPasswordSchema = passwordSchema
+  .refine((v) => v.trim().length >= 10, { message: 'must have at least 10 characters besides spaces' })
+  .refine((v) => !common.has(v.toLowerCase()), {
+    message: 'is one of the most common passwords; choose another',
+  });
 
 export const credentialsSchema = z.strictObject({ email: emailSchema, password: passwordSchema });
 export type Credentials = z.infer<typeof credentialsSchema>;
 
 /** Sign-up: the credentials and, when TOLLGATE_SIGNUP is `invite`, the invite code. */
-export const signUpSchema = credentialsSchema.extend({
+export const signUpSchema = z.strictObject({
+  email: emailSchema,
+  password: newPasswordSchema,
   invite: z.string().trim().max(2000).optional(),
 });
 export type SignUpInput = z.infer<typeof signUpSchema>;
@@ -178,22 +197,30 @@ function developerView(row: { id: string; email: string; created_at: Date }): De
   return { id: row.id, object: 'developer', email: row.email, createdAt: row.created_at.toISOString() };
 }
 
-export async function signUp(db: Database, input: Credentials): Promise<DeveloperView> {
+/**
+ * Creates an account; undefined when the address already has one. Callers answer both alike (sign-up
+ * must not tell who has an account), and both take one password hash.
+ */
+export async function signUp(db: Database, input: Credentials): Promise<DeveloperView | undefined> {
+  const passwordHash = await hashPassword(input.password);
   const taken = await db
     .selectFrom('developers')
     .select('id')
     .where(sql`lower(email)`, '=', input.email)
     .executeTakeFirst();
-  if (taken) throw conflict('An account with this e-mail already exists; sign in instead.', 'email_taken');
+  if (taken) return undefined;
   const row = await db
     .insertInto('developers')
-    .values({ id: newId('acct'), email: input.email, password_hash: await hashPassword(input.password) })
+    .values({ id: newId('acct'), email: input.email, password_hash: passwordHash })
     .onConflict((oc) => oc.doNothing())
     .returning(['id', 'email', 'created_at'])
     .executeTakeFirst();
-  if (!row) throw conflict('An account with this e-mail already exists; sign in instead.', 'email_taken');
-  return developerView(row);
+  return row ? developerView(row) : undefined;
 }
+
+/** The one answer to a sign-up, whether or not the address had an account. */
+export const SIGN_UP_ANSWER =
+  'If this address had no account, it has one now with this password: sign in to continue.';
 
 export const invalidCredentials = () =>
   new ApiError(401, 'authentication_error', 'Incorrect e-mail or password.', { code: 'invalid_credentials' });

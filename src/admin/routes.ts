@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { safeEqual } from '../core/crypto.ts';
 import { ApiError } from '../core/errors.ts';
 import { amountInputSchema, amountSchema } from '../core/money.ts';
-import { parseInput, textInput } from '../core/validation.ts';
+import { parseInput, storableText, textInput } from '../core/validation.ts';
 import { type IdempotentResult, idempotencyKeyFrom } from '../idempotency/index.ts';
 import { modelSpecSchema, pricingFileSchema } from '../models/pricing.ts';
 import { projectSettingsSchema } from '../projects/service.ts';
@@ -33,10 +33,10 @@ import {
   resolveAdminToken,
   resolveSession,
   revokeAdminToken,
+  SIGN_UP_ANSWER,
   signUp,
   signUpSchema,
 } from './accounts.ts';
-import { SignInLimiter } from './rate-limit.ts';
 import {
   reconciliationCsv,
   reconciliationQuerySchema,
@@ -68,9 +68,6 @@ import {
 } from './service.ts';
 
 declare module 'fastify' {
-  interface FastifyInstance {
-    signInLimiter: SignInLimiter;
-  }
   interface FastifyRequest {
     principal: Principal;
   }
@@ -97,9 +94,9 @@ const projectItemParams = projectParams.extend({ id: textInput(255, 'an id') });
 const userParams = projectParams.extend({ user: userIdSchema });
 const usersQuery = pageQuery.extend({ q: textInput(256).optional() });
 const activityQuery = z.strictObject({ limit: limitSchema, after: textInput(64).optional() });
-const nameBody = z.strictObject({ name: z.string().trim().min(1).max(200).default('default') });
+const nameBody = z.strictObject({ name: storableText(200).default('default') });
 const updateProjectBody = z.strictObject({
-  name: z.string().trim().min(1).max(200).optional(),
+  name: storableText(200).optional(),
   settings: projectSettingsSchema.partial().optional(),
 });
 const moneyBody = z.strictObject({ amount: amountInputSchema, metadata: metadataSchema.optional() });
@@ -137,33 +134,25 @@ function sendIdempotent(reply: FastifyReply, result: IdempotentResult) {
 export async function adminRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
-  // Shared with the dashboard when the server made one (../http/server.ts).
-  const limiter = plain.hasDecorator('signInLimiter') ? plain.signInLimiter : new SignInLimiter();
 
-  // ---- no token: sign up, sign in ----
+  // ---- no token: sign up, sign in (limits: ./rate-limit.ts, shared with the dashboard) ----
 
+  // The same answer whether or not the address had an account (it must not tell who has one).
   app.post('/developers', { schema: { body: signUpSchema } }, async (request, reply) => {
+    await app.accountLimits.signUp(request);
     // A full-access admin may create accounts whatever TOLLGATE_SIGNUP says.
     const bearer = request.headers.authorization;
     const fullAccess = bearer ? (await principalOf(plain, bearer)).developerId === null : false;
     admitSignUp(ctx.config.TOLLGATE_SIGNUP, ctx.sealer, request.body, fullAccess);
-    const developer = await signUp(ctx.db, request.body);
-    const session = await createSession(ctx.db, developer.id);
-    reply.status(201);
-    return { developer, session: { token: session.token, expiresAt: session.expiresAt.toISOString() } };
+    await signUp(ctx.db, request.body);
+    reply.status(202);
+    return { object: 'sign_up', status: 'accepted', message: SIGN_UP_ANSWER };
   });
 
   app.post('/sessions', { schema: { body: credentialsSchema } }, async (request, reply) => {
-    const { email } = request.body;
-    limiter.check(email, request.ip);
-    let developer: Awaited<ReturnType<typeof checkCredentials>>;
-    try {
-      developer = await checkCredentials(ctx.db, request.body);
-    } catch (err) {
-      limiter.failed(email, request.ip);
-      throw err;
-    }
-    limiter.succeeded(email);
+    // The attempt is counted before the password is checked.
+    await app.accountLimits.signIn(request, request.body.email);
+    const developer = await checkCredentials(ctx.db, request.body);
     const session = await createSession(ctx.db, developer.id);
     reply.status(201);
     return { developer, session: { token: session.token, expiresAt: session.expiresAt.toISOString() } };

@@ -5,6 +5,7 @@ import { createKey, listKeys } from '../auth/keys.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
+import { storableText } from '../core/validation.ts';
 import type { Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
 import type { ModelSpec, PricingFile } from '../models/pricing.ts';
@@ -110,7 +111,7 @@ export function list<T>(data: T[], hasMore: boolean) {
 }
 
 export const createProjectBody = z.strictObject({
-  name: z.string().trim().min(1).max(200),
+  name: storableText(200),
   currency: z
     .string()
     .regex(/^[a-z]{3}$/, { message: 'must be a lowercase three-letter currency code such as usd' })

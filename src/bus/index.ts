@@ -10,6 +10,8 @@ export interface Bus {
   readonly kind: 'redis' | 'memory';
   /** Prefix of channel names (`tollgate:` plus the test prefix); Redis keys of other modules share it. */
   readonly prefix: string;
+  /** The command connection (Redis only): other modules' shared counters (sign-in limits) use it. */
+  readonly redis: Redis | undefined;
   publish(channel: string, message: string): Promise<void>;
   /** Resolves once the subscription is active; the returned function unsubscribes. */
   subscribe(channel: string, handler: (message: string) => void): Promise<() => Promise<void>>;
@@ -38,6 +40,7 @@ export async function openBus(options: BusOptions): Promise<Bus> {
 class MemoryBus implements Bus {
   readonly kind = 'memory' as const;
   readonly prefix: string;
+  readonly redis = undefined;
 
   constructor(prefix: string) {
     this.prefix = prefix;
@@ -69,6 +72,9 @@ class RedisBus implements Bus {
   readonly #prefix: string;
   get prefix(): string {
     return this.#prefix;
+  }
+  get redis(): Redis {
+    return this.#pub;
   }
   readonly #handlers = new Map<string, Set<(message: string) => void>>();
 

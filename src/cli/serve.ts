@@ -179,7 +179,9 @@ async function ensureDevAdmin(ctx: AppContext, state: DevState): Promise<DevStat
       .where('id', '=', existing.id)
       .execute();
   } else {
-    developerId = (await signUp(ctx.db, { email: DEV_ADMIN_EMAIL, password })).id;
+    const created = await signUp(ctx.db, { email: DEV_ADMIN_EMAIL, password });
+    if (!created) throw new Error(`${DEV_ADMIN_EMAIL} was created by another process; start again`);
+    developerId = created.id;
   }
   await ctx.db
     .updateTable('projects')

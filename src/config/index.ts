@@ -1,3 +1,4 @@
+import ipaddr from 'ipaddr.js';
 import { z } from 'zod';
 
 /**
@@ -28,6 +29,39 @@ const url = (protocols: string[]) =>
     { message: `must be a URL starting with ${protocols.map((p) => `${p}//`).join(' or ')}` },
   );
 
+/**
+ * TOLLGATE_TRUSTED_PROXIES: a hop count (`1`: the one proxy in front, e.g. the ingress controller) or a
+ * comma-separated list of addresses and CIDRs; fastify's `trustProxy`. Unset: no proxy is trusted, so
+ * X-Forwarded-For and X-Forwarded-Proto are ignored and the client address is the peer's.
+ */
+const trustedProxies = z.string().transform((v, ctx): number | string[] => {
+  if (/^\d+$/.test(v)) return Number(v);
+  const list = v
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  for (const item of list) {
+    const ok = item.includes('/') ? safe(() => ipaddr.parseCIDR(item)) : ipaddr.isValid(item);
+    if (!ok) {
+      ctx.addIssue({
+        code: 'custom',
+        message: `must be a hop count or a list of addresses and CIDRs (not "${item}")`,
+      });
+      return z.NEVER;
+    }
+  }
+  return list;
+});
+
+function safe(fn: () => unknown): boolean {
+  try {
+    fn();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 const encryptionKey = z.string().refine((v) => decodeKey(v) !== undefined, {
   message:
     'must be 32 bytes, given as 64 hex characters or base64 (generate one with `openssl rand -hex 32`)',
@@ -56,6 +90,11 @@ export const configSchema = z.object({
   ROUTING_CIRCUIT_FAILURES: int(1, 10_000).default(5),
   ROUTING_CIRCUIT_COOLDOWN_MS: int(100, 3_600_000).default(30_000),
   LIMITS_FAIL_OPEN: bool.default(true),
+  TOLLGATE_TRUSTED_PROXIES: trustedProxies.optional(),
+  SIGNIN_MAX_ATTEMPTS: int(1, 1000).default(5),
+  SIGNIN_MAX_ATTEMPTS_PER_ADDRESS: int(1, 100_000).default(30),
+  SIGNIN_WINDOW_SECONDS: int(1, 24 * 3600).default(900),
+  SIGNUP_MAX_PER_HOUR: int(1, 100_000).default(20),
   WEBHOOK_MAX_ATTEMPTS: int(1, 100).default(8),
   WEBHOOK_BACKOFF_BASE_MS: int(1, 24 * 3600 * 1000).default(30_000),
   WEBHOOK_TIMEOUT_MS: int(100, 300_000).default(10_000),
@@ -129,6 +168,14 @@ export const configDocs: Record<keyof Config, string> = {
     'How long an open circuit skips its route before one probe request is let through.',
   LIMITS_FAIL_OPEN:
     'When Redis cannot be reached, rate limits and spend caps let requests through (`true`) or refuse them with 503 (`false`); `tollgate_limits_backend_errors_total` counts these.',
+  TOLLGATE_TRUSTED_PROXIES:
+    'Proxies in front of Tollgate whose `X-Forwarded-For`/`X-Forwarded-Proto` are believed: a hop count (`1`: one proxy, e.g. the ingress controller) or comma-separated addresses and CIDRs. Unset: none — the client address is the TCP peer, forwarded headers are ignored (the Helm chart sets `1`, its ingress).',
+  SIGNIN_MAX_ATTEMPTS:
+    'Sign-in attempts (dashboard and admin API, right or wrong) per e-mail and client address within `SIGNIN_WINDOW_SECONDS`; each is counted before the password is checked, past it 429. Counted in Redis when `REDIS_URL` is set (shared by every pod).',
+  SIGNIN_MAX_ATTEMPTS_PER_ADDRESS:
+    'Sign-in attempts per client address (any e-mail) within `SIGNIN_WINDOW_SECONDS`.',
+  SIGNIN_WINDOW_SECONDS: 'The window of the sign-in limits; a limit lifts when its window ends.',
+  SIGNUP_MAX_PER_HOUR: 'Sign-ups (dashboard and admin API) per client address per hour; past it 429.',
   WEBHOOK_MAX_ATTEMPTS: 'Delivery attempts before a delivery ends in `error`.',
   WEBHOOK_BACKOFF_BASE_MS: 'First retry delay; doubles on each attempt, with jitter.',
   WEBHOOK_TIMEOUT_MS: 'Time-out of one delivery request.',

@@ -104,3 +104,13 @@ export function textInput(max: number, what = 'a string') {
 
 /** Route params of `/…/:id`. */
 export const idParams = z.object({ id: textInput(255, 'an id') });
+
+/** Free text that is stored (a name, a message): trimmed, 1..max characters, no NUL or lone surrogates. */
+export function storableText(max: number) {
+  return z
+    .string({ message: 'must be a string' })
+    .trim()
+    .min(1, { message: 'must not be empty' })
+    .max(max, { message: `must be at most ${max} characters` })
+    .refine(isStorable, { message: NOT_STORABLE });
+}

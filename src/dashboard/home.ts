@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import { html, layout, sendHtml } from './html.ts';
+import { html, htmlHeaders, layout, sendHtml } from './html.ts';
 
 /** The README beside the package.json above this file (source checkout, build or image). */
 function findReadme(): string | undefined {
@@ -18,6 +18,7 @@ function findReadme(): string | undefined {
 
 /** `GET /`: a small page pointing at the dashboard, the API and the docs (instead of a JSON 404). */
 export async function homeRoutes(app: FastifyInstance): Promise<void> {
+  await app.register(htmlHeaders);
   app.get('/', async (_request, reply) => {
     const base = app.ctx.publicBaseUrl;
     const body = html`<section class="card">

@@ -6,7 +6,7 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
-import { SignInLimiter } from '../admin/rate-limit.ts';
+import { accountLimits } from '../admin/rate-limit.ts';
 import { adminRoutes } from '../admin/routes.ts';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
@@ -14,7 +14,7 @@ import { chatRoutes } from '../chat/routes.ts';
 import { ApiError, databaseUnavailable } from '../core/errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
 import { homeRoutes } from '../dashboard/home.ts';
-import { dashboardRoutes } from '../dashboard/routes.ts';
+import { dashboardRoutes } from '../dashboard/plugin.ts';
 import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { spendCapRoutes } from '../limits/routes.ts';
@@ -45,7 +45,7 @@ declare module 'fastify' {
  * - `/connect/*`, `/topup/*` — the hosted pages of connect and top-up links, ../users/pages.ts (no key)
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
  * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
- * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/routes.ts
+ * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/plugin.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, responses,
  *   embeddings, messages — Anthropic's API —, user, webhooks)
  */
@@ -55,7 +55,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     // One debug line per request (onResponse below) instead of fastify's two info lines.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: ctx.config.BODY_LIMIT_BYTES,
-    trustProxy: true,
+    // X-Forwarded-* are believed only from TOLLGATE_TRUSTED_PROXIES (hops or addresses); unset: none.
+    trustProxy: trustProxyOf(ctx.config.TOLLGATE_TRUSTED_PROXIES),
     return503OnClosing: true,
     forceCloseConnections: 'idle',
     // A path parameter may be as long as the longest value it carries: an end user id is up to 256
@@ -111,8 +112,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(healthRoutes);
   await app.register(pageRoutes);
   await app.register(homeRoutes);
-  // One sign-in rate limit for the admin API and the dashboard.
-  app.decorate('signInLimiter', new SignInLimiter());
+  // One set of sign-in and sign-up limits for the admin API and the dashboard.
+  await app.register(accountLimits);
   await app.register(adminRoutes, { prefix: '/admin/v1' });
   await app.register(dashboardRoutes, { prefix: '/dashboard' });
   await app.register(
@@ -130,6 +131,13 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     { prefix: '/v1' },
   );
   return app;
+}
+
+/** fastify's `trustProxy` for TOLLGATE_TRUSTED_PROXIES: none, the first `n` hops, or these addresses. */
+function trustProxyOf(setting: number | string[] | undefined) {
+  if (setting === undefined) return false;
+  if (typeof setting === 'number') return (_address: string, hop: number) => hop < setting;
+  return setting;
 }
 
 /** Maps anything thrown while serving a request to an OpenAI-shaped error; bad input never becomes a 500. */

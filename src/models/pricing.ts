@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { currencySchema, priceSchema } from '../core/money.ts';
+import { isPlainText } from '../core/validation.ts';
 import type { ModelEndpoint, ModelRow, PricingMode } from '../db/schema.ts';
 import { holdMarginSchema } from './hold-margin.ts';
 
@@ -74,7 +75,12 @@ export const limitsSchema = z.strictObject({
 
 export const modelSpecSchema = z.strictObject({
   id: modelIdSchema,
-  upstreamModel: z.string().min(1).max(256).optional(),
+  upstreamModel: z
+    .string()
+    .min(1)
+    .max(256)
+    .refine(isPlainText, { message: 'must not contain control characters' })
+    .optional(),
   /** Tried in order (`priority`, then `weight` among equals); default: the provider `default`. */
   routes: z.array(routeSchema).min(1).max(16).optional(),
   pricing: pricingSchema,

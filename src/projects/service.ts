@@ -4,14 +4,15 @@ import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { amountInputSchema, currencySchema } from '../core/money.ts';
-import { parseInput } from '../core/validation.ts';
+import { isPlainText, isStorable, NOT_STORABLE, parseInput, storableText } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { Project, ProjectSettings } from '../db/schema.ts';
 
 const httpUrl = z
   .string()
   .url()
-  .refine((v) => /^https?:\/\//.test(v), { message: 'must start with http:// or https://' });
+  .refine((v) => /^https?:\/\//.test(v), { message: 'must start with http:// or https://' })
+  .refine(isPlainText, { message: 'must not contain control characters' });
 
 /**
  * Why a URL cannot be a provider's base URL although it is http(s): paths are appended to it, so a
@@ -40,8 +41,8 @@ export const upstreamUrlSchema = z
 export const ECHO_UPSTREAM = 'echo://local';
 
 export const projectSettingsSchema = z.strictObject({
-  connectMessage: z.string().min(1).max(2000).optional(),
-  topupMessage: z.string().min(1).max(2000).optional(),
+  connectMessage: z.string().min(1).max(2000).refine(isStorable, { message: NOT_STORABLE }).optional(),
+  topupMessage: z.string().min(1).max(2000).refine(isStorable, { message: NOT_STORABLE }).optional(),
   returnUrl: httpUrl.optional(),
   checkoutUrl: httpUrl.optional(),
   maxCompletionTokens: z.number().int().min(1).max(10_000_000).optional(),
@@ -55,7 +56,7 @@ export const projectSettingsSchema = z.strictObject({
 }) satisfies z.ZodType<ProjectSettings>;
 
 export const createProjectSchema = z.strictObject({
-  name: z.string().trim().min(1).max(200),
+  name: storableText(200),
   currency: currencySchema.default('usd'),
   ownerUserId: z.string().min(1).max(200).optional(),
   upstreamUrl: upstreamUrlSchema.optional(),

@@ -99,3 +99,19 @@ export async function api(
   } catch {}
   return { status: res.status, body: parsed, headers: res.headers };
 }
+
+/** Signs a developer up and in over the admin API (sign-up starts no session); the session token. */
+export async function signUpAndIn(
+  server: TestServer,
+  credentials: { email: string; password: string; invite?: string },
+  bearer?: string,
+): Promise<string> {
+  const signUp = await api(server, bearer, 'POST', '/admin/v1/developers', credentials);
+  if (signUp.status !== 202)
+    throw new Error(`sign-up answered ${signUp.status}: ${JSON.stringify(signUp.body)}`);
+  const { invite: _invite, ...signIn } = credentials;
+  const session = await api(server, undefined, 'POST', '/admin/v1/sessions', signIn);
+  if (session.status !== 201)
+    throw new Error(`sign-in answered ${session.status}: ${JSON.stringify(session.body)}`);
+  return session.body.session.token as string;
+}

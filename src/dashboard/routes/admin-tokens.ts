@@ -1,0 +1,41 @@
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import { createAdminToken, revokeAdminToken } from '../../admin/accounts.ts';
+import { storableText, textInput } from '../../core/validation.ts';
+import { html } from '../html.ts';
+import { done, formBody, page, secretBox, signedIn } from '../pages.ts';
+
+/** Admin tokens (listed on the projects page): create one (shown once), revoke one. */
+export default async function adminTokenRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+
+  app.post(
+    '/admin-tokens',
+    { schema: { body: formBody({ name: storableText(200) }) } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const created = await createAdminToken(ctx.db, s.principal, request.body.name);
+      return page(
+        request,
+        reply,
+        'Admin token',
+        () => html`<section class="card"><h1>Admin token created</h1>
+${secretBox('admin-token', 'Your admin token', created.token)}
+<pre>export TOLLGATE_URL=${ctx.publicBaseUrl} TOLLGATE_ADMIN_TOKEN=${created.token}</pre>
+<p><a href="/dashboard">Back to the projects</a></p></section>`,
+        { script: true },
+      );
+    },
+  );
+
+  app.post(
+    '/admin-tokens/:id/revoke',
+    { schema: { params: z.object({ id: textInput(255, 'an id') }), body: formBody({}) } },
+    async (request, reply) => {
+      await revokeAdminToken(ctx.db, signedIn(request).principal, request.params.id);
+      return reply.redirect(done('/dashboard', 'admin_token_revoked'), 303);
+    },
+  );
+}

@@ -1,0 +1,159 @@
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { stringify as toYaml } from 'yaml';
+import { z } from 'zod';
+import {
+  applyModels,
+  deleteModel,
+  listModels,
+  ownedProject,
+  projectView,
+  putModel,
+} from '../../admin/service.ts';
+import { parseInput, textInput } from '../../core/validation.ts';
+import { modelSpecSchema } from '../../models/pricing.ts';
+import { parsePricingFile } from '../../models/service.ts';
+import { html } from '../html.ts';
+import {
+  csrfField,
+  done,
+  flashQuery,
+  formBody,
+  page,
+  pricingText,
+  projectNav,
+  projectParams,
+  projectPath,
+  signedIn,
+} from '../pages.ts';
+
+/** A project's pricing (`/dashboard/projects/:id/pricing`): the models, one price, the whole file. */
+
+const field = z.string().max(256).optional();
+const priceForm = formBody({
+  model: field,
+  upstreamModel: field,
+  mode: z.enum(['per_request', 'per_token', 'subscription']).default('per_request'),
+  perRequest: field,
+  inputPerMillion: field,
+  outputPerMillion: field,
+  holdMargin: field,
+  fee: field,
+  period: field,
+});
+
+export default async function pricingRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+
+  app.get(
+    '/projects/:id/pricing',
+    { schema: { params: projectParams, querystring: flashQuery } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const pricing = await listModels(ctx, s.principal, project.id);
+      const path = projectPath(project.id);
+      const yaml = toYaml({
+        currency: pricing.currency,
+        models: pricing.models,
+        ...(pricing.limits ? { limits: pricing.limits } : {}),
+      });
+      return page(
+        request,
+        reply,
+        `Pricing · ${project.name}`,
+        ({ csrf, flash }) => html`<h1>Pricing</h1>${projectNav(project, 'Pricing')}${flash}
+<section class="card"><h2>Models</h2>
+${
+  pricing.models.length
+    ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${project.currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${pricing.models.map(
+  (m) =>
+    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td><form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form></td></tr>`,
+)}</tbody></table>`
+    : html`<p>No models yet: clients can use only the models priced here.</p>`
+}</section>
+<section class="card"><h2>Set a price</h2>
+<form method="post" action="${path}/pricing">${csrfField(csrf)}
+<div class="row">
+<div><label for="model">Model (what clients send)</label><input id="model" name="model" required maxlength="128" placeholder="gpt-4o-mini"></div>
+<div><label for="upstreamModel">Provider model (optional)</label><input id="upstreamModel" name="upstreamModel" maxlength="256" placeholder="same as the model"></div>
+<div><label for="mode">Pricing</label><select id="mode" name="mode"><option value="per_request">Per request</option><option value="per_token">Per token</option><option value="subscription">Subscription</option></select></div>
+</div>
+<div class="row">
+<div><label for="perRequest">Per request</label><input id="perRequest" name="perRequest" inputmode="decimal" placeholder="0.01"></div>
+<div><label for="inputPerMillion">Input per 1M tokens</label><input id="inputPerMillion" name="inputPerMillion" inputmode="decimal" placeholder="0.15"></div>
+<div><label for="outputPerMillion">Output per 1M tokens</label><input id="outputPerMillion" name="outputPerMillion" inputmode="decimal" placeholder="0.60"></div>
+<div><label for="holdMargin">Hold margin (optional)</label><input id="holdMargin" name="holdMargin" inputmode="decimal" placeholder="from the provider model"></div>
+<div><label for="fee">Subscription fee</label><input id="fee" name="fee" inputmode="decimal" placeholder="10.00"></div>
+<div><label for="period">Period</label><input id="period" name="period" placeholder="30d"></div>
+</div>
+<p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}. Per token, the prompt Tollgate counts is held times the hold margin (1 to 10), by default the measured one of the provider model's tokenizer family; the charge is always the provider's usage.</p>
+<button type="submit">Save the price</button></form></section>
+<section class="card"><h2>Pricing file</h2>
+<p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models, their routes and the limits exactly these.</p>
+<form method="post" action="${path}/pricing/file">${csrfField(csrf)}
+<label for="file">Pricing file (YAML)</label><textarea id="file" name="file" spellcheck="false">${yaml}</textarea>
+<button type="submit">Apply the pricing file</button></form></section>`,
+      );
+    },
+  );
+
+  app.post(
+    '/projects/:id/pricing',
+    { schema: { params: projectParams, body: priceForm } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const path = `${projectPath(request.params.id)}/pricing`;
+      const f = request.body;
+      const v = (name: keyof typeof f) => {
+        const value = f[name]?.trim();
+        return value ? value : undefined;
+      };
+      const pricing =
+        f.mode === 'per_token'
+          ? {
+              mode: 'per_token',
+              inputPerMillion: v('inputPerMillion'),
+              outputPerMillion: v('outputPerMillion'),
+              holdMargin: v('holdMargin'),
+            }
+          : f.mode === 'subscription'
+            ? { mode: 'subscription', fee: v('fee'), period: v('period') }
+            : { mode: 'per_request', perRequest: v('perRequest') };
+      const spec = parseInput(
+        modelSpecSchema,
+        {
+          id: v('model'),
+          ...(v('upstreamModel') ? { upstreamModel: v('upstreamModel') } : {}),
+          pricing: Object.fromEntries(Object.entries(pricing).filter(([, x]) => x !== undefined)),
+        },
+        'form',
+      );
+      await putModel(ctx, s.principal, request.params.id, spec);
+      return reply.redirect(done(path, 'price_saved'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/pricing/:model/delete',
+    {
+      schema: { params: projectParams.extend({ model: textInput(255, 'a model id') }), body: formBody({}) },
+    },
+    async (request, reply) => {
+      await deleteModel(ctx, signedIn(request).principal, request.params.id, request.params.model);
+      return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'model_deleted'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/pricing/file',
+    { schema: { params: projectParams, body: formBody({ file: z.string().max(200_000).default('') }) } },
+    async (request, reply) => {
+      const file = parsePricingFile(request.body.file);
+      await applyModels(ctx, signedIn(request).principal, request.params.id, file);
+      return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'pricing_applied'), 303);
+    },
+  );
+}

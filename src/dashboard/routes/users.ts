@@ -1,0 +1,162 @@
+import { randomUUID } from 'node:crypto';
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import { moveMoney, ownedProject, projectView, searchUsers, setUserConnected } from '../../admin/service.ts';
+import { ApiError } from '../../core/errors.ts';
+import { amountSchema } from '../../core/money.ts';
+import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
+import { userIdSchema } from '../../users/routes.ts';
+import { getBalance, listActivity } from '../../users/service.ts';
+import { html, type Raw } from '../html.ts';
+import {
+  csrfField,
+  done,
+  flashQuery,
+  formBody,
+  optionalField,
+  page,
+  projectNav,
+  projectParams,
+  projectPath,
+  signedIn,
+} from '../pages.ts';
+
+/** A project's end users (`/dashboard/projects/:id/users`): search, balances, deposits, charges. */
+
+const moneyForm = formBody({
+  user: userIdSchema,
+  amount: z.string().trim().min(1, { message: 'is required' }).max(64),
+  idem: optionalField(textInput(100)),
+  description: optionalField(z.string().max(200).refine(isStorable, { message: NOT_STORABLE })),
+});
+const userParams = projectParams.extend({ user: userIdSchema });
+
+function depositForm(path: string, csrf: string, currency: string, user?: string): Raw {
+  return html`<form method="post" action="${path}/users/deposit">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}">
+<div class="row">${
+    user
+      ? html`<input type="hidden" name="user" value="${user}">`
+      : html`<div><label for="depositUser">User id</label><input id="depositUser" name="user" required maxlength="256"></div>`
+  }
+<div><label for="depositAmount">Amount (${currency})</label><input id="depositAmount" name="amount" inputmode="decimal" required placeholder="10.00"></div>
+<div><button type="submit">Deposit</button></div></div></form>`;
+}
+
+export default async function userRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+
+  app.get(
+    '/projects/:id/users',
+    {
+      schema: { params: projectParams, querystring: flashQuery.extend({ q: optionalField(textInput(256)) }) },
+    },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const q = request.query.q ?? '';
+      const users = await searchUsers(ctx, s.principal, project.id, { q: q || undefined, limit: 100 });
+      const path = projectPath(project.id);
+      return page(
+        request,
+        reply,
+        `Users · ${project.name}`,
+        ({ csrf, flash }) => html`<h1>End users</h1>${projectNav(project, 'Users')}${flash}
+<section class="card"><form method="get" action="${path}/users" role="search"><div class="row"><div><label for="q">Search users by id</label><input id="q" name="q" value="${q}"></div><div><button type="submit">Search</button></div></div></form>
+<table><thead><tr><th>User</th><th>Connected</th><th class="num">Balance</th><th class="num">Held</th><th class="num">Available</th></tr></thead><tbody>
+${users.data.map(
+  (u) =>
+    html`<tr><td><a href="${path}/users/${encodeURIComponent(u.user)}">${u.user}</a></td><td>${u.connected ? 'yes' : 'no'}</td><td class="num">${u.balance}</td><td class="num">${u.held}</td><td class="num">${u.available}</td></tr>`,
+)}
+</tbody></table>${users.data.length ? '' : html`<p class="muted">No users${q ? ' match' : ' yet'}.</p>`}</section>
+<section class="card"><h2>Deposit to a user</h2>
+${depositForm(path, csrf, project.currency)}
+</section>`,
+      );
+    },
+  );
+
+  for (const kind of ['deposit', 'charge'] as const) {
+    app.post(
+      `/projects/:id/users/${kind}`,
+      { schema: { params: projectParams, body: moneyForm } },
+      async (request, reply) => {
+        const s = signedIn(request);
+        const input = request.body;
+        const project = await ownedProject(ctx, s.principal, request.params.id);
+        const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
+        const result = await moveMoney(
+          ctx,
+          s.principal,
+          project.id,
+          kind,
+          {
+            user: input.user,
+            amount,
+            metadata: { via: 'dashboard', ...(input.description ? { description: input.description } : {}) },
+          },
+          input.idem ? `dashboard-${input.idem}` : undefined,
+        );
+        const body = result.body as { success?: boolean; balance: string; reason?: string };
+        if (kind === 'charge' && body.success === false)
+          throw new ApiError(400, 'invalid_request_error', `Not charged: ${body.reason}.`, {
+            code: 'not_charged',
+          });
+        const userPath = `${projectPath(project.id)}/users/${encodeURIComponent(input.user)}`;
+        return reply.redirect(done(userPath, kind === 'deposit' ? 'deposited' : 'charged'), 303);
+      },
+    );
+  }
+
+  app.get(
+    '/projects/:id/users/:user',
+    { schema: { params: userParams, querystring: flashQuery } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const row = await ownedProject(ctx, s.principal, request.params.id);
+      const project = projectView(row);
+      const user = request.params.user;
+      const balance = await getBalance(ctx.db, row, user);
+      const activity = await listActivity(ctx.db, row, user, { limit: 50 });
+      const path = projectPath(project.id);
+      const userPath = `${path}/users/${encodeURIComponent(user)}`;
+      return page(
+        request,
+        reply,
+        `${user} · ${project.name}`,
+        ({ csrf, flash }) => html`<h1>User ${user}</h1>${projectNav(project, 'Users')}${flash}
+<section class="card"><h2>Balance</h2>
+<p><strong id="balance">${balance.balance}</strong> ${project.currency} (held ${balance.held}, available ${balance.available}); ${balance.connected ? 'connected' : 'not connected'}.</p>
+<form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
+</section>
+<section class="card"><h2>Deposit</h2>${depositForm(path, csrf, project.currency, user)}</section>
+<section class="card"><h2>Charge</h2>
+<form method="post" action="${path}/users/charge">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
+<div class="row"><div><label for="chargeAmount">Amount (${project.currency})</label><input id="chargeAmount" name="amount" inputmode="decimal" required></div>
+<div><label for="chargeDescription">What for (optional)</label><input id="chargeDescription" name="description" maxlength="200"></div>
+<div><button type="submit">Charge</button></div></div></form></section>
+<section class="card"><h2>Activity</h2>
+<table id="activity"><thead><tr><th>When (UTC)</th><th>Type</th><th class="num">Amount</th><th class="num">Balance after</th><th>Source</th><th>Details</th></tr></thead><tbody>
+${activity.data.map(
+  (a) =>
+    html`<tr><td>${a.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${a.type}</td><td class="num">${a.amount}</td><td class="num">${a.balance}</td><td>${a.source}</td><td>${a.description ?? (typeof a.metadata.model === 'string' ? a.metadata.model : '')}</td></tr>`,
+)}
+</tbody></table>${activity.data.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`,
+      );
+    },
+  );
+
+  for (const act of ['connect', 'disconnect'] as const) {
+    app.post(
+      `/projects/:id/users/:user/${act}`,
+      { schema: { params: userParams, body: formBody({}) } },
+      async (request, reply) => {
+        const { id, user } = request.params;
+        await setUserConnected(ctx, signedIn(request).principal, id, user, act === 'connect');
+        const userPath = `${projectPath(id)}/users/${encodeURIComponent(user)}`;
+        return reply.redirect(done(userPath, act === 'connect' ? 'connected' : 'disconnected'), 303);
+      },
+    );
+  }
+}

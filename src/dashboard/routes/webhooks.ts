@@ -1,0 +1,136 @@
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import { ownedProject, projectView } from '../../admin/service.ts';
+import { isStorable, NOT_STORABLE, textInput } from '../../core/validation.ts';
+import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
+import {
+  createSubscription,
+  listSubscriptions,
+  setSubscriptionActive,
+} from '../../webhooks/subscriptions.ts';
+import { html } from '../html.ts';
+import {
+  csrfField,
+  done,
+  flashQuery,
+  formBody,
+  optionalField,
+  page,
+  projectNav,
+  projectParams,
+  projectPath,
+  secretBox,
+  signedIn,
+} from '../pages.ts';
+
+/** A project's webhooks (`/dashboard/projects/:id/webhooks`): subscriptions and the delivery log. */
+
+const subscriptionForm = formBody({
+  url: z.string().max(2048).default(''),
+  events: z.string().max(4096).default(''),
+  description: optionalField(z.string().trim().max(512).refine(isStorable, { message: NOT_STORABLE })),
+});
+
+export default async function webhookRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+
+  app.get(
+    '/projects/:id/webhooks',
+    { schema: { params: projectParams, querystring: flashQuery } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
+      const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
+      const path = projectPath(project.id);
+      return page(
+        request,
+        reply,
+        `Webhooks · ${project.name}`,
+        ({ csrf, flash }) => html`<h1>Webhooks</h1>${projectNav(project, 'Webhooks')}${flash}
+<section class="card"><h2>Subscriptions</h2>
+<table><thead><tr><th>URL</th><th>Events</th><th>Active</th><th class="num">Failures</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${subs.data.map(
+  (w) =>
+    html`<tr><td><code>${w.url}</code>${w.description ? html`<br><span class="muted">${w.description}</span>` : ''}</td><td>${w.events.join(', ')}</td><td>${w.isActive ? 'yes' : 'no'}</td><td class="num">${w.consecutiveFailures}</td><td>${
+      w.isActive && !w.managedBy
+        ? html`<form method="post" action="${path}/webhooks/${encodeURIComponent(w.id)}/deactivate">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Deactivate ${w.url}">Deactivate</button></form>`
+        : w.managedBy
+          ? html`<span class="muted">managed by ${w.managedBy}</span>`
+          : ''
+    }</td></tr>`,
+)}</tbody></table>
+<form method="post" action="${path}/webhooks">${csrfField(csrf)}
+<div class="row"><div><label for="url">Endpoint URL</label><input id="url" name="url" type="url" required placeholder="https://example.com/tollgate"></div>
+<div><label for="events">Events (patterns, separated by spaces or commas)</label><input id="events" name="events" required value="balance.* user.*"></div></div>
+<label for="description">Description (optional)</label><input id="description" name="description" maxlength="512">
+<button type="submit">Add the subscription</button></form></section>
+<section class="card"><h2>Delivery log</h2>
+<table><thead><tr><th>When (UTC)</th><th>Event</th><th>Status</th><th class="num">Attempts</th><th>Last answer</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${logs.data.map(
+  (d) =>
+    html`<tr><td>${d.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${d.eventType}</td><td>${d.status}</td><td class="num">${d.attempts}</td><td>${d.lastResponseStatus ?? d.lastError ?? ''}</td><td>${
+      d.status === 'pending'
+        ? ''
+        : html`<form method="post" action="${path}/webhooks/deliveries/${encodeURIComponent(d.id)}/resend">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Resend delivery ${d.id}">Resend</button></form>`
+    }</td></tr>`,
+)}</tbody></table>${logs.data.length ? '' : html`<p class="muted">No deliveries yet.</p>`}</section>`,
+      );
+    },
+  );
+
+  app.post(
+    '/projects/:id/webhooks',
+    { schema: { params: projectParams, body: subscriptionForm } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const path = `${projectPath(request.params.id)}/webhooks`;
+      await ownedProject(ctx, s.principal, request.params.id);
+      const f = request.body;
+      const { subscription, secret } = await createSubscription(
+        ctx,
+        request.params.id,
+        {
+          url: f.url,
+          events: f.events.split(/[\s,]+/).filter(Boolean),
+          ...(f.description ? { description: f.description } : {}),
+        },
+        { createdBy: `developer:${s.principal.actorId}` },
+      );
+      return page(
+        request,
+        reply,
+        'Webhook secret',
+        () => html`<section class="card"><h1>Subscription added</h1><p>Deliveries to <code>${subscription.url}</code> are signed with this secret.</p>
+${secretBox('webhook-secret', 'Signing secret', secret)}
+<p><a href="${path}">Back to webhooks</a></p></section>`,
+        { script: true },
+      );
+    },
+  );
+
+  app.post(
+    '/projects/:id/webhooks/:sub/deactivate',
+    { schema: { params: projectParams.extend({ sub: textInput(255, 'an id') }), body: formBody({}) } },
+    async (request, reply) => {
+      await ownedProject(ctx, signedIn(request).principal, request.params.id);
+      await setSubscriptionActive(ctx, request.params.id, request.params.sub, false);
+      return reply.redirect(
+        done(`${projectPath(request.params.id)}/webhooks`, 'subscription_deactivated'),
+        303,
+      );
+    },
+  );
+
+  app.post(
+    '/projects/:id/webhooks/deliveries/:delivery/resend',
+    { schema: { params: projectParams.extend({ delivery: textInput(255, 'an id') }), body: formBody({}) } },
+    async (request, reply) => {
+      await ownedProject(ctx, signedIn(request).principal, request.params.id);
+      await retryDelivery(ctx, request.params.id, request.params.delivery);
+      return reply.redirect(done(`${projectPath(request.params.id)}/webhooks`, 'delivery_queued'), 303);
+    },
+  );
+}
