@@ -7,7 +7,7 @@ import { formatForCurrency, Money } from '../core/money.ts';
 import type { Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
 import { endpointsOf, type ModelSpec, type PricingFile, pricingOf } from '../models/pricing.ts';
-import { applyPricing } from '../models/service.ts';
+import { applyPricing, deleteAllModels } from '../models/service.ts';
 import {
   type CreateProjectInput,
   createProject,
@@ -308,7 +308,7 @@ export async function deleteModel(ctx: AppContext, principal: Principal, project
     throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
   const models = current.models.filter((m) => m.id !== modelId);
   if (models.length === 0) {
-    await ctx.db.deleteFrom('models').where('project_id', '=', projectId).execute();
+    await deleteAllModels(ctx.db, projectId);
     await ctx.projects.changed(projectId);
     return { object: 'pricing.applied' as const, created: [], updated: [], deleted: [modelId] };
   }

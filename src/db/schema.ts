@@ -39,6 +39,10 @@ export interface ProjectsTable {
     ProjectLimits | string | null | undefined,
     ProjectLimits | string | null
   >;
+  /** The resources managing the project, its models and its limits (`<Kind> <ns>/<name>`); NULL: by hand. */
+  managed_by: ColumnType<string | null, string | null | undefined, string | null>;
+  pricing_managed_by: ColumnType<string | null, string | null | undefined, string | null>;
+  limits_managed_by: ColumnType<string | null, string | null | undefined, string | null>;
   created_at: Timestamp;
   updated_at: Timestamp;
 }
@@ -51,6 +55,7 @@ export interface ApiKeysTable {
   key_hash: string;
   created_at: Timestamp;
   revoked_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  managed_by: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
 export type PricingMode = 'per_request' | 'per_token' | 'subscription';
@@ -114,6 +119,7 @@ export interface ProvidersTable {
   key_sealed: string | null;
   connect_timeout_ms: number | null;
   response_timeout_ms: number | null;
+  managed_by: ColumnType<string | null, string | null | undefined, string | null>;
   created_at: Timestamp;
   updated_at: Timestamp;
 }

@@ -1,8 +1,15 @@
 import { parse as parseYaml } from 'yaml';
 import { badRequest } from '../core/errors.ts';
+import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import { DEFAULT_ENDPOINTS, type PricingFile, pricingColumns, pricingFileSchema } from './pricing.ts';
+import type { ProjectLimits } from '../db/schema.ts';
+import {
+  DEFAULT_ENDPOINTS,
+  type PricingFile,
+  pricingColumns,
+  pricingFileSchema,
+} from './pricing.ts';
 
 export interface ApplyResult {
   created: string[];
@@ -23,17 +30,31 @@ export function parsePricingFile(text: string): PricingFile {
 
 /**
  * Makes the project's models exactly those of the file (declarative, like `kubectl apply --prune`):
- * new ids are created, existing ones updated, ids missing from the file deleted.
+ * new ids are created, existing ones updated, ids missing from the file deleted. A price applies to the
+ * requests admitted after this transaction commits (and the project directory reloads); a hold in
+ * flight settles at the price it was admitted with.
+ *
+ * The models of a project a PriceList resource manages are written only by it (`managedBy`, which also
+ * leaves the limits alone: they are a LimitPolicy's). Limits a LimitPolicy manages are kept when the
+ * file has none and refused when it has some.
  */
-export async function applyPricing(db: Database, projectId: string, file: PricingFile): Promise<ApplyResult> {
+export async function applyPricing(
+  db: Database,
+  projectId: string,
+  file: PricingFile,
+  opts: { managedBy?: string } = {},
+): Promise<ApplyResult> {
   return db.transaction().execute(async (tx) => {
     const project = await tx
       .selectFrom('projects')
-      .select('currency')
+      .select(['currency', 'pricing_managed_by', 'limits_managed_by'])
       .where('id', '=', projectId)
       .forUpdate()
       .executeTakeFirst();
     if (!project) throw badRequest(`no project ${projectId}`, 'project');
+    assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, opts.managedBy);
+    const writeLimits = !opts.managedBy && (file.limits !== undefined || !project.limits_managed_by);
+    if (writeLimits) assertWritable(`The limits of ${projectId}`, project.limits_managed_by, undefined);
     if (project.currency !== file.currency) {
       throw badRequest(
         `the file's currency ${file.currency} differs from the project's currency ${project.currency}`,
@@ -64,15 +85,76 @@ export async function applyPricing(db: Database, projectId: string, file: Pricin
       existing.delete(model.id);
     }
     // Limits (src/limits) come with the pricing file; a file without them removes them.
-    await tx
-      .updateTable('projects')
-      .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
-      .where('id', '=', projectId)
-      .execute();
+    if (writeLimits)
+      await tx
+        .updateTable('projects')
+        .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
+        .where('id', '=', projectId)
+        .execute();
+    if (opts.managedBy)
+      await tx
+        .updateTable('projects')
+        .set({ pricing_managed_by: opts.managedBy })
+        .where('id', '=', projectId)
+        .execute();
     for (const id of existing) {
       await tx.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', id).execute();
       result.deleted.push(id);
     }
     return result;
+  });
+}
+
+/** Deletes every model of the project (the dashboard's last model; a deleted PriceList). */
+export async function deleteAllModels(
+  db: Database,
+  projectId: string,
+  opts: { managedBy?: string } = {},
+): Promise<void> {
+  await db.transaction().execute(async (tx) => {
+    const project = await tx
+      .selectFrom('projects')
+      .select('pricing_managed_by')
+      .where('id', '=', projectId)
+      .forUpdate()
+      .executeTakeFirst();
+    assertWritable(`The pricing of ${projectId}`, project?.pricing_managed_by, opts.managedBy);
+    await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
+    if (opts.managedBy)
+      await tx
+        .updateTable('projects')
+        .set({ pricing_managed_by: null })
+        .where('id', '=', projectId)
+        .execute();
+  });
+}
+
+/**
+ * Sets the project's limits (the same shape as the pricing file's `limits`); `null` removes them. With
+ * `managedBy` (a LimitPolicy) the limits become that resource's; `release` hands them back.
+ */
+export async function setProjectLimits(
+  db: Database,
+  projectId: string,
+  limits: ProjectLimits | null,
+  opts: { managedBy?: string; release?: boolean } = {},
+): Promise<void> {
+  await db.transaction().execute(async (tx) => {
+    const project = await tx
+      .selectFrom('projects')
+      .select('limits_managed_by')
+      .where('id', '=', projectId)
+      .forUpdate()
+      .executeTakeFirst();
+    if (!project) throw badRequest(`no project ${projectId}`, 'project');
+    assertWritable(`The limits of ${projectId}`, project.limits_managed_by, opts.managedBy);
+    await tx
+      .updateTable('projects')
+      .set({
+        limits: limits ? JSON.stringify(limits) : null,
+        ...(opts.managedBy ? { limits_managed_by: opts.release ? null : opts.managedBy } : {}),
+      })
+      .where('id', '=', projectId)
+      .execute();
   });
 }

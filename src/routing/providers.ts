@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
+import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import { upstreamUrlSchema } from '../projects/service.ts';
@@ -55,8 +56,10 @@ export async function upsertProvider(
   sealer: Sealer,
   projectId: string,
   input: ProviderInput,
+  opts: { managedBy?: string } = {},
 ): Promise<ProviderView> {
   const parsed = parseInput(providerInputSchema, input, 'provider');
+  await assertProviderWritable(db, projectId, parsed.name, opts.managedBy);
   const project = await db
     .selectFrom('projects')
     .select(['id', 'upstream_key_sealed'])
@@ -80,11 +83,16 @@ export async function upsertProvider(
       key_sealed: parsed.name === DEFAULT_PROVIDER ? project.upstream_key_sealed : null,
       ...keyColumn,
       ...timeouts,
+      managed_by: opts.managedBy ?? null,
     })
     .onConflict((oc) =>
-      oc
-        .columns(['project_id', 'name'])
-        .doUpdateSet({ base_url: baseUrl, ...keyColumn, ...timeouts, updated_at: new Date() }),
+      oc.columns(['project_id', 'name']).doUpdateSet({
+        base_url: baseUrl,
+        ...keyColumn,
+        ...timeouts,
+        ...(opts.managedBy ? { managed_by: opts.managedBy } : {}),
+        updated_at: new Date(),
+      }),
     )
     .returningAll()
     .executeTakeFirstOrThrow();
@@ -113,7 +121,13 @@ export async function listProviders(db: Database, projectId: string): Promise<Pr
 }
 
 /** Removes a provider; returns false when there was none of that name. */
-export async function removeProvider(db: Database, projectId: string, name: string): Promise<boolean> {
+export async function removeProvider(
+  db: Database,
+  projectId: string,
+  name: string,
+  opts: { managedBy?: string } = {},
+): Promise<boolean> {
+  await assertProviderWritable(db, projectId, name, opts.managedBy);
   const deleted = await db
     .deleteFrom('providers')
     .where('project_id', '=', projectId)
@@ -127,6 +141,22 @@ export async function removeProvider(db: Database, projectId: string, name: stri
       .execute();
   }
   return Number(deleted.numDeletedRows) > 0;
+}
+
+/** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts). */
+async function assertProviderWritable(
+  db: Database,
+  projectId: string,
+  name: string,
+  writer: string | undefined,
+): Promise<void> {
+  const row = await db
+    .selectFrom('providers')
+    .select('managed_by')
+    .where('project_id', '=', projectId)
+    .where('name', '=', name)
+    .executeTakeFirst();
+  assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
 }
 
 /** The providers of a project with their keys unsealed (the project directory caches them). */

@@ -10,6 +10,7 @@ import * as webhooksProduction from './0008_webhooks_production.ts';
 import * as routingLimits from './0009_routing_limits.ts';
 import * as admin from './0010_admin.ts';
 import * as exactCharges from './0011_exact_charges.ts';
+import * as managedBy from './0017_managed_by.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -27,4 +28,5 @@ export const migrations: Record<string, Migration> = {
   '0009_routing_limits': routingLimits,
   '0010_admin': admin,
   '0011_exact_charges': exactCharges,
+  '0017_managed_by': managedBy,
 };
