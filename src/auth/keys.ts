@@ -1,8 +1,8 @@
 import type { Kysely } from 'kysely';
 import { sha256Hex } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
-import { assertWritable } from '../core/managed.ts';
 import { newId, randomToken } from '../core/ids.ts';
+import { assertWritable } from '../core/managed.ts';
 import type { DB } from '../db/schema.ts';
 
 /**

@@ -4,12 +4,7 @@ import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { ProjectLimits } from '../db/schema.ts';
-import {
-  DEFAULT_ENDPOINTS,
-  type PricingFile,
-  pricingColumns,
-  pricingFileSchema,
-} from './pricing.ts';
+import { DEFAULT_ENDPOINTS, type PricingFile, pricingColumns, pricingFileSchema } from './pricing.ts';
 
 export interface ApplyResult {
   created: string[];
