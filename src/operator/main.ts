@@ -4,6 +4,7 @@ import type { AppContext } from '../app/context.ts';
 import { createContext } from '../app/context.ts';
 import type { Config } from '../config/index.ts';
 import { pendingMigrations, ping } from '../db/index.ts';
+import { findProjectByManager } from '../projects/service.ts';
 import { subscriptionsChangedChannel } from '../webhooks/filter.ts';
 import {
   createSubscription,
@@ -15,7 +16,7 @@ import {
 import { type DeliveryWorker, startDeliveryWorker } from '../webhooks/worker/index.ts';
 import { Controller } from './controller.ts';
 import type { SubscriptionStore } from './reconciler.ts';
-import { ResourcesController } from './resources/framework.ts';
+import { managedByOf, ResourcesController } from './resources/framework.ts';
 import { RESOURCE_HANDLERS } from './resources/kinds.ts';
 import { type KubeClients, loadKubeConfig, makeClients } from './runtime/kube.ts';
 import { LeaderElector } from './runtime/leader-election.ts';
@@ -32,6 +33,8 @@ export function subscriptionStore(ctx: AppContext): SubscriptionStore {
     update: (projectId, id, input, opts) => updateSubscription(ctx, projectId, id, input, opts),
     setActive: (projectId, id, active, opts) => setSubscriptionActive(ctx, projectId, id, active, opts),
     validate: (input) => validateSubscriptionInput(ctx, input),
+    resolveProject: async (namespace, name) =>
+      (await findProjectByManager(ctx.db, managedByOf('Project', namespace, name)))?.id,
   };
 }
 
