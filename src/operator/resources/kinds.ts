@@ -422,6 +422,12 @@ export const priceListHandler: KindHandler<PriceListSpec> = {
     } catch (err) {
       throw new Failure('InvalidPrice', (err as Error).message, false);
     }
+    if (file.currency !== project.currency)
+      throw new Failure(
+        'InvalidPrice',
+        `spec.currency ${file.currency} differs from the project's currency ${project.currency}`,
+        false,
+      );
     const { ctx } = h;
     const [rows, row] = await Promise.all([
       ctx.db.selectFrom('models').selectAll().where('project_id', '=', project.id).execute(),
