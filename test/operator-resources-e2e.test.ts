@@ -31,6 +31,7 @@ const PLURALS: Record<string, string> = {
   WebhookSubscription: 'webhooksubscriptions',
 };
 
+const ADMIN_TOKEN = 'e2e-admin-token-0123456789abcdef';
 let target: KubeTarget;
 let server: TestServer;
 let upstream: MockUpstream;
@@ -54,6 +55,7 @@ beforeAll(async () => {
   ns = target.namespace;
   upstream = await startMockUpstream();
   server = await startTestServer({
+    TOLLGATE_ADMIN_TOKEN: ADMIN_TOKEN,
     OPERATOR_STATUS_SYNC_SECONDS: '1',
     OPERATOR_LEASE_NAMESPACE: ns,
     OPERATOR_LEASE_DURATION_SECONDS: '3',
@@ -213,6 +215,22 @@ describe('examples/k8s applied with the operator running', () => {
     }, 'the edited price list to be applied');
     await client.chat.completions.create({ model: 'quick', user: 'alice', messages });
     expect((await charges('alice')).at(-1)).toBe('0.03');
+  });
+
+  it('answers the admin API a 409 naming the resource for the rows it manages', async () => {
+    const res = await fetch(`${server.url}/admin/v1/projects/${projectId}/models`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        currency: 'usd',
+        models: [{ id: 'quick', pricing: { mode: 'per_request', perRequest: '0' } }],
+      }),
+    });
+    expect(res.status).toBe(409);
+    expect(((await res.json()) as { error: { code: string; message: string } }).error).toMatchObject({
+      code: 'managed_by_resource',
+      message: expect.stringContaining(`PriceList ${ns}/acme-prices`),
+    });
   });
 
   it('refuses a malformed price in the PriceList at the API server, leaving the price as it was', async () => {
