@@ -382,7 +382,7 @@ export class Reconciler {
     if (row && row.paywallId !== paywallId)
       return this.#fail(resource, {
         reason: 'InvalidSpec',
-        message: `the project cannot change (the subscription ${row.id} belongs to ${row.paywallId}); delete and re-create the resource to move it`,
+        message: `spec.${check.projectRef !== undefined ? 'projectRef' : 'paywallId'} cannot change (the subscription ${row.id} belongs to ${row.paywallId}); delete and re-create the resource to move it`,
         retry: false,
       });
 
