@@ -14,7 +14,6 @@ import { ALL_CRD_FILES, FakeKubeApiServer } from './helpers/fake-kube-apiserver.
  * apiextensions.k8s.io/v1 schema.
  */
 
-// biome-ignore lint/suspicious/noExplicitAny: parsed YAML
 type Schema = Record<string, any>;
 const crds = ALL_CRD_FILES.map((file) => ({ file: basename(file), crd: parse(readFileSync(file, 'utf8')) }));
 
