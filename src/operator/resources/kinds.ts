@@ -240,7 +240,7 @@ async function writeKeySecret(
     metadata: {
       name,
       namespace,
-      labels: { 'app.kubernetes.io/managed-by': FIELD_MANAGER },
+      labels: { 'app.kubernetes.io/managed-by': FIELD_MANAGER, 'tollgate.dev/api-key': r.metadata.name },
       ownerReferences: [
         {
           apiVersion: API_VERSION,
