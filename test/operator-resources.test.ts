@@ -359,6 +359,33 @@ describe('PriceList', () => {
     ).rejects.toMatchObject({ status: 409, message: expect.stringContaining(`PriceList ${ns}/prices`) });
   });
 
+  it('refuses a second PriceList for the project (ManagedElsewhere), and reports routes to a missing provider', async () => {
+    await apply('PriceList', 'second', { projectRef: { name: 'acme' }, currency: 'usd', models });
+    const second = await untilReason('PriceList', 'second', 'ManagedElsewhere');
+    expect(ready(second)?.message).toContain(`PriceList ${ns}/prices`);
+    await remove('PriceList', 'second');
+    await target.until(async () => !(await read('PriceList', 'second')), 'the second list to go');
+    // Its deletion left the first list's models alone.
+    expect(
+      await ctx.db.selectFrom('models').select('id').where('project_id', '=', projectId).execute(),
+    ).toHaveLength(2);
+
+    const routed = [{ ...models[0], routes: [{ provider: 'backup', model: 'gpt-4o-mini' }] }, models[1]];
+    await patchSpec('PriceList', 'prices', { models: routed });
+    const r = await untilReason('PriceList', 'prices', 'ProviderNotFound');
+    expect(ready(r)?.message).toContain('backup');
+    await apply('ModelProvider', 'backup', { projectRef: { name: 'acme' }, baseUrl: 'echo://local' });
+    await untilReason(
+      'PriceList',
+      'prices',
+      'Synced',
+      (x) => x.metadata.generation === r.metadata.generation,
+    );
+    await remove('ModelProvider', 'backup');
+    await patchSpec('PriceList', 'prices', { models });
+    await untilReason('PriceList', 'prices');
+  });
+
   it('reports a list the service refuses (another currency) as InvalidPrice', async () => {
     await apply('PriceList', 'euros', { projectRef: { name: 'acme' }, currency: 'eur', models });
     const r = await untilReason('PriceList', 'euros', 'InvalidPrice');

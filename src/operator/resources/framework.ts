@@ -249,6 +249,10 @@ export class ResourcesController {
       JSON.stringify(old.metadata.finalizers ?? []) === JSON.stringify(object.metadata.finalizers ?? []) &&
       old.metadata.deletionTimestamp === object.metadata.deletionTimestamp;
     if (!statusOnly) this.#queue.add(`${handler.kind}:${keyOf(object)}`);
+    // A provider that changes may satisfy the routes of the price lists of its namespace.
+    if (handler.kind === 'ModelProvider')
+      for (const r of this.#resources('PriceList'))
+        if (r.metadata.namespace === object.metadata.namespace) this.#queue.add(`PriceList:${keyOf(r)}`);
     // A Project that changes (Ready, deleted) may unblock the resources that refer to it.
     if (handler.kind === 'Project')
       for (const other of this.#handlers.values())

@@ -456,10 +456,31 @@ export const priceListHandler: KindHandler<PriceListSpec> = {
         row.pricing_managed_by !== h.managedBy ? normal('Applied', `Applied ${what}`) : updateEvent(r, what),
       );
     }
-    return synced(`${file.models.length} models priced in ${file.currency}`, {
-      status: { projectId: project.id, models: file.models.length },
-      events,
-    });
+    const status = { projectId: project.id, models: file.models.length };
+    // Routes naming a provider the project lacks would fail at request time: say so now.
+    const providers = new Set(
+      (
+        await ctx.db.selectFrom('providers').select('name').where('project_id', '=', project.id).execute()
+      ).map((p) => p.name),
+    );
+    const missing = [
+      ...new Set(
+        file.models.flatMap((m) =>
+          (m.routes ?? [{ provider: 'default' }])
+            .map((route) => route.provider)
+            .filter((p) => !providers.has(p)),
+        ),
+      ),
+    ];
+    if (missing.length)
+      return {
+        reason: 'ProviderNotFound',
+        message: `prices applied, but the project has no provider ${missing.join(', ')} (declare a ModelProvider with that providerName)`,
+        notReady: true,
+        status,
+        events,
+      };
+    return synced(`${file.models.length} models priced in ${file.currency}`, { status, events });
   },
   async finalize(r, h) {
     const projectId = statusProject(r);
