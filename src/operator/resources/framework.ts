@@ -72,8 +72,8 @@ export interface Helpers {
   managedBy: string;
   /** The project a `projectRef` names: the row its Project resource manages (ProjectNotFound otherwise). */
   project(namespace: string, name: string | undefined): Promise<{ id: string; currency: string }>;
-  /** A Secret (informer cache first, then the API); undefined when missing. */
-  secret(namespace: string, name: string): Promise<V1Secret | undefined>;
+  /** A Secret (informer cache first, then the API; `fresh`: the API only); undefined when missing. */
+  secret(namespace: string, name: string, opts?: { fresh?: boolean }): Promise<V1Secret | undefined>;
 }
 
 export interface KindHandler<S = Record<string, unknown>> {
@@ -320,11 +320,12 @@ export class ResourcesController {
       log: ctx.log,
       managedBy,
       project: (namespace, name) => projectOf(ctx, namespace, name),
-      secret: async (namespace, name) => {
-        for (const informer of this.#secrets) {
-          const found = informer.get(`${namespace}/${name}`);
-          if (found) return found;
-        }
+      secret: async (namespace, name, opts = {}) => {
+        if (!opts.fresh)
+          for (const informer of this.#secrets) {
+            const found = informer.get(`${namespace}/${name}`);
+            if (found) return found;
+          }
         try {
           return await kube.core.readNamespacedSecret({ name, namespace });
         } catch (err) {

@@ -172,8 +172,13 @@ export const apiKeyHandler: KindHandler<ApiKeySpec> = {
         `spec.projectRef cannot change (key ${key.id} belongs to ${key.project_id}); delete and re-create the resource`,
         false,
       );
-    const secret = await h.secret(namespace, secretName);
-    const value = secret ? secretValue(secret, API_KEY_SECRET_KEY) : undefined;
+    let secret = await h.secret(namespace, secretName);
+    let value = secret ? secretValue(secret, API_KEY_SECRET_KEY) : undefined;
+    if (key && (!value || sha256Hex(value) !== key.key_hash)) {
+      // The cache may not have seen our last write yet: only the API server's copy proves a drift.
+      secret = await h.secret(namespace, secretName, { fresh: true });
+      value = secret ? secretValue(secret, API_KEY_SECRET_KEY) : undefined;
+    }
     const ownedByUs = secret?.metadata?.ownerReferences?.some((o) => o.uid === r.metadata.uid) ?? false;
     if (secret && !ownedByUs)
       throw new Failure(
