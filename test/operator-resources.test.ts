@@ -538,6 +538,25 @@ describe('WebhookSubscription by projectRef', () => {
   });
 });
 
+describe('WebhookSubscription by projectRef, before its Project', () => {
+  it('reports ProjectNotFound, then syncs once the Project is there', async () => {
+    await apply('WebhookSubscription', 'early-hooks', {
+      projectRef: { name: 'hooked' },
+      url: 'http://127.0.0.1:9/hooks',
+      events: ['*'],
+    });
+    await target.until(
+      async () => ready(await read('WebhookSubscription', 'early-hooks'))?.reason === 'ProjectNotFound',
+      'ProjectNotFound',
+    );
+    await apply('Project', 'hooked', { currency: 'usd' });
+    await target.until(
+      async () => ready(await read('WebhookSubscription', 'early-hooks'))?.reason === 'Synced',
+      'the subscription to sync',
+    );
+  });
+});
+
 describe('Project deletion', () => {
   it('hands the row back (balances and ledger stay): editable by hand again', async () => {
     await remove('Project', 'acme');

@@ -129,6 +129,7 @@ export function startOperator(ctx: AppContext, options: OperatorOptions): Runnin
           namespaces: options.namespaces,
           identity,
           resyncMs: config.OPERATOR_STATUS_SYNC_SECONDS * 1000,
+          onProject: (namespace, name) => starting.enqueueProjectRef(namespace, name),
         });
         resources
           .start()

@@ -135,6 +135,8 @@ export interface ResourcesControllerOptions {
   identity: string;
   /** A synced resource is reconciled again after this long: drift of its rows is put back. */
   resyncMs?: number;
+  /** A Project resource changed (other controllers' resources may name it). */
+  onProject?(namespace: string | undefined, name: string): void;
   workers?: number;
   baseBackoffMs?: number;
   maxBackoffMs?: number;
@@ -254,6 +256,7 @@ export class ResourcesController {
       for (const r of this.#resources('PriceList'))
         if (r.metadata.namespace === object.metadata.namespace) this.#queue.add(`PriceList:${keyOf(r)}`);
     // A Project that changes (Ready, deleted) may unblock the resources that refer to it.
+    if (handler.kind === 'Project') this.#o.onProject?.(object.metadata.namespace, object.metadata.name);
     if (handler.kind === 'Project')
       for (const other of this.#handlers.values())
         for (const r of this.#resources(other.kind))
