@@ -125,11 +125,19 @@ describe.skipIf(!available)('the Helm chart', () => {
     const rules = Object.fromEntries(
       clusterRole.rules.map((r: Obj) => [`${r.apiGroups[0]}/${r.resources.join(',')}`, r.verbs]),
     );
+    const kinds = [
+      'webhooksubscriptions',
+      'projects',
+      'apikeys',
+      'modelproviders',
+      'pricelists',
+      'limitpolicies',
+    ];
     expect(rules).toEqual({
-      'tollgate.dev/webhooksubscriptions': ['list', 'watch', 'patch'],
-      'tollgate.dev/webhooksubscriptions/status': ['patch'],
-      'tollgate.dev/webhooksubscriptions/finalizers': ['update'],
-      '/secrets': ['get', 'list', 'watch', 'create'],
+      [`tollgate.dev/${kinds.join(',')}`]: ['list', 'watch', 'patch'],
+      [`tollgate.dev/${kinds.map((k) => `${k}/status`).join(',')}`]: ['patch'],
+      'tollgate.dev/webhooksubscriptions/finalizers,apikeys/finalizers': ['update'],
+      '/secrets': ['get', 'list', 'watch', 'create', 'update'],
       '/events': ['create'],
     });
     const lease = find(all, 'Role', 'tg-tollgate-operator-leader-election');

@@ -103,7 +103,8 @@ describe('the CRD file', () => {
 
   it('validates what it can: required fields, url pattern, events, description, headers, the "*" rule', () => {
     const spec = schema.properties!.spec!;
-    expect(spec.required).toEqual(['paywallId', 'url', 'events']);
+    expect(spec.required).toEqual(['url', 'events']);
+    expect(spec['x-kubernetes-validations']?.[1]?.rule).toBe('has(self.paywallId) != has(self.projectRef)');
     expect(spec.properties!.events).toMatchObject({ minItems: 1, 'x-kubernetes-list-type': 'set' });
     expect(spec.properties!.description).toMatchObject({ maxLength: 512 });
     expect(spec.properties!.customHeaders).toMatchObject({

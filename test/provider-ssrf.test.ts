@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config/index.ts';
 import { createUpstreamAgent } from '../src/upstream/openai-compatible.ts';
 import { connectUser } from '../src/users/service.ts';
-import { api, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
+import { api, seedProject, signUpAndIn, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
  * Provider base URLs cannot reach internal services (issue 22, item 1). With
@@ -60,12 +60,7 @@ afterAll(async () => {
 });
 
 async function developerProject(server: TestServer, email: string) {
-  const signup = await api(server, undefined, 'POST', '/admin/v1/developers', {
-    email,
-    password: 'a long enough password',
-  });
-  expect(signup.status).toBe(201);
-  const token = signup.body.session.token as string;
+  const token = await signUpAndIn(server, { email, password: 'a long enough password' });
   const created = await api(server, token, 'POST', '/admin/v1/projects', { name: 'Probe' });
   return { token, projectId: created.body.project.id as string };
 }

@@ -50,6 +50,8 @@ export interface ProjectView {
   ownerId: string;
   provider: { baseUrl: string | null; keySet: boolean; connected: boolean };
   settings: Project['settings'];
+  /** The Kubernetes resources managing the project, its prices and its limits (read-only here), or null. */
+  managedBy: { project: string | null; pricing: string | null; limits: string | null };
   createdAt: string;
   updatedAt: string;
 }
@@ -67,6 +69,7 @@ export function projectView(p: Project): ProjectView {
       connected: p.upstream_base_url !== null,
     },
     settings: p.settings,
+    managedBy: { project: p.managed_by, pricing: p.pricing_managed_by, limits: p.limits_managed_by },
     createdAt: p.created_at.toISOString(),
     updatedAt: p.updated_at.toISOString(),
   };

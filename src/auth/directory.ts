@@ -53,8 +53,11 @@ export class KeyDirectory {
    * bus could not carry the news: other pods then stop accepting the key when their cache entry
    * expires (at most 5 minutes).
    */
-  async revoke(keyId: string): Promise<{ projectId: string; propagated: boolean }> {
-    const { projectId, keyHash } = await revokeKey(this.#db, keyId);
+  async revoke(
+    keyId: string,
+    opts: { managedBy?: string } = {},
+  ): Promise<{ projectId: string; propagated: boolean }> {
+    const { projectId, keyHash } = await revokeKey(this.#db, keyId, opts);
     this.#cache.invalidate(keyHash);
     const propagated = await this.#bus.publish(channels.keyRevoked, keyHash).then(
       () => true,

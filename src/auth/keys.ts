@@ -2,6 +2,7 @@ import type { Kysely } from 'kysely';
 import { sha256Hex } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { newId, randomToken } from '../core/ids.ts';
+import { assertWritable } from '../core/managed.ts';
 import type { DB } from '../db/schema.ts';
 
 /**
@@ -16,7 +17,12 @@ export interface CreatedKey {
   prefix: string;
 }
 
-export async function createKey(db: Kysely<DB>, projectId: string, name = 'default'): Promise<CreatedKey> {
+export async function createKey(
+  db: Kysely<DB>,
+  projectId: string,
+  name = 'default',
+  opts: { managedBy?: string } = {},
+): Promise<CreatedKey> {
   const key = `tg_${randomToken(32)}`;
   const row = await db
     .insertInto('api_keys')
@@ -26,17 +32,28 @@ export async function createKey(db: Kysely<DB>, projectId: string, name = 'defau
       name,
       prefix: key.slice(0, KEY_PREFIX_LENGTH),
       key_hash: sha256Hex(key),
+      managed_by: opts.managedBy ?? null,
     })
     .returning(['id', 'prefix'])
     .executeTakeFirstOrThrow();
   return { id: row.id, key, prefix: row.prefix };
 }
 
-/** Marks a key revoked. Returns its project id; callers publish the revocation to every pod. */
+/**
+ * Marks a key revoked. Returns its project id; callers publish the revocation to every pod. A key an
+ * ApiKey resource manages is revoked only by that resource (src/core/managed.ts).
+ */
 export async function revokeKey(
   db: Kysely<DB>,
   keyId: string,
+  opts: { managedBy?: string } = {},
 ): Promise<{ projectId: string; keyHash: string }> {
+  const current = await db
+    .selectFrom('api_keys')
+    .select('managed_by')
+    .where('id', '=', keyId)
+    .executeTakeFirst();
+  assertWritable(`The API key ${keyId}`, current?.managed_by, opts.managedBy);
   const row = await db
     .updateTable('api_keys')
     .set({ revoked_at: new Date() })
@@ -68,4 +85,14 @@ export async function findActiveKey(
     .where('revoked_at', 'is', null)
     .executeTakeFirst();
   return row ? { id: row.id, projectId: row.project_id } : undefined;
+}
+
+/** The active key an ApiKey resource manages, if any. */
+export async function findKeyByManager(db: Kysely<DB>, managedBy: string) {
+  return db
+    .selectFrom('api_keys')
+    .select(['id', 'project_id', 'name', 'prefix', 'key_hash', 'created_at'])
+    .where('managed_by', '=', managedBy)
+    .where('revoked_at', 'is', null)
+    .executeTakeFirst();
 }

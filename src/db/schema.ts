@@ -43,6 +43,10 @@ export interface ProjectsTable {
     ProjectLimits | string | null | undefined,
     ProjectLimits | string | null
   >;
+  /** The resources managing the project, its models and its limits (`<Kind> <ns>/<name>`); NULL: by hand. */
+  managed_by: ColumnType<string | null, string | null | undefined, string | null>;
+  pricing_managed_by: ColumnType<string | null, string | null | undefined, string | null>;
+  limits_managed_by: ColumnType<string | null, string | null | undefined, string | null>;
   created_at: Timestamp;
   updated_at: Timestamp;
 }
@@ -55,6 +59,7 @@ export interface ApiKeysTable {
   key_hash: string;
   created_at: Timestamp;
   revoked_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  managed_by: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
 export type PricingMode = 'per_request' | 'per_token' | 'subscription';
@@ -122,6 +127,7 @@ export interface ProvidersTable {
   response_timeout_ms: number | null;
   /** The API the provider speaks (migration 0015). */
   kind: Default<ProviderKind>;
+  managed_by: ColumnType<string | null, string | null | undefined, string | null>;
   created_at: Timestamp;
   updated_at: Timestamp;
 }

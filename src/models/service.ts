@@ -1,9 +1,10 @@
 import type { Transaction } from 'kysely';
 import { parse as parseYaml } from 'yaml';
 import { badRequest } from '../core/errors.ts';
+import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import type { DB, ModelRow } from '../db/schema.ts';
+import type { DB, ModelRow, ProjectLimits } from '../db/schema.ts';
 import { holdMarginOf } from './hold-margin.ts';
 import {
   DEFAULT_ENDPOINTS,
@@ -34,18 +35,39 @@ export function parsePricingFile(text: string): PricingFile {
 
 /**
  * Makes the project's models exactly those of the file (declarative, like `kubectl apply --prune`):
- * new ids are created, existing ones updated, ids missing from the file deleted.
+ * new ids are created, existing ones updated, ids missing from the file deleted. A price applies to the
+ * requests admitted after this transaction commits (and the project directory reloads); a hold in
+ * flight settles at the price it was admitted with.
+ *
+ * The models of a project a PriceList resource manages are written only by it (`managedBy`, which also
+ * leaves the limits alone: they are a LimitPolicy's). Limits a LimitPolicy manages are kept when the
+ * file has none and refused when it has some.
  */
-export async function applyPricing(db: Database, projectId: string, file: PricingFile): Promise<ApplyResult> {
+export async function applyPricing(
+  db: Database,
+  projectId: string,
+  file: PricingFile,
+  opts: { managedBy?: string } = {},
+): Promise<ApplyResult> {
   return db.transaction().execute(async (tx) => {
     const project = await lockProject(tx, projectId);
+    assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, opts.managedBy);
+    const writeLimits = !opts.managedBy && (file.limits !== undefined || !project.limits_managed_by);
+    if (writeLimits) assertWritable(`The limits of ${projectId}`, project.limits_managed_by, undefined);
     if (project.currency !== file.currency) {
       throw badRequest(
         `the file's currency ${file.currency} differs from the project's currency ${project.currency}`,
         'currency',
       );
     }
-    return applyIn(tx, projectId, file);
+    const result = await applyIn(tx, projectId, file, writeLimits);
+    if (opts.managedBy)
+      await tx
+        .updateTable('projects')
+        .set({ pricing_managed_by: opts.managedBy })
+        .where('id', '=', projectId)
+        .execute();
+    return result;
   });
 }
 
@@ -81,10 +103,11 @@ function pricingSummary(p: Pricing): string {
 }
 
 /**
- * A partial edit of the pricing: `edit` gets the whole current document (every model with its routes,
- * and the limits) and returns the models it should hold; the limits and everything else it does not
- * change stay. Read and write happen in one transaction under the project's row lock, so two edits at
- * once cannot drop each other's change. An edit that leaves no model deletes them all (limits kept).
+ * A partial edit of the pricing (one model's price, a deleted model): `edit` gets the whole current
+ * document (every model with its routes, and the limits) and returns the models it should hold; the
+ * limits and everything else it does not change stay. Read and write happen in one transaction under
+ * the project's row lock, so two edits at once cannot drop each other's change. An edit that leaves no
+ * model deletes them all (limits kept). A pricing a PriceList resource manages is not edited here (409).
  */
 export async function editPricing(
   db: Database,
@@ -93,6 +116,7 @@ export async function editPricing(
 ): Promise<ApplyResult> {
   return db.transaction().execute(async (tx) => {
     const project = await lockProject(tx, projectId);
+    assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, undefined);
     const rows = await tx
       .selectFrom('models')
       .selectAll()
@@ -107,14 +131,15 @@ export async function editPricing(
       return { created: [], updated: [], deleted: rows.map((r) => r.id) };
     }
     const file = parseInput(pricingFileSchema, { currency: project.currency, models, ...limits }, 'pricing');
-    return applyIn(tx, projectId, file);
+    // the limits come back as they were: written only where nothing else manages them
+    return applyIn(tx, projectId, file, !project.limits_managed_by);
   });
 }
 
 async function lockProject(tx: Transaction<DB>, projectId: string) {
   const project = await tx
     .selectFrom('projects')
-    .select(['currency', 'limits'])
+    .select(['currency', 'limits', 'pricing_managed_by', 'limits_managed_by'])
     .where('id', '=', projectId)
     .forUpdate()
     .executeTakeFirst();
@@ -122,7 +147,13 @@ async function lockProject(tx: Transaction<DB>, projectId: string) {
   return project;
 }
 
-async function applyIn(tx: Transaction<DB>, projectId: string, file: PricingFile): Promise<ApplyResult> {
+/** Writes the file's models (and its limits when `writeLimits`) and deletes the models it does not name. */
+async function applyIn(
+  tx: Transaction<DB>,
+  projectId: string,
+  file: PricingFile,
+  writeLimits: boolean,
+): Promise<ApplyResult> {
   const existing = new Set(
     (await tx.selectFrom('models').select('id').where('project_id', '=', projectId).execute()).map(
       (r) => r.id,
@@ -147,14 +178,69 @@ async function applyIn(tx: Transaction<DB>, projectId: string, file: PricingFile
     existing.delete(model.id);
   }
   // Limits (src/limits) come with the pricing file; a file without them removes them.
-  await tx
-    .updateTable('projects')
-    .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
-    .where('id', '=', projectId)
-    .execute();
+  if (writeLimits)
+    await tx
+      .updateTable('projects')
+      .set({ limits: file.limits ? JSON.stringify(file.limits) : null })
+      .where('id', '=', projectId)
+      .execute();
   for (const id of existing) {
     await tx.deleteFrom('models').where('project_id', '=', projectId).where('id', '=', id).execute();
     result.deleted.push(id);
   }
   return result;
+}
+
+/** Deletes every model of the project (the dashboard's last model; a deleted PriceList). */
+export async function deleteAllModels(
+  db: Database,
+  projectId: string,
+  opts: { managedBy?: string } = {},
+): Promise<void> {
+  await db.transaction().execute(async (tx) => {
+    const project = await tx
+      .selectFrom('projects')
+      .select('pricing_managed_by')
+      .where('id', '=', projectId)
+      .forUpdate()
+      .executeTakeFirst();
+    assertWritable(`The pricing of ${projectId}`, project?.pricing_managed_by, opts.managedBy);
+    await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
+    if (opts.managedBy)
+      await tx
+        .updateTable('projects')
+        .set({ pricing_managed_by: null })
+        .where('id', '=', projectId)
+        .execute();
+  });
+}
+
+/**
+ * Sets the project's limits (the same shape as the pricing file's `limits`); `null` removes them. With
+ * `managedBy` (a LimitPolicy) the limits become that resource's; `release` hands them back.
+ */
+export async function setProjectLimits(
+  db: Database,
+  projectId: string,
+  limits: ProjectLimits | null,
+  opts: { managedBy?: string; release?: boolean } = {},
+): Promise<void> {
+  await db.transaction().execute(async (tx) => {
+    const project = await tx
+      .selectFrom('projects')
+      .select('limits_managed_by')
+      .where('id', '=', projectId)
+      .forUpdate()
+      .executeTakeFirst();
+    if (!project) throw badRequest(`no project ${projectId}`, 'project');
+    assertWritable(`The limits of ${projectId}`, project.limits_managed_by, opts.managedBy);
+    await tx
+      .updateTable('projects')
+      .set({
+        limits: limits ? JSON.stringify(limits) : null,
+        ...(opts.managedBy ? { limits_managed_by: opts.release ? null : opts.managedBy } : {}),
+      })
+      .where('id', '=', projectId)
+      .execute();
+  });
 }

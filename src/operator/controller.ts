@@ -163,6 +163,14 @@ export class Controller {
     return undefined;
   }
 
+  /** A Project resource changed: reconcile the subscriptions naming it (`spec.projectRef`). */
+  enqueueProjectRef(namespace: string | undefined, name: string): void {
+    for (const informer of this.#resources)
+      for (const resource of informer.list())
+        if (resource.metadata.namespace === namespace && resource.spec?.projectRef?.name === name)
+          this.#queue.add(keyOf(resource));
+  }
+
   #enqueuePaywall(paywallId: string): void {
     for (const informer of this.#resources)
       for (const resource of informer.list())

@@ -4,6 +4,7 @@ import type { AppContext } from '../app/context.ts';
 import { createContext } from '../app/context.ts';
 import type { Config } from '../config/index.ts';
 import { pendingMigrations, ping } from '../db/index.ts';
+import { findProjectByManager } from '../projects/service.ts';
 import { subscriptionsChangedChannel } from '../webhooks/filter.ts';
 import {
   createSubscription,
@@ -15,6 +16,8 @@ import {
 import { type DeliveryWorker, startDeliveryWorker } from '../webhooks/worker/index.ts';
 import { Controller } from './controller.ts';
 import type { SubscriptionStore } from './reconciler.ts';
+import { managedByOf, ResourcesController } from './resources/framework.ts';
+import { RESOURCE_HANDLERS } from './resources/kinds.ts';
 import { type KubeClients, loadKubeConfig, makeClients } from './runtime/kube.ts';
 import { LeaderElector } from './runtime/leader-election.ts';
 import { startHealthServer } from './server.ts';
@@ -30,6 +33,8 @@ export function subscriptionStore(ctx: AppContext): SubscriptionStore {
     update: (projectId, id, input, opts) => updateSubscription(ctx, projectId, id, input, opts),
     setActive: (projectId, id, active, opts) => setSubscriptionActive(ctx, projectId, id, active, opts),
     validate: (input) => validateSubscriptionInput(ctx, input),
+    resolveProject: async (namespace, name) =>
+      (await findProjectByManager(ctx.db, managedByOf('Project', namespace, name)))?.id,
   };
 }
 
@@ -60,7 +65,8 @@ export function leaseNamespace(config: Config): string {
 }
 
 /**
- * Campaigns for the lease; while leader, runs the WebhookSubscription controller and the delivery
+ * Campaigns for the lease; while leader, runs the WebhookSubscription controller, the controller of the
+ * deployment's resources (Project, ApiKey, ModelProvider, PriceList, LimitPolicy) and the delivery
  * worker, and stops both the moment leadership is lost.
  */
 export function startOperator(ctx: AppContext, options: OperatorOptions): RunningOperator {
@@ -68,6 +74,7 @@ export function startOperator(ctx: AppContext, options: OperatorOptions): Runnin
   const identity = options.identity ?? config.POD_NAME ?? hostname();
   const startWorker = options.startWorker ?? ((c: AppContext) => startDeliveryWorker(c));
   let controller: Controller | undefined;
+  let resources: ResourcesController | undefined;
   let worker: DeliveryWorker | undefined;
   // Leadership changes are applied one after the other, in order.
   let transitions: Promise<void> = Promise.resolve();
@@ -81,8 +88,9 @@ export function startOperator(ctx: AppContext, options: OperatorOptions): Runnin
   const stopLeading = (graceMs: number) =>
     serially(async () => {
       ctx.metrics.leader.set(0);
-      const running = [controller?.stop(), worker?.stop(graceMs)];
+      const running = [controller?.stop(), resources?.stop(), worker?.stop(graceMs)];
       controller = undefined;
+      resources = undefined;
       worker = undefined;
       await Promise.allSettled(running);
     });
@@ -113,6 +121,19 @@ export function startOperator(ctx: AppContext, options: OperatorOptions): Runnin
         });
         const starting = controller;
         starting.start().catch((err) => log.error({ err }, 'operator: controller failed to start'));
+        // Project, ApiKey, ModelProvider, PriceList, LimitPolicy (src/operator/resources).
+        resources = new ResourcesController({
+          ctx,
+          kube: options.kube,
+          handlers: RESOURCE_HANDLERS,
+          namespaces: options.namespaces,
+          identity,
+          resyncMs: config.OPERATOR_STATUS_SYNC_SECONDS * 1000,
+          onProject: (namespace, name) => starting.enqueueProjectRef(namespace, name),
+        });
+        resources
+          .start()
+          .catch((err) => log.error({ err }, 'operator: resources controller failed to start'));
       }),
     // Lost the lease: another replica may already be delivering, so stop now, without grace.
     onStoppedLeading: () => void stopLeading(0),

@@ -74,6 +74,8 @@ export interface SubscriptionStore {
   ): Promise<SubscriptionRow>;
   /** Refuses (with the service's 400) what create or update would refuse, writing nothing. */
   validate(input: DesiredInput): Promise<void>;
+  /** The id of the project a Project resource (`spec.projectRef`) manages, if it has one yet. */
+  resolveProject?(namespace: string, name: string): Promise<string | undefined>;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -91,7 +93,14 @@ export function generateSigningSecret(): string {
 }
 
 export type SpecCheck =
-  | { ok: true; paywallId: string; input: DesiredInput; active: boolean }
+  | {
+      ok: true;
+      /** The project: by id (`paywallId`), or by the name of its Project resource (`projectRef`). */
+      paywallId: string | undefined;
+      projectRef?: string;
+      input: DesiredInput;
+      active: boolean;
+    }
   | { ok: false; message: string };
 
 /**
@@ -100,8 +109,13 @@ export type SpecCheck =
  */
 export function checkSpec(spec: WebhookSubscriptionSpec | undefined): SpecCheck {
   if (!spec || typeof spec !== 'object') return { ok: false, message: 'spec is required' };
-  if (typeof spec.paywallId !== 'string' || spec.paywallId.trim() === '')
-    return { ok: false, message: 'spec.paywallId is required' };
+  const projectRef = spec.projectRef?.name;
+  if (projectRef !== undefined && spec.paywallId !== undefined)
+    return { ok: false, message: 'spec.paywallId and spec.projectRef: give one of them, not both' };
+  if (projectRef !== undefined && (typeof projectRef !== 'string' || projectRef.trim() === ''))
+    return { ok: false, message: 'spec.projectRef.name must name a Project resource' };
+  if (projectRef === undefined && (typeof spec.paywallId !== 'string' || spec.paywallId.trim() === ''))
+    return { ok: false, message: 'spec.paywallId (or spec.projectRef) is required' };
   if (typeof spec.url !== 'string' || spec.url.trim() === '')
     return { ok: false, message: 'spec.url is required' };
   if (!Array.isArray(spec.events) || spec.events.length === 0)
@@ -126,7 +140,8 @@ export function checkSpec(spec: WebhookSubscriptionSpec | undefined): SpecCheck 
   const description = (spec.description ?? '').trim().slice(0, DESCRIPTION_MAX);
   return {
     ok: true,
-    paywallId: spec.paywallId.trim(),
+    paywallId: spec.paywallId?.trim(),
+    ...(projectRef !== undefined ? { projectRef: projectRef.trim() } : {}),
     active: spec.active ?? true,
     input: {
       url: spec.url.trim(),
@@ -350,15 +365,24 @@ export class Reconciler {
     }
 
     let row: SubscriptionRow | undefined;
+    let paywallId = check.paywallId;
     try {
+      if (paywallId === undefined && check.projectRef !== undefined)
+        paywallId = await this.#d.store.resolveProject?.(namespace, check.projectRef);
       row = await this.#d.store.findByManager(managedBy);
     } catch (err) {
       return this.#fail(resource, classifyServiceError(err));
     }
-    if (row && row.paywallId !== check.paywallId)
+    if (paywallId === undefined)
+      return this.#fail(resource, {
+        reason: 'ProjectNotFound',
+        message: `Project ${namespace}/${check.projectRef} does not exist or is not Ready yet`,
+        retry: true,
+      });
+    if (row && row.paywallId !== paywallId)
       return this.#fail(resource, {
         reason: 'InvalidSpec',
-        message: `spec.paywallId cannot change (the subscription ${row.id} belongs to ${row.paywallId}); delete and re-create the resource to move it`,
+        message: `spec.${check.projectRef !== undefined ? 'projectRef' : 'paywallId'} cannot change (the subscription ${row.id} belongs to ${row.paywallId}); delete and re-create the resource to move it`,
         retry: false,
       });
 
@@ -370,7 +394,7 @@ export class Reconciler {
     try {
       if (!row) {
         row = await this.#d.store.create(
-          check.paywallId,
+          paywallId,
           { ...check.input, secret: secret.value },
           { createdBy: createdByOf(namespace, name), managedBy },
         );

@@ -3,6 +3,8 @@ import type { KubeObject } from './runtime/kube.ts';
 /** `spec` of a WebhookSubscription as the API server stores it. */
 export interface WebhookSubscriptionSpec {
   paywallId?: string;
+  /** The Project resource (same namespace) instead of the id. */
+  projectRef?: { name?: string };
   url?: string;
   events?: string[];
   description?: string;
@@ -42,6 +44,7 @@ export type ReadyReason =
   | 'SecretNotFound'
   | 'DatabaseUnavailable'
   | 'PaywallNotFound'
+  | 'ProjectNotFound'
   | 'ReconcileError'
   | 'EndpointDisabled';
 

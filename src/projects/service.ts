@@ -3,6 +3,7 @@ import { createKey } from '../auth/keys.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
+import { assertWritable } from '../core/managed.ts';
 import { amountInputSchema, currencySchema } from '../core/money.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput, storableText } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
@@ -79,20 +80,8 @@ export async function createProject(
 ): Promise<CreatedProject> {
   const parsed = parseInput(createProjectSchema, input, 'project');
   return db.transaction().execute(async (tx) => {
-    const id = newId('pw');
-    const project = await tx
-      .insertInto('projects')
-      .values({
-        id,
-        name: parsed.name,
-        currency: parsed.currency,
-        owner_user_id: parsed.ownerUserId ?? newId('acct'),
-        settings: JSON.stringify(parsed.settings),
-        upstream_base_url: parsed.upstreamUrl?.replace(/\/+$/, '') ?? null,
-        upstream_key_sealed: parsed.upstreamKey ? sealer.seal(parsed.upstreamKey) : null,
-      })
-      .returningAll()
-      .executeTakeFirstOrThrow();
+    const project = await insertProject(tx, sealer, parsed, null);
+    const id = project.id;
     // Routing (src/routing/providers.ts): the upstream is the project's provider `default`.
     if (project.upstream_base_url) {
       await tx
@@ -110,6 +99,56 @@ export async function createProject(
   });
 }
 
+async function insertProject(
+  db: Database,
+  sealer: Sealer,
+  parsed: z.output<typeof createProjectSchema>,
+  managedBy: string | null,
+): Promise<Project> {
+  return db
+    .insertInto('projects')
+    .values({
+      id: newId('pw'),
+      name: parsed.name,
+      currency: parsed.currency,
+      owner_user_id: parsed.ownerUserId ?? newId('acct'),
+      settings: JSON.stringify(parsed.settings),
+      upstream_base_url: parsed.upstreamUrl?.replace(/\/+$/, '') ?? null,
+      upstream_key_sealed: parsed.upstreamKey ? sealer.seal(parsed.upstreamKey) : null,
+      managed_by: managedBy,
+    })
+    .returningAll()
+    .executeTakeFirstOrThrow();
+}
+
+/**
+ * Creates a project declared by a resource (src/operator/resources): no first API key (its keys are
+ * resources too) and no provider (ModelProvider resources); read-only elsewhere (src/core/managed.ts).
+ */
+export async function createManagedProject(
+  db: Database,
+  sealer: Sealer,
+  input: Pick<CreateProjectInput, 'name' | 'currency' | 'ownerUserId' | 'settings'>,
+  managedBy: string,
+): Promise<Project> {
+  return insertProject(db, sealer, parseInput(createProjectSchema, input, 'project'), managedBy);
+}
+
+/** The project a resource manages, if any. */
+export async function findProjectByManager(db: Database, managedBy: string): Promise<Project | undefined> {
+  return db.selectFrom('projects').selectAll().where('managed_by', '=', managedBy).executeTakeFirst();
+}
+
+/** Hands a project back to hand editing (its resource was deleted; its balances and ledger stay). */
+export async function releaseProject(db: Database, id: string, managedBy: string): Promise<void> {
+  await db
+    .updateTable('projects')
+    .set({ managed_by: null, updated_at: new Date() })
+    .where('id', '=', id)
+    .where('managed_by', '=', managedBy)
+    .execute();
+}
+
 export async function getProject(db: Database, id: string): Promise<Project> {
   const project = await db.selectFrom('projects').selectAll().where('id', '=', id).executeTakeFirst();
   if (!project) throw notFound(`No project ${id}.`, 'project_not_found');
@@ -124,15 +163,29 @@ export const updateProjectSchema = z.strictObject({
 });
 export type UpdateProjectInput = z.input<typeof updateProjectSchema>;
 
-/** Updates name, provider and settings (settings are merged key by key). */
+/**
+ * Updates name, provider and settings (settings are merged key by key; `replaceSettings`, for a resource
+ * declaring them all, replaces them). A project a resource manages is written only by that resource.
+ */
 export async function updateProject(
   db: Database,
   sealer: Sealer,
   id: string,
   input: UpdateProjectInput,
+  opts: { managedBy?: string; replaceSettings?: boolean } = {},
 ): Promise<Project> {
   const parsed = parseInput(updateProjectSchema, input, 'project');
   const current = await getProject(db, id);
+  assertWritable(`Project ${id}`, current.managed_by, opts.managedBy);
+  if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined) {
+    const provider = await db
+      .selectFrom('providers')
+      .select('managed_by')
+      .where('project_id', '=', id)
+      .where('name', '=', 'default')
+      .executeTakeFirst();
+    assertWritable(`The provider default of ${id}`, provider?.managed_by, opts.managedBy);
+  }
   const updated = await db
     .updateTable('projects')
     .set({
@@ -143,7 +196,14 @@ export async function updateProject(
       ...(parsed.upstreamKey !== undefined
         ? { upstream_key_sealed: parsed.upstreamKey === null ? null : sealer.seal(parsed.upstreamKey) }
         : {}),
-      ...(parsed.settings ? { settings: JSON.stringify({ ...current.settings, ...parsed.settings }) } : {}),
+      ...(parsed.settings
+        ? {
+            settings: JSON.stringify(
+              opts.replaceSettings ? parsed.settings : { ...current.settings, ...parsed.settings },
+            ),
+          }
+        : {}),
+      ...(opts.managedBy ? { managed_by: opts.managedBy } : {}),
       updated_at: new Date(),
     })
     .where('id', '=', id)

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
+import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { ProviderKind } from '../db/schema.ts';
@@ -63,8 +64,10 @@ export async function upsertProvider(
   sealer: Sealer,
   projectId: string,
   input: ProviderInput,
+  opts: { managedBy?: string } = {},
 ): Promise<ProviderView> {
   const parsed = parseInput(providerInputSchema, input, 'provider');
+  await assertProviderWritable(db, projectId, parsed.name, opts.managedBy);
   const project = await db
     .selectFrom('projects')
     .select(['id', 'upstream_key_sealed'])
@@ -90,6 +93,7 @@ export async function upsertProvider(
       ...keyColumn,
       ...kindColumn,
       ...timeouts,
+      managed_by: opts.managedBy ?? null,
     })
     .onConflict((oc) =>
       oc.columns(['project_id', 'name']).doUpdateSet({
@@ -97,6 +101,7 @@ export async function upsertProvider(
         ...keyColumn,
         ...kindColumn,
         ...timeouts,
+        ...(opts.managedBy ? { managed_by: opts.managedBy } : {}),
         updated_at: new Date(),
       }),
     )
@@ -127,7 +132,13 @@ export async function listProviders(db: Database, projectId: string): Promise<Pr
 }
 
 /** Removes a provider; returns false when there was none of that name. */
-export async function removeProvider(db: Database, projectId: string, name: string): Promise<boolean> {
+export async function removeProvider(
+  db: Database,
+  projectId: string,
+  name: string,
+  opts: { managedBy?: string } = {},
+): Promise<boolean> {
+  await assertProviderWritable(db, projectId, name, opts.managedBy);
   const deleted = await db
     .deleteFrom('providers')
     .where('project_id', '=', projectId)
@@ -141,6 +152,22 @@ export async function removeProvider(db: Database, projectId: string, name: stri
       .execute();
   }
   return Number(deleted.numDeletedRows) > 0;
+}
+
+/** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts). */
+async function assertProviderWritable(
+  db: Database,
+  projectId: string,
+  name: string,
+  writer: string | undefined,
+): Promise<void> {
+  const row = await db
+    .selectFrom('providers')
+    .select('managed_by')
+    .where('project_id', '=', projectId)
+    .where('name', '=', name)
+    .executeTakeFirst();
+  assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
 }
 
 /** The providers of a project with their keys unsealed (the project directory caches them). */

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import {
   ApiextensionsV1Api,
@@ -11,6 +11,7 @@ import {
   setHeaderOptions,
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
+import { evaluate as evaluateCel } from '@marcbachmann/cel-js';
 import { parse as parseYaml } from 'yaml';
 
 /**
@@ -26,7 +27,9 @@ import { parse as parseYaml } from 'yaml';
  * - custom resources with a status subresource: writes to the resource ignore `status`, writes to
  *   `/status` change only `status`; `metadata.generation` starts at 1 and moves when anything but
  *   metadata and status changes; the CRD's OpenAPI schema is applied (defaults, pruning of unknown fields,
- *   type/required/pattern/length/count checks → 422 Invalid; CEL rules are not evaluated);
+ *   type/required/pattern/length/count checks → 422 Invalid; with `cel: true`, the
+ *   `x-kubernetes-validations` rules too, by a real CEL evaluator (@marcbachmann/cel-js), transition rules
+ *   (`oldSelf`) on updates only — without Kubernetes' CEL extension libraries beyond what it implements);
  * - finalizers: DELETE of an object with finalizers sets `deletionTimestamp`; the object goes when the
  *   last finalizer is removed; deleting an object removes the objects it owns (garbage collection);
  * - Secrets (`stringData` folded into base64 `data`), Events, coordination.k8s.io/v1 Leases.
@@ -79,6 +82,7 @@ interface Schema {
   nullable?: boolean;
   'x-kubernetes-list-type'?: string;
   'x-kubernetes-preserve-unknown-fields'?: boolean;
+  'x-kubernetes-validations'?: Array<{ rule: string; message?: string; fieldPath?: string }>;
 }
 
 export interface RecordedRequest {
@@ -137,8 +141,10 @@ export class FakeKubeApiServer {
   #server: Server | undefined;
   readonly requests: RecordedRequest[] = [];
   url = '';
+  readonly #cel: boolean;
 
-  constructor(options: { crdFiles?: string[] } = {}) {
+  constructor(options: { crdFiles?: string[]; cel?: boolean } = {}) {
+    this.#cel = options.cel ?? false;
     this.#register({
       group: '',
       version: 'v1',
@@ -529,7 +535,7 @@ export class FakeKubeApiServer {
     if (type.custom) {
       meta.generation = 1;
       if (type.statusSubresource) delete object.status;
-      this.#admit(type, object);
+      this.#admit(type, object, undefined);
     }
     if (type.plural === 'secrets') foldStringData(object);
     if (type.plural === 'leases') checkLease(object);
@@ -605,7 +611,7 @@ export class FakeKubeApiServer {
       if (type.plural === 'leases') checkLease(updated);
     }
     if (type.custom) {
-      this.#admit(type, updated);
+      this.#admit(type, updated, sub === 'status' ? undefined : current);
       if (specOf(updated) !== specOf(current))
         updated.metadata.generation = (current.metadata.generation ?? 1) + 1;
     }
@@ -655,7 +661,7 @@ export class FakeKubeApiServer {
   }
 
   /** Defaults, prunes and validates a custom resource against its schema (422 on violations). */
-  #admit(type: ResourceType, object: KubeObject): void {
+  #admit(type: ResourceType, object: KubeObject, old: KubeObject | undefined): void {
     if (!type.schema) return;
     const errors: string[] = [];
     for (const [field, schema] of Object.entries(type.schema.properties ?? {})) {
@@ -664,6 +670,7 @@ export class FakeKubeApiServer {
       object[field] = applyDefaults(schema, object[field]);
       object[field] = prune(schema, object[field]);
       validate(schema, object[field], field, errors);
+      if (this.#cel && !errors.length) validateCel(schema, object[field], old?.[field], field, errors);
     }
     for (const field of type.schema.required ?? [])
       if (object[field] === undefined) errors.push(`${field}: Required value`);
@@ -941,6 +948,44 @@ function validate(schema: Schema, value: unknown, path: string, errors: string[]
   }
 }
 
+/**
+ * Evaluates the CEL rules (`x-kubernetes-validations`) of a schema and its children: `self` is the value,
+ * `oldSelf` the value before an update (rules using it are skipped on create, as the API server does).
+ */
+function validateCel(schema: Schema, value: unknown, old: unknown, path: string, errors: string[]): void {
+  if (value === undefined) return;
+  for (const { rule, message, fieldPath } of schema['x-kubernetes-validations'] ?? []) {
+    if (/\boldSelf\b/.test(rule) && old === undefined) continue;
+    let ok: unknown;
+    try {
+      ok = evaluateCel(rule, { self: value, ...(old !== undefined ? { oldSelf: old } : {}) });
+    } catch (err) {
+      errors.push(`${path}: Invalid value: rule "${rule}" could not be evaluated: ${(err as Error).message}`);
+      continue;
+    }
+    if (ok !== true)
+      errors.push(`${path}${fieldPath ?? ''}: Invalid value: ${message ?? `failed rule: ${rule}`}`);
+  }
+  if (Array.isArray(value) && schema.items) {
+    const keys = (schema as { 'x-kubernetes-list-map-keys'?: string[] })['x-kubernetes-list-map-keys'];
+    value.forEach((v, i) => {
+      // Items of a map list are matched to their old selves by key; others have none.
+      const before =
+        keys && Array.isArray(old)
+          ? old.find((o) =>
+              keys.every((k) => (o as Record<string, unknown>)?.[k] === (v as Record<string, unknown>)?.[k]),
+            )
+          : undefined;
+      validateCel(schema.items!, v, before, `${path}[${i}]`, errors);
+    });
+  } else if (value && typeof value === 'object' && schema.properties) {
+    const object = value as Record<string, unknown>;
+    const before = old && typeof old === 'object' ? (old as Record<string, unknown>) : undefined;
+    for (const [field, sub] of Object.entries(schema.properties))
+      validateCel(sub, object[field], before?.[field], `${path}.${field}`, errors);
+  }
+}
+
 // ---- test targets ----------------------------------------------------------------------------------
 
 export const CRD_FILE = new URL('../../crds/webhooksubscriptions.tollgate.dev.yaml', import.meta.url)
@@ -966,10 +1011,19 @@ export interface KubeTarget {
 
 export const realCluster = Boolean(process.env.KUBECONFIG);
 
-export async function kubeTarget(name: string): Promise<KubeTarget> {
+/** Every CRD of crds/ (the deployment's kinds besides WebhookSubscription). */
+export const ALL_CRD_FILES = readdirSync(new URL('../../crds/', import.meta.url).pathname)
+  .filter((f) => f.endsWith('.yaml'))
+  .map((f) => new URL(`../../crds/${f}`, import.meta.url).pathname);
+
+export async function kubeTarget(
+  name: string,
+  options: { crdFiles?: string[]; cel?: boolean } = {},
+): Promise<KubeTarget> {
   const namespace = `${name}-${randomUUID().slice(0, 6)}`;
+  const crdFiles = options.crdFiles ?? [CRD_FILE];
   if (!realCluster) {
-    const fake = new FakeKubeApiServer({ crdFiles: [CRD_FILE] });
+    const fake = new FakeKubeApiServer({ crdFiles, ...(options.cel ? { cel: true } : {}) });
     const url = await fake.start();
     const kubeConfig = new KubeConfig();
     kubeConfig.loadFromOptions({
@@ -989,7 +1043,7 @@ export async function kubeTarget(name: string): Promise<KubeTarget> {
   const kubeConfig = new KubeConfig();
   kubeConfig.loadFromDefault();
   const core = kubeConfig.makeApiClient(CoreV1Api);
-  await installCrd(kubeConfig);
+  for (const file of crdFiles) await installCrd(kubeConfig, file);
   await core.createNamespace({ body: { metadata: { name: namespace } } });
   return {
     kubeConfig,
@@ -1004,33 +1058,42 @@ export async function kubeTarget(name: string): Promise<KubeTarget> {
 }
 
 /**
- * Takes the operator's finalizer off every WebhookSubscription left in the namespace. The operator under
+ * Takes the operator's finalizers off every tollgate.dev resource left in the namespace. The operator under
  * test may have stopped before the resource was deleted: without this the namespace stays Terminating.
  */
 export async function releaseFinalizers(kubeConfig: KubeConfig, namespace: string): Promise<void> {
   const custom = kubeConfig.makeApiClient(CustomObjectsApi);
-  const ref = { group: 'tollgate.dev', version: 'v1alpha1', namespace, plural: 'webhooksubscriptions' };
-  const list = (await custom.listNamespacedCustomObject(ref).catch(() => ({ items: [] }))) as {
-    items: Array<{ metadata: { name: string; finalizers?: string[] } }>;
-  };
-  await Promise.all(
-    list.items
-      .filter((o) => o.metadata.finalizers?.length)
-      .map((o) =>
-        custom
-          .patchNamespacedCustomObject(
-            { ...ref, name: o.metadata.name, body: { metadata: { finalizers: null } } },
-            setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
-          )
-          .catch(() => {}),
-      ),
-  );
+  for (const plural of [
+    'webhooksubscriptions',
+    'projects',
+    'apikeys',
+    'modelproviders',
+    'pricelists',
+    'limitpolicies',
+  ]) {
+    const ref = { group: 'tollgate.dev', version: 'v1alpha1', namespace, plural };
+    const list = (await custom.listNamespacedCustomObject(ref).catch(() => ({ items: [] }))) as {
+      items: Array<{ metadata: { name: string; finalizers?: string[] } }>;
+    };
+    await Promise.all(
+      list.items
+        .filter((o) => o.metadata.finalizers?.length)
+        .map((o) =>
+          custom
+            .patchNamespacedCustomObject(
+              { ...ref, name: o.metadata.name, body: { metadata: { finalizers: null } } },
+              setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+            )
+            .catch(() => {}),
+        ),
+    );
+  }
 }
 
-async function installCrd(kubeConfig: KubeConfig): Promise<void> {
+async function installCrd(kubeConfig: KubeConfig, file = CRD_FILE): Promise<void> {
   const api = kubeConfig.makeApiClient(ApiextensionsV1Api);
   // Typed, so that fields such as x-kubernetes-validations survive the client's serializer.
-  const crd = loadYaml<V1CustomResourceDefinition>(readFileSync(CRD_FILE, 'utf8'));
+  const crd = loadYaml<V1CustomResourceDefinition>(readFileSync(file, 'utf8'));
   const name = crd.metadata!.name!;
   try {
     await api.readCustomResourceDefinition({ name });

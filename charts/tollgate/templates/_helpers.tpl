@@ -226,21 +226,22 @@ checksum/secret: {{ include "tollgate.secretData" . | sha256sum }}
 
 {{/* The operator's rules where it watches WebhookSubscriptions (a Role per namespace, or a ClusterRole). */}}
 {{- define "tollgate.operatorWatchRules" -}}
-# The informer, and the finalizer (a merge patch).
+# The informers, and the finalizers (a merge patch): WebhookSubscriptions and the deployment's resources.
 - apiGroups: ["tollgate.dev"]
-  resources: ["webhooksubscriptions"]
+  resources: ["webhooksubscriptions", "projects", "apikeys", "modelproviders", "pricelists", "limitpolicies"]
   verbs: ["list", "watch", "patch"]
 - apiGroups: ["tollgate.dev"]
-  resources: ["webhooksubscriptions/status"]
+  resources: ["webhooksubscriptions/status", "projects/status", "apikeys/status", "modelproviders/status", "pricelists/status", "limitpolicies/status"]
   verbs: ["patch"]
-# Owner references with blockOwnerDeletion on the generated Secrets.
+# Owner references with blockOwnerDeletion on the Secrets it generates (signing secrets, API keys).
 - apiGroups: ["tollgate.dev"]
-  resources: ["webhooksubscriptions/finalizers"]
+  resources: ["webhooksubscriptions/finalizers", "apikeys/finalizers"]
   verbs: ["update"]
-# Signing secrets it reads (secretRef, rotations) or generates.
+# Secrets it reads (signing secrets, provider keys) or writes (generated signing secrets, API keys: update
+# when a key is re-issued), only in the watched namespaces.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create", "update"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -12,6 +12,7 @@ import * as admin from './0010_admin.ts';
 import * as exactCharges from './0011_exact_charges.ts';
 import * as messages from './0015_messages.ts';
 import * as holdMargin from './0016_hold_margin.ts';
+import * as managedBy from './0017_managed_by.ts';
 import * as creditGrants from './0018_credit_grants.ts';
 
 /**
@@ -32,5 +33,6 @@ export const migrations: Record<string, Migration> = {
   '0011_exact_charges': exactCharges,
   '0015_messages': messages,
   '0016_hold_margin': holdMargin,
+  '0017_managed_by': managedBy,
   '0018_credit_grants': creditGrants,
 };
