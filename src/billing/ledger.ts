@@ -234,3 +234,70 @@ export async function refusal(
   if (!wallet?.connected) return { ok: false, reason: 'not_connected', wallet };
   return { ok: false, reason: 'insufficient_balance', wallet, required: formatAmount(required) };
 }
+
+export interface ReverseInput {
+  project: LedgerProject;
+  externalId: string;
+  /** What the provider took back (a refund or a dispute). */
+  amount: string;
+  source: string;
+  trigger: Trigger;
+  metadata?: Record<string, unknown> | undefined;
+  description?: string | undefined;
+}
+
+export interface ReverseResult {
+  /** What the wallet gave back: the amount, or the available balance when that is less. */
+  debited: string;
+  /** The rest, which the balance could not cover (the no-overspend rule keeps balance ≥ held). */
+  uncollected: string;
+  entry: LedgerEntry | undefined;
+  wallet: WalletState | undefined;
+  event: EventEnvelope | undefined;
+}
+
+/**
+ * Takes back money a provider returned to the payer (refund, dispute), connected or not, as a `charge`
+ * entry. Until negative balances ("debt") exist, at most the available balance is debited and the rest
+ * is reported as uncollected, for the caller to record.
+ */
+export async function reverse(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  input: ReverseInput,
+): Promise<ReverseResult> {
+  const wanted = new Money(input.amount);
+  const current = await tx
+    .selectFrom('end_users')
+    .select(['id', 'balance', 'held'])
+    .where('project_id', '=', input.project.id)
+    .where('external_id', '=', input.externalId)
+    .forUpdate()
+    .executeTakeFirst();
+  const available = current ? Money.max(new Money(current.balance).minus(current.held), 0) : new Money(0);
+  const debit = Money.min(wanted, available);
+  const uncollected = formatAmount(wanted.minus(debit));
+  if (!current || debit.lte(0))
+    return { debited: '0', uncollected, entry: undefined, wallet: undefined, event: undefined };
+  const amount = formatAmount(debit);
+  const user = await tx
+    .updateTable('end_users')
+    .set({ balance: sql`balance - ${amount}::numeric`, updated_at: sql`now()` })
+    .where('id', '=', current.id)
+    .returning(['id', 'external_id', 'connected', 'balance', 'held'])
+    .executeTakeFirstOrThrow();
+  const entry = await writeEntry(tx, input, user, 'charge', formatAmount(debit.neg()));
+  const wallet = walletOf(user);
+  const event = await events.record(tx, {
+    project: input.project,
+    type: 'balance.charge.created',
+    trigger: input.trigger,
+    subject: { type: 'user', id: user.id, externalId: user.external_id },
+    data: {
+      ...moneyEventData(input.project, wallet, amount, input.source, entry.id),
+      balance: wallet.balance,
+    },
+    metadata: input.metadata,
+  });
+  return { debited: amount, uncollected, entry, wallet, event };
+}

@@ -18,7 +18,10 @@ import {
   type LedgerProject,
   moneyEventData,
   type PaywallRefusal,
+  type ReverseInput,
+  type ReverseResult,
   refusal,
+  reverse,
   type Trigger,
   type WalletState,
   walletOf,
@@ -249,6 +252,26 @@ export class BillingService {
               source: input.source,
             },
             Number(input.amount),
+          );
+        });
+      }
+      return result;
+    });
+  }
+
+  /**
+   * Takes back what a payment provider returned to the payer (a refund or a dispute), at most the
+   * available balance (see `reverse` in ledger.ts); in `within` when given.
+   */
+  async reverse(input: ReverseInput, within?: Transaction<DB>): Promise<ReverseResult> {
+    return this.#moving(within, async (tx, after) => {
+      const result = await reverse(tx, this.#events, input);
+      if (result.entry) {
+        after(() => {
+          if (result.event) this.#events.wake();
+          this.#metrics.charged.inc(
+            { project: input.project.id, model: '', currency: input.project.currency, source: input.source },
+            Number(result.debited),
           );
         });
       }

@@ -86,6 +86,7 @@ export const configSchema = z.object({
     .min(24, { message: 'must be at least 24 characters (generate one with `openssl rand -hex 32`)' })
     .optional(),
   TOLLGATE_URL: url(['http:', 'https:']).optional(),
+  STRIPE_API_URL: url(['http:', 'https:']).optional(),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -158,6 +159,8 @@ export const configDocs: Record<keyof Config, string> = {
     'Full-access bearer token of the admin API (`/admin/v1`), the first admin token; more are created and revoked over the API. `dev` generates one in `TOLLGATE_DATA_DIR`. Unset: only developer sessions and created tokens.',
   TOLLGATE_URL:
     'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
+  STRIPE_API_URL:
+    'Tests and stand-ins only: the address of a Stripe API stand-in (e.g. `http://127.0.0.1:12111`) that the `stripe` library calls instead of Stripe. Unset in production.',
 };
 
 export class ConfigError extends Error {

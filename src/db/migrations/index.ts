@@ -9,6 +9,7 @@ import * as metering from './0007_metering.ts';
 import * as webhooksProduction from './0008_webhooks_production.ts';
 import * as routingLimits from './0009_routing_limits.ts';
 import * as admin from './0010_admin.ts';
+import * as payments from './0014_payments.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -25,4 +26,5 @@ export const migrations: Record<string, Migration> = {
   '0008_webhooks_production': webhooksProduction,
   '0009_routing_limits': routingLimits,
   '0010_admin': admin,
+  '0014_payments': payments,
 };
