@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
@@ -11,6 +13,7 @@ import { type StripeStandIn, startStripeStandIn } from './helpers/stripe-stand-i
  * of Stripe's API (STRIPE_API_URL): connecting a project, the hosted checkout behind the top-up link,
  * webhooks credited exactly once, refunds and disputes, the portal, and the paywall end to end.
  */
+const execFileAsync = promisify(execFile);
 const ROOT = 'root-admin-token-for-payments-tests-0123456789';
 const KEY = 'sk_test_standin_4242424242';
 let stand: StripeStandIn;
@@ -125,6 +128,40 @@ describe('connecting Stripe', () => {
     expect(pasted.webhook).toMatchObject({ managed: false, endpointId: null });
     expect(stand.endpoints.size).toBe(before);
     await admin('DELETE', `/projects/${projectId}/payments`);
+  });
+});
+
+describe('the CLI', () => {
+  it('payments connect | show | disconnect over the admin API, the key never printed', async () => {
+    const { projectId } = await seedProject(f.ctx, { name: 'CLI payments' });
+    const env = {
+      ...process.env,
+      TOLLGATE_URL: f.server.url,
+      TOLLGATE_ADMIN_TOKEN: ROOT,
+      DATABASE_URL: '',
+      TOLLGATE_ENCRYPTION_KEY: '',
+      LOG_LEVEL: 'silent',
+    };
+    const cli = (...args: string[]) =>
+      execFileAsync(process.execPath, ['cmd/tollgate.ts', 'payments', ...args, '--project', projectId], {
+        env,
+        timeout: 30_000,
+      });
+    const connected = await cli('connect', '--stripe-key', KEY, '--presets', '5,10', '--minimum', '5');
+    expect(connected.stdout).toContain('stripe connected');
+    expect(connected.stdout).toContain('sk_test_…4242');
+    expect(connected.stdout).not.toContain(KEY);
+    const shown = await cli('show', '--json');
+    expect(JSON.parse(shown.stdout)).toMatchObject({
+      connected: true,
+      settings: { presets: ['5.00', '10.00'], minimum: '5.00' },
+    });
+    expect(shown.stdout).not.toContain(KEY);
+    const endpointId = JSON.parse(shown.stdout).webhook.endpointId;
+    expect(stand.endpoints.has(endpointId)).toBe(true);
+    const gone = await cli('disconnect');
+    expect(gone.stdout).toContain('webhook endpoint deleted');
+    expect(stand.endpoints.has(endpointId)).toBe(false);
   });
 });
 
