@@ -165,6 +165,43 @@ describe('the CLI', () => {
   });
 });
 
+describe('the dashboard', () => {
+  it('connects Stripe from the Payments page and lists top-ups with a Refund button', async () => {
+    const signUp = await api(f.server, undefined, 'POST', '/admin/v1/developers', {
+      email: `pay-${Date.now()}@example.com`,
+      password: 'correct horse battery staple',
+    });
+    const token = signUp.body.session.token as string;
+    const created = await api(f.server, token, 'POST', '/admin/v1/projects', { name: 'Dash shop' });
+    const projectId = created.body.project.id as string;
+    const cookie = `tollgate_session=${encodeURIComponent(token)}`;
+    const url = `${f.server.url}/dashboard/projects/${projectId}/payments`;
+    const page = await fetch(url, { headers: { cookie } });
+    const html = await page.text();
+    expect(page.status).toBe(200);
+    expect(html).toContain('Connect Stripe');
+    const csrf = /name="csrf" value="([^"]+)"/.exec(html)![1]!;
+    const posted = await fetch(url, {
+      method: 'POST',
+      redirect: 'manual',
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({
+        csrf,
+        stripeKey: KEY,
+        presets: '5, 10',
+        minimum: '5',
+        maximum: '50',
+      }).toString(),
+    });
+    expect(posted.status).toBe(303);
+    expect(decodeURIComponent(posted.headers.get('location')!)).toContain('Stripe connected');
+    const after = await (await fetch(url, { headers: { cookie } })).text();
+    expect(after).toContain('sk_test_…4242');
+    expect(after).not.toContain(KEY);
+    expect(after).toContain(`/payments/stripe/${projectId}/webhook`);
+  });
+});
+
 describe('checkout from the top-up link', () => {
   it('renders the hosted page and answers 303 to a Checkout Session in minor units (usd)', async () => {
     const { projectId, apiKey } = await seedProject(f.ctx, { name: 'Shop USD' });

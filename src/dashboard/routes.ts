@@ -52,6 +52,7 @@ import { listDeliveryLogs, retryDelivery } from '../webhooks/logs.ts';
 import { createSubscription, listSubscriptions, setSubscriptionActive } from '../webhooks/subscriptions.ts';
 import { barChart, lastDays } from './charts.ts';
 import { html, layout, type Raw, raw, sendHtml } from './html.ts';
+import { paymentDashboardRoutes } from './payments.ts';
 
 /**
  * The developer dashboard at `/dashboard`: server-rendered HTML forms over the admin service
@@ -135,6 +136,7 @@ function projectNav(project: { id: string; name: string }, current: string): Raw
     ['Pricing', `${base}/pricing`],
     ['Users', `${base}/users`],
     ['Webhooks', `${base}/webhooks`],
+    ['Payments', `${base}/payments`],
   ];
   return html`<p class="muted"><a href="/dashboard">Projects</a> / ${project.name} <code>${project.id}</code></p>
 <nav aria-label="Project" class="row" style="gap:1rem;margin-bottom:1rem">${items.map(
@@ -527,6 +529,8 @@ ${snippets(base, key, model)}
   }
 
   // ---- one project ----
+
+  paymentDashboardRoutes(app, { session, page, action, nav: projectNav, csrfField }); // ./payments.ts
 
   const projectPath = (id: string) => `/dashboard/projects/${encodeURIComponent(id)}`;
   type P = { Params: { id: string } };
