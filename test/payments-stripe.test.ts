@@ -207,6 +207,8 @@ describe('checkout from the top-up link', () => {
     const { projectId, apiKey } = await seedProject(f.ctx, { name: 'Shop USD' });
     await connect(projectId, { settings: { presets: ['5', '10', '20'], minimum: '2', maximum: '500' } });
     const link = await topupLink(apiKey, 'alice', '7.50');
+    const asked = await api(f.server, apiKey, 'POST', '/v1/user/topup', { user: 'alice' });
+    expect(asked.body.checkout).toBe('hosted');
     const page = await fetch(link);
     const html = await page.text();
     expect(page.status).toBe(200);
@@ -367,6 +369,20 @@ describe('refunds and disputes', () => {
     ]);
     const after = await admin('GET', `/projects/${projectId}/payments/list?user=erin`);
     expect(after.body.data[0]).toMatchObject({ status: 'disputed', refunded: '15.00', disputed: '10.00' });
+  });
+
+  it('out of order: a refund delivered before its checkout’s completion credits first, then debits; the late completion moves nothing', async () => {
+    const { projectId, apiKey } = await seedProject(f.ctx, { name: 'Out of order' });
+    await connect(projectId);
+    const session = await paidSession(apiKey, 'hana', '30.00');
+    const completed = await stand.pay(session.id, { deliver: false });
+    const intent = stand.sessions.get(session.id)!.payment_intent as string;
+    await stand.refund(intent, 1000); // delivered now, before the completion
+    expect((await ledgerOf(projectId, 'hana')).balance).toBe('20');
+    await stand.deliver(completed);
+    const { balance, entries } = await ledgerOf(projectId, 'hana');
+    expect(balance).toBe('20');
+    expect(entries.map((e) => e.kind)).toEqual(['deposit', 'charge']);
   });
 
   it('a won dispute restores what it took; a reversal beyond the balance is recorded as uncollected', async () => {

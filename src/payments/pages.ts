@@ -66,7 +66,8 @@ function formProof(ctx: Ctx, token: string): string {
   return ctx.sealer.sign(`topup-form:${token}`);
 }
 
-const CHECKOUT_STYLE = raw(`<style>
+/** Page CSS beside the connect page's; a string, not raw(): ../users/pages.ts imports this module. */
+const CHECKOUT_STYLE = `<style>
 fieldset{border:0;padding:0;margin:0 0 1rem}
 .amounts{display:flex;flex-wrap:wrap;gap:.5rem;margin:.5rem 0 1rem}
 .amounts label{border:1px solid var(--muted);border-radius:8px;padding:.5rem .9rem;cursor:pointer}
@@ -77,7 +78,7 @@ dt{color:var(--muted)}dd{margin:0}
 .error{color:#c62828;font-weight:600}
 table{border-collapse:collapse;width:100%;margin:0 0 1rem;font-size:.925rem}
 th,td{text-align:left;padding:.3rem .4rem;border-bottom:1px solid rgba(127,127,127,.25)}
-</style>`);
+</style>`;
 
 async function checkoutPage(
   reply: FastifyReply,
@@ -109,7 +110,7 @@ async function checkoutPage(
     reply,
     input.status ?? 200,
     `Top up your ${project.name} balance`,
-    html`${CHECKOUT_STYLE}<h1>Top up your ${project.name} balance</h1>
+    html`${raw(CHECKOUT_STYLE)}<h1>Top up your ${project.name} balance</h1>
 ${input.notice ? html`<p class="muted">${input.notice}</p>` : raw('')}
 ${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
 <dl>
@@ -299,7 +300,7 @@ ${payment.receipt_url ? html`<p><a href="${payment.receipt_url}">Receipt</a></p>
       reply,
       200,
       `Your ${project.name} balance`,
-      html`${CHECKOUT_STYLE}<h1>Your ${project.name} balance</h1>
+      html`${raw(CHECKOUT_STYLE)}<h1>Your ${project.name} balance</h1>
 <dl>
 <dt>Account</dt><dd>${user}</dd>
 <dt>Balance</dt><dd><strong>${money(wallet?.balance ?? '0')}</strong></dd>

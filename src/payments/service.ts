@@ -110,9 +110,14 @@ async function connectionOf(ctx: Pick<PaymentsContext, 'db'>, projectId: string)
 export async function paymentsOf(ctx: PaymentsContext, projectId: string) {
   const connection = await connectionOf(ctx, projectId);
   if (!connection) return undefined;
+  let provider: PaymentProvider | undefined;
   return {
     connection,
-    provider: providerOf(ctx, ctx.sealer.open(connection.key_sealed)),
+    /** Opened on first use: a page that only asks whether payments are connected unseals nothing. */
+    get provider(): PaymentProvider {
+      provider ??= providerOf(ctx, ctx.sealer.open(connection.key_sealed));
+      return provider;
+    },
     webhookSecret: () => ctx.sealer.open(connection.webhook_secret_sealed),
   };
 }
@@ -294,17 +299,27 @@ export async function startCheckout(ctx: PaymentsContext, input: CheckoutRequest
       currency,
     })
     .execute();
-  const checkout = await payments.provider.createCheckout({
-    paymentId,
-    projectId: input.project.id,
-    externalId: input.externalId,
-    productName: `${input.project.name} balance top-up`,
-    currency,
-    amountMinor: toMinorUnits(input.amount, currency),
-    successUrl: input.successUrl(paymentId),
-    cancelUrl: input.cancelUrl,
-    idempotencyKey: `tollgate-checkout-${paymentId}`,
-  });
+  let checkout: { id: string; url: string };
+  try {
+    checkout = await payments.provider.createCheckout({
+      paymentId,
+      projectId: input.project.id,
+      externalId: input.externalId,
+      productName: `${input.project.name} balance top-up`,
+      currency,
+      amountMinor: toMinorUnits(input.amount, currency),
+      successUrl: input.successUrl(paymentId),
+      cancelUrl: input.cancelUrl,
+      idempotencyKey: `tollgate-checkout-${paymentId}`,
+    });
+  } catch (err) {
+    await ctx.db
+      .updateTable('payments')
+      .set({ status: 'failed', updated_at: sql`now()` })
+      .where('id', '=', paymentId)
+      .execute();
+    throw err;
+  }
   await ctx.db
     .updateTable('payments')
     .set({ checkout_id: checkout.id, updated_at: sql`now()` })

@@ -91,6 +91,8 @@ export class StripeProvider implements PaymentProvider {
       const endpoint = await this.#stripe.webhookEndpoints.create({
         url,
         enabled_events: [...STRIPE_EVENTS],
+        // Events in the shapes of the library's own API version, whatever the account's default is.
+        api_version: Stripe.API_VERSION as Stripe.WebhookEndpointCreateParams.ApiVersion,
         description: 'Tollgate: top-ups, refunds and disputes',
       });
       if (!endpoint.secret) throw new Error('the new webhook endpoint has no secret');
