@@ -4,6 +4,7 @@ import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
 import { connectUser } from '../src/users/service.ts';
+import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from './helpers/chat-fixture.ts';
 import { api, seedProject } from './helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from './helpers/stripe-stand-in.ts';
@@ -337,6 +338,12 @@ describe('refunds and disputes', () => {
   it('a partial refund through the admin API and a lost dispute each debit once; balance = sum of entries', async () => {
     const { projectId, apiKey } = await seedProject(f.ctx, { name: 'Reversals' });
     await connect(projectId);
+    await createSubscription(
+      f.ctx,
+      projectId,
+      { url: 'http://127.0.0.1:9/hook', events: ['payment.*', 'balance.*'] },
+      { createdBy: 'test' },
+    );
     const session = await paidSession(apiKey, 'erin', '40.00');
     await stand.pay(session.id);
     const payment = await f.ctx.db
@@ -367,6 +374,27 @@ describe('refunds and disputes', () => {
       ['charge', '-15'],
       ['charge', '-10'],
     ]);
+    const written = await f.ctx.db
+      .selectFrom('events')
+      .select(['type', 'envelope'])
+      .where('project_id', '=', projectId)
+      .orderBy('id')
+      .execute();
+    expect(written.map((e) => e.type)).toEqual([
+      'balance.deposit.created',
+      'payment.succeeded',
+      'balance.charge.created',
+      'payment.refunded',
+      'balance.charge.created',
+      'payment.disputed',
+      'payment.dispute.closed',
+    ]);
+    const deposit = written[0]!.envelope as {
+      data: Record<string, unknown>;
+      metadata: Record<string, unknown>;
+    };
+    expect(deposit.data).toMatchObject({ source: 'stripe', amount: '40.00', currency: 'usd' });
+    expect(deposit.metadata).toMatchObject({ provider: 'stripe', checkoutSessionId: session.id });
     const after = await admin('GET', `/projects/${projectId}/payments/list?user=erin`);
     expect(after.body.data[0]).toMatchObject({ status: 'disputed', refunded: '15.00', disputed: '10.00' });
   });

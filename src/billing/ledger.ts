@@ -1,6 +1,6 @@
 import { type Kysely, sql, type Transaction } from 'kysely';
 import { newId } from '../core/ids.ts';
-import { formatAmount, Money } from '../core/money.ts';
+import { formatAmount, formatForCurrency, Money } from '../core/money.ts';
 import type { DB, EndUser, LedgerEntry, Project } from '../db/schema.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
 
@@ -279,7 +279,7 @@ export async function reverse(
   const uncollected = formatAmount(wanted.minus(debit));
   if (!current || debit.lte(0))
     return { debited: '0', uncollected, entry: undefined, wallet: undefined, event: undefined };
-  const amount = formatAmount(debit);
+  const amount = formatForCurrency(debit, input.project.currency);
   const user = await tx
     .updateTable('end_users')
     .set({ balance: sql`balance - ${amount}::numeric`, updated_at: sql`now()` })

@@ -449,7 +449,10 @@ class Applier {
       );
       return 'currency_mismatch';
     }
-    const amount = fromMinorUnits(checkout.amountMinor, project.currency);
+    const amount = formatForCurrency(
+      fromMinorUnits(checkout.amountMinor, project.currency),
+      project.currency,
+    );
     if (!new Money(amount).gt(0)) return 'nothing_paid';
     const credited = await this.#ctx.billing.transaction(async (tx) => {
       if (!(await this.#claim(tx, `deposit:${checkout.id}`, payment.id, 'deposit', amount))) return undefined;
@@ -573,7 +576,7 @@ class Applier {
       const payment = await this.#lock(tx, found.id);
       const delta = new Money(total).minus(payment.refunded);
       if (delta.lte(0)) return undefined;
-      const amount = formatAmount(delta);
+      const amount = formatForCurrency(delta, project.currency);
       if (
         !(await this.#claim(
           tx,
@@ -635,7 +638,7 @@ class Applier {
     if (!found) return 'unknown_payment';
     if (found.status === 'pending') return 'not_paid';
     const project = this.#project;
-    const amount = fromMinorUnits(action.amountMinor, project.currency);
+    const amount = formatForCurrency(fromMinorUnits(action.amountMinor, project.currency), project.currency);
     const won = action.type === 'dispute_closed' && action.status === 'won';
     const done = await this.#ctx.billing.transaction(async (tx) => {
       const payment = await this.#lock(tx, found.id);
