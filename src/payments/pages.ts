@@ -295,7 +295,8 @@ ${payment.receipt_url ? html`<p><a href="${payment.receipt_url}">Receipt</a></p>
           .execute()
       : [];
     const day = (d: Date) => d.toISOString().slice(0, 16).replace('T', ' ');
-    const rows = (items: Raw[]) => (items.length ? items : [html`<tr><td colspan="4">None yet.</td></tr>`]);
+    const rows = (items: Raw[], columns: number) =>
+      items.length ? items : [html`<tr><td colspan="${columns}">None yet.</td></tr>`];
     return sendPage(
       reply,
       200,
@@ -316,15 +317,17 @@ ${rows(
         new Money(p.refunded).gt(0) ? html` (${money(p.refunded)} refunded)` : raw('')
       }</td><td>${p.receipt_url ? html`<a href="${p.receipt_url}">Receipt</a>` : raw('—')}</td></tr>`,
   ),
+  4,
 )}
 </tbody></table>
 <h2>Usage and credits</h2>
-<table><thead><tr><th>Date</th><th>What</th><th>Amount</th><th></th></tr></thead><tbody>
+<table><thead><tr><th>Date</th><th>What</th><th>Amount</th></tr></thead><tbody>
 ${rows(
   activity.map(
     (e) =>
-      html`<tr><td>${day(e.created_at)}</td><td>${e.description ?? `${e.kind} (${e.source})`}</td><td>${money(e.amount)}</td><td></td></tr>`,
+      html`<tr><td>${day(e.created_at)}</td><td>${e.description ?? `${e.kind} (${e.source})`}</td><td>${money(e.amount)}</td></tr>`,
   ),
+  3,
 )}
 </tbody></table>
 <p class="muted">This page is private to you; the link expires.</p>`,
