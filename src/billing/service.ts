@@ -266,15 +266,8 @@ export class BillingService {
   async reverse(input: ReverseInput, within?: Transaction<DB>): Promise<ReverseResult> {
     return this.#moving(within, async (tx, after) => {
       const result = await reverse(tx, this.#events, input);
-      if (result.entry) {
-        after(() => {
-          if (result.event) this.#events.wake();
-          this.#metrics.charged.inc(
-            { project: input.project.id, model: '', currency: input.project.currency, source: input.source },
-            Number(result.debited),
-          );
-        });
-      }
+      // Not counted in the charge metrics: a reversal is money returned to the payer, not use.
+      if (result.event) after(() => this.#events.wake());
       return result;
     });
   }
