@@ -20,6 +20,8 @@ export interface PaymentProvider {
   createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }>;
   /** The state of a checkout (to settle an event that arrived before its checkout's completion). */
   retrieveCheckout(id: string): Promise<CheckoutState>;
+  /** The reference Tollgate wrote on a payment (to find the top-up of a charge event that came early). */
+  paymentReference(paymentIntentId: string): Promise<PaymentReference>;
   /** Asks for a refund; the ledger work is done by the refund's webhook. */
   refund(input: { paymentIntentId: string; amountMinor?: number; idempotencyKey: string }): Promise<{
     id: string;

@@ -555,6 +555,12 @@ class Applier {
   async #paidPayment(by: { id?: string | undefined; paymentIntentId: string | null }) {
     const { db } = this.#ctx;
     let payment: PaymentRow = await findPayment(db, this.#project.id, by);
+    if (!payment && !by.id && by.paymentIntentId) {
+      // A charge event ahead of its checkout's completion: the PaymentIntent carries our reference.
+      const reference = await this.#provider.paymentReference(by.paymentIntentId).catch(() => undefined);
+      if (reference?.paymentId && reference.projectId === this.#project.id)
+        payment = await findPayment(db, this.#project.id, { id: reference.paymentId });
+    }
     if (payment?.status === 'pending' && payment.checkout_id) {
       const state = await this.#provider.retrieveCheckout(payment.checkout_id);
       if (state.paid) await this.paid(state, 'reconcile');

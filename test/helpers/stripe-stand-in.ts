@@ -5,7 +5,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
  * A loopback stand-in of the parts of Stripe's API that Tollgate calls (written from Stripe's published
  * API reference), for the official `stripe` library pointed at it with STRIPE_API_URL:
  * - `GET /v1/balance` (the key check), `POST /v1/webhook_endpoints`, `DELETE /v1/webhook_endpoints/{id}`
- * - `POST /v1/checkout/sessions`, `GET /v1/checkout/sessions/{id}` (with `expand[]`)
+ * - `POST /v1/checkout/sessions`, `GET /v1/checkout/sessions/{id}` (with `expand[]`),
+ *   `GET /v1/payment_intents/{id}`
  * - `POST /v1/refunds` (then `charge.refunded` is delivered, as Stripe does)
  * Request bodies are form-encoded with bracket keys (`line_items[0][price_data][currency]`), answers are
  * Stripe's object shapes and error shape, `Idempotency-Key` replays the first answer. Events are signed
@@ -198,7 +199,8 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
         status: 'succeeded',
         payment_intent: intent.id,
         receipt_url: `${baseUrl}/receipts/${id('rcpt')}`,
-        metadata: { ...intent.metadata },
+        // The stand-in leaves a charge's metadata empty: Tollgate must find its top-up without it.
+        metadata: {},
         livemode: false,
         created: now(),
       };
@@ -391,6 +393,12 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
       if (!session) return missing('checkout.session', m[1]!);
       const expand: string[] = Array.isArray(body.expand) ? body.expand : [];
       return send(200, publicSession(sessionView(session, expand)));
+    }
+    m = /^\/v1\/payment_intents\/([^/]+)$/.exec(path);
+    if (m && method === 'GET') {
+      const intent = intents.get(m[1]!);
+      if (!intent) return missing('payment_intent', m[1]!);
+      return send(200, intent);
     }
     if (method === 'POST' && path === '/v1/refunds') {
       let done: ReturnType<typeof refundCharge>;

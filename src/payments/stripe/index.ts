@@ -158,6 +158,15 @@ export class StripeProvider implements PaymentProvider {
     }
   }
 
+  async paymentReference(paymentIntentId: string): Promise<PaymentReference> {
+    try {
+      const intent = await this.#stripe.paymentIntents.retrieve(paymentIntentId);
+      return reference(intent.metadata);
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
   async refund(input: { paymentIntentId: string; amountMinor?: number; idempotencyKey: string }) {
     try {
       const refund = await this.#stripe.refunds.create(
