@@ -298,6 +298,21 @@ describe('webhooks to deposits', () => {
     expect(payment.payment_intent_id).toMatch(/^pi_/);
   });
 
+  it('a delayed payment method: the unpaid completion credits nothing, async_payment_succeeded credits once', async () => {
+    const { projectId, apiKey } = await seedProject(f.ctx, { name: 'Async' });
+    await connect(projectId);
+    const session = await paidSession(apiKey, 'ivan', '12.00');
+    const succeeded = await stand.pay(session.id, { asyncPayment: true, deliver: false });
+    const unpaid = stand.events.at(-2)!;
+    expect(unpaid.data.object.payment_status).toBe('unpaid');
+    await stand.deliver(unpaid);
+    expect((await ledgerOf(projectId, 'ivan')).balance).toBe('0');
+    await Promise.all([stand.deliver(succeeded), stand.deliver(succeeded)]);
+    const { balance, entries } = await ledgerOf(projectId, 'ivan');
+    expect(balance).toBe('12');
+    expect(entries).toHaveLength(1);
+  });
+
   it('signature: the official library’s test header is accepted; bad, missing or stale ones are 400 and write nothing', async () => {
     const { projectId, apiKey } = await seedProject(f.ctx, { name: 'Signatures' });
     await connect(projectId);
@@ -308,7 +323,7 @@ describe('webhooks to deposits', () => {
     expect(all400(await stand.deliver(completed, { signature: null }))).toBe(true);
     const stale = Math.floor(Date.now() / 1000) - 3600;
     expect(all400(await stand.deliver(completed, { timestamp: stale }))).toBe(true);
-    expect((await f.wallet('dave'))?.balance ?? '0').toBe('0');
+    expect((await ledgerOf(projectId, 'dave')).balance).toBe('0');
     expect(
       await f.ctx.db
         .selectFrom('payment_movements')
