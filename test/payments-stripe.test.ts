@@ -3,6 +3,7 @@ import { promisify } from 'node:util';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../src/core/money.ts';
+import { fromMinorUnits, toMinorUnits } from '../src/payments/provider.ts';
 import { connectUser } from '../src/users/service.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from './helpers/chat-fixture.ts';
@@ -87,6 +88,17 @@ async function ledgerOf(projectId: string, user: string) {
   expect(sum.eq(wallet.balance)).toBe(true);
   return { balance: new Money(wallet.balance).toFixed(), entries };
 }
+
+describe('minor units', () => {
+  it('converts by the currency’s exponent: cents, whole yen, thousandths of a dinar', () => {
+    expect(toMinorUnits('10.50', 'usd')).toBe(1050);
+    expect(toMinorUnits('1500', 'jpy')).toBe(1500);
+    expect(toMinorUnits('1.234', 'kwd')).toBe(1234);
+    expect(fromMinorUnits(1050, 'usd')).toBe('10.5');
+    expect(fromMinorUnits(1500, 'jpy')).toBe('1500');
+    expect(() => toMinorUnits('0.5', 'jpy')).toThrow(/minor unit/);
+  });
+});
 
 describe('connecting Stripe', () => {
   it('checks the key live, creates the webhook endpoint, never shows the key, and disconnects', async () => {
