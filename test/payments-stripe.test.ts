@@ -212,6 +212,9 @@ describe('the dashboard', () => {
     expect(after).toContain('sk_test_…4242');
     expect(after).not.toContain(KEY);
     expect(after).toContain(`/payments/stripe/${projectId}/webhook`);
+    const filtered = await (await fetch(`${url}?user=nobody`, { headers: { cookie } })).text();
+    expect(filtered).toContain('Top-ups of nobody');
+    expect(filtered).toContain('No top-ups yet.');
   });
 });
 

@@ -37,12 +37,16 @@ export function paymentDashboardRoutes(app: FastifyInstance, h: DashboardHelpers
   const ctx = app.ctx;
   const pathOf = (id: string) => `/dashboard/projects/${encodeURIComponent(id)}/payments`;
 
-  app.get<P>('/projects/:id/payments', async (request, reply) => {
+  app.get<P & { Querystring: { user?: string } }>('/projects/:id/payments', async (request, reply) => {
     const s = h.session(request, reply);
     if (!s) return reply;
     const project = await ownedProject(ctx, s.principal, request.params.id);
     const view = await showPayments(ctx, project.id);
-    const payments = await listPayments(ctx, project.id, { limit: 50 });
+    const user =
+      typeof request.query.user === 'string' && request.query.user.trim()
+        ? request.query.user.trim().slice(0, 256)
+        : undefined;
+    const payments = await listPayments(ctx, project.id, { limit: 50, user });
     const path = pathOf(project.id);
     const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
     const body = html`${h.nav(project, 'Payments')}
@@ -64,7 +68,8 @@ ${
 <div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
 <button type="submit">Check and connect</button></form>
 </section>
-<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups</h2>
+<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
+<form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
 <table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${
   payments.data.length
