@@ -7,6 +7,7 @@ import { amountInputSchema, amountSchema } from '../core/money.ts';
 import { parseInput, storableText, textInput } from '../core/validation.ts';
 import { type IdempotentResult, idempotencyKeyFrom } from '../idempotency/index.ts';
 import { modelSpecSchema, pricingFileSchema } from '../models/pricing.ts';
+import { paymentAdminRoutes } from '../payments/admin-routes.ts';
 import { projectSettingsSchema } from '../projects/service.ts';
 import { grantBody, metadataSchema, userIdSchema } from '../users/routes.ts';
 import { getBalance, listActivity, listGrants } from '../users/service.ts';
@@ -166,6 +167,9 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
     scoped.addHook('onRequest', async (request: FastifyRequest) => {
       request.principal = await principalOf(scoped, request.headers.authorization);
     });
+
+    // payments (Stripe): ../payments/admin-routes.ts
+    await scoped.register(paymentAdminRoutes);
 
     api.get('/me', async (request) => {
       const p = request.principal;

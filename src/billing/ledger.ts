@@ -1,6 +1,6 @@
 import { type Kysely, sql, type Transaction } from 'kysely';
 import { newId } from '../core/ids.ts';
-import { formatAmount, Money } from '../core/money.ts';
+import { formatAmount, formatForCurrency, Money } from '../core/money.ts';
 import type { CreditGrant, DB, EndUser, LedgerEntry, Project } from '../db/schema.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
 
@@ -532,4 +532,93 @@ export async function refusal(
   const wallet = await findWallet(db, projectId, externalId);
   if (!wallet?.connected) return { ok: false, reason: 'not_connected', wallet };
   return { ok: false, reason: 'insufficient_balance', wallet, required: formatAmount(required) };
+}
+
+export interface ReverseInput {
+  project: LedgerProject;
+  externalId: string;
+  /** What the provider took back (a refund or a dispute). */
+  amount: string;
+  source: string;
+  trigger: Trigger;
+  metadata?: Record<string, unknown> | undefined;
+  description?: string | undefined;
+}
+
+export interface ReverseResult {
+  /** What the wallet gave back: the whole amount (below zero when the balance cannot cover it). */
+  debited: string;
+  /** Always '0': a reversal is debited whole (recorded for payments made before debts existed). */
+  uncollected: string;
+  entry: LedgerEntry | undefined;
+  wallet: WalletState | undefined;
+  event: EventEnvelope | undefined;
+}
+
+/**
+ * Takes back money a provider returned to the payer (refund, dispute), connected or not, as a `charge`
+ * entry of the whole amount: from the paid part of the balance (credit grants are not refundable
+ * money), into debt when the balance cannot cover it (`balance.debt.created`; the user is then refused
+ * until a deposit covers it).
+ */
+export async function reverse(
+  tx: Transaction<DB>,
+  events: EventRecorder,
+  input: ReverseInput,
+): Promise<ReverseResult> {
+  const wanted = new Money(input.amount);
+  const current = await tx
+    .selectFrom('end_users')
+    .select(['id', 'balance'])
+    .where('project_id', '=', input.project.id)
+    .where('external_id', '=', input.externalId)
+    .forUpdate()
+    .executeTakeFirst();
+  if (!current || wanted.lte(0))
+    return { debited: '0', uncollected: '0', entry: undefined, wallet: undefined, event: undefined };
+  const amount = formatForCurrency(wanted, input.project.currency);
+  const user = await tx
+    .updateTable('end_users')
+    .set({ balance: sql`balance - ${amount}::numeric`, updated_at: sql`now()` })
+    .where('id', '=', current.id)
+    .returning(WALLET_COLUMNS)
+    .executeTakeFirstOrThrow();
+  const entry = await writeEntry(tx, input, user, 'charge', formatAmount(wanted.neg()));
+  const wallet = walletOf(user);
+  const subject = { type: 'user', id: user.id, externalId: user.external_id };
+  const event = await events.record(tx, {
+    project: input.project,
+    type: 'balance.charge.created',
+    trigger: input.trigger,
+    subject,
+    data: {
+      ...moneyEventData(input.project, wallet, amount, input.source, entry.id),
+      balance: wallet.balance,
+    },
+    metadata: input.metadata,
+  });
+  const after = new Money(user.balance);
+  if (after.lt(0)) {
+    await events.record(tx, {
+      project: input.project,
+      type: 'balance.debt.created',
+      trigger: input.trigger,
+      subject,
+      data: {
+        ...moneyEventData(
+          input.project,
+          wallet,
+          formatAmount(Money.min(wanted, after.neg())),
+          input.source,
+          entry.id,
+        ),
+        charged: amount,
+        holdAmount: '0',
+        debt: formatAmount(after.neg()),
+        balance: wallet.balance,
+      },
+      metadata: input.metadata,
+    });
+  }
+  return { debited: amount, uncollected: '0', entry, wallet, event };
 }

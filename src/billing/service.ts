@@ -22,7 +22,10 @@ import {
   type LedgerProject,
   moneyEventData,
   type PaywallRefusal,
+  type ReverseInput,
+  type ReverseResult,
   refusal,
+  reverse,
   type Trigger,
   type WalletState,
   walletOf,
@@ -353,6 +356,19 @@ export class BillingService {
       this.#events.wake();
       if (expired.length < batch) return total;
     }
+  }
+
+  /**
+   * Takes back what a payment provider returned to the payer (a refund or a dispute), at most the
+   * available balance (see `reverse` in ledger.ts); in `within` when given.
+   */
+  async reverse(input: ReverseInput, within?: Transaction<DB>): Promise<ReverseResult> {
+    return this.#moving(within, async (tx, after) => {
+      const result = await reverse(tx, this.#events, input);
+      // Not counted in the charge metrics: a reversal is money returned to the payer, not use.
+      if (result.event) after(() => this.#events.wake());
+      return result;
+    });
   }
 
   /**

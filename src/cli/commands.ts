@@ -12,7 +12,13 @@ export interface CommandSpec {
   details?: string[];
   /** Long option names the command accepts (besides --json and --help). */
   options: string[];
-  group: 'Servers' | 'Projects and keys' | 'Models and users' | 'Providers and routes' | 'Webhooks';
+  group:
+    | 'Servers'
+    | 'Projects and keys'
+    | 'Models and users'
+    | 'Providers and routes'
+    | 'Payments'
+    | 'Webhooks';
 }
 
 export const COMMANDS: CommandSpec[] = [
@@ -196,6 +202,46 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Providers and routes',
   },
   {
+    name: 'payments connect',
+    usage:
+      'payments connect --project ID --stripe-key sk_… [--webhook-secret whsec_…] [--presets 5,10,20] [--minimum 5] [--maximum 500]',
+    summary: 'connect Stripe: the key is checked live and sealed; the webhook endpoint is created for you',
+    details: [
+      '--webhook-secret   the signing secret of an endpoint you made by hand (then none is created)',
+      'The webhook URL is PUBLIC_BASE_URL/payments/stripe/PROJECT/webhook: set PUBLIC_BASE_URL first.',
+    ],
+    options: ['project', 'stripe-key', 'webhook-secret', 'presets', 'minimum', 'maximum'],
+    group: 'Payments',
+  },
+  {
+    name: 'payments show',
+    usage: 'payments show --project ID',
+    summary: "show the project's payment provider (the key is never shown)",
+    options: ['project'],
+    group: 'Payments',
+  },
+  {
+    name: 'payments disconnect',
+    usage: 'payments disconnect --project ID',
+    summary: 'disconnect the payment provider (deletes the webhook endpoint Tollgate created)',
+    options: ['project'],
+    group: 'Payments',
+  },
+  {
+    name: 'payments list',
+    usage: 'payments list --project ID [--user U]',
+    summary: 'list top-ups paid through the provider, newest first',
+    options: ['project', 'user'],
+    group: 'Payments',
+  },
+  {
+    name: 'payments refund',
+    usage: 'payments refund --project ID --payment PAY_ID [--amount 5.00]',
+    summary: "refund (part of) a top-up through Stripe; the webhook debits the user's balance",
+    options: ['project', 'payment', 'amount'],
+    group: 'Payments',
+  },
+  {
     name: 'webhooks enable',
     usage: 'webhooks enable ID',
     summary: 're-enable a deactivated subscription',
@@ -242,6 +288,12 @@ export const OPTIONS = {
   email: { type: 'string' },
   days: { type: 'string' },
   namespace: { type: 'string', multiple: true },
+  'stripe-key': { type: 'string' },
+  'webhook-secret': { type: 'string' },
+  presets: { type: 'string' },
+  minimum: { type: 'string' },
+  maximum: { type: 'string' },
+  payment: { type: 'string' },
 } as const;
 
 export function globalHelp(): string {
@@ -257,6 +309,7 @@ export function globalHelp(): string {
     'Projects and keys',
     'Models and users',
     'Providers and routes',
+    'Payments',
     'Webhooks',
   ] as const) {
     lines.push('', group);
@@ -267,7 +320,7 @@ export function globalHelp(): string {
   }
   lines.push(
     '',
-    'Admin commands (project, key, models, users) talk to a running server over its admin API when',
+    'Admin commands (project, key, models, users, payments) talk to a running server over its admin API when',
     'TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN are set, and to the database directly otherwise.',
     'Configuration comes from environment variables; see the README.',
   );

@@ -93,6 +93,19 @@ export async function main(argv: string[]): Promise<number> {
           );
           return 0;
         });
+      case 'payments': {
+        const payments = await import('../payments/cli.ts');
+        if (config.TOLLGATE_URL && config.TOLLGATE_ADMIN_TOKEN) {
+          const { adminClient } = await import('./remote.ts');
+          const client = adminClient(config.TOLLGATE_URL, config.TOLLGATE_ADMIN_TOKEN);
+          await payments.paymentsCommand(payments.remotePaymentsApi(client), sub, values, out);
+          return 0;
+        }
+        return await (await import('./admin.ts')).withContext(config, async (ctx) => {
+          await payments.paymentsCommand(payments.localPaymentsApi(ctx), sub, values, out);
+          return 0;
+        });
+      }
       default: {
         // With TOLLGATE_URL the admin commands go to that server's admin API (./remote.ts).
         if (config.TOLLGATE_URL) {

@@ -129,6 +129,7 @@ export const configSchema = z.object({
   TOLLGATE_SIGNUP: z
     .enum(['open', 'invite', 'closed'], { message: "must be 'open', 'invite' or 'closed'" })
     .default('invite'),
+  STRIPE_API_URL: url(['http:', 'https:']).optional(),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -213,6 +214,8 @@ export const configDocs: Record<keyof Config, string> = {
     'Who may create a developer account: `open` (anyone), `invite` (an invite code from a full-access admin, `POST /admin/v1/invites`) or `closed` (only a full-access admin token, `POST /admin/v1/developers`). `dev` uses `open`.',
   TOLLGATE_URL:
     'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
+  STRIPE_API_URL:
+    'Tests and stand-ins only: the address of a Stripe API stand-in (e.g. `http://127.0.0.1:12111`) that the `stripe` library calls instead of Stripe. Unset in production.',
 };
 
 export class ConfigError extends Error {

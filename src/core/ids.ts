@@ -72,7 +72,8 @@ export type IdPrefix =
   | 'att'
   | 'resp'
   | 'msg'
-  | 'chatcmpl';
+  | 'chatcmpl'
+  | 'pay';
 
 export function newId(prefix: IdPrefix): string {
   const now = Date.now();

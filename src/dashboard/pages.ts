@@ -29,6 +29,9 @@ export const MESSAGES = {
     price_saved: 'Price saved.',
     model_deleted: 'Model deleted.',
     pricing_applied: 'Pricing file applied.',
+    payments_connected: 'Stripe connected: the key was checked and sealed.',
+    payments_disconnected: 'Stripe disconnected.',
+    refund_requested: 'Refund asked of Stripe; the balance is debited when Stripe confirms it.',
     deposited: 'Deposited.',
     charged: 'Charged.',
     connected: 'Connected.',
@@ -141,6 +144,7 @@ export function projectNav(project: { id: string; name: string }, current: strin
     ['Pricing', `${base}/pricing`],
     ['Users', `${base}/users`],
     ['Webhooks', `${base}/webhooks`],
+    ['Payments', `${base}/payments`],
   ];
   return html`<p class="muted"><a href="/dashboard">Projects</a> / ${project.name} <code>${project.id}</code></p>
 <nav aria-label="Project" class="row" style="gap:1rem;margin-bottom:1rem">${items.map(

@@ -9,6 +9,7 @@ import { html, htmlHeaders } from './html.ts';
 import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
 import accountRoutes from './routes/accounts.ts';
 import adminTokenRoutes from './routes/admin-tokens.ts';
+import paymentRoutes from './routes/payments.ts';
 import pricingRoutes from './routes/pricing.ts';
 import projectRoutes from './routes/project.ts';
 import projectsRoutes from './routes/projects.ts';
@@ -130,6 +131,7 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     await scope.register(adminTokenRoutes);
     await scope.register(projectRoutes);
     await scope.register(pricingRoutes);
+    await scope.register(paymentRoutes);
     await scope.register(userRoutes);
     await scope.register(webhookRoutes);
   });

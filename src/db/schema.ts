@@ -142,6 +142,64 @@ export interface SpendCapsTable {
   updated_at: Timestamp;
 }
 
+// ---- payments (src/payments) ----
+
+/** A project's top-up options (amounts in the project's currency, decimal strings). */
+export interface PaymentSettings {
+  presets?: string[];
+  minimum?: string;
+  maximum?: string;
+}
+
+export interface PaymentConnectionsTable {
+  project_id: string;
+  provider: 'stripe';
+  key_sealed: string;
+  /** e.g. `sk_test_…4242`: the kind of key and its last four characters. */
+  key_hint: string;
+  livemode: Default<boolean>;
+  /** The endpoint Tollgate created in the provider's account; null when the secret was pasted. */
+  webhook_endpoint_id: string | null;
+  webhook_secret_sealed: string;
+  settings: Json<PaymentSettings>;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+export type PaymentStatus = 'pending' | 'paid' | 'refunded' | 'disputed' | 'failed';
+
+export interface PaymentsTable {
+  id: string;
+  project_id: string;
+  user_id: string;
+  external_id: string;
+  provider: string;
+  status: Default<PaymentStatus>;
+  amount: Numeric;
+  currency: string;
+  checkout_id: string | null;
+  payment_intent_id: string | null;
+  charge_id: string | null;
+  receipt_url: string | null;
+  refunded: Default<string>;
+  disputed: Default<string>;
+  /** Reversals the balance could not cover (the no-overspend rule). */
+  uncollected: Default<string>;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+  paid_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+}
+
+export interface PaymentMovementsTable {
+  project_id: string;
+  key: string;
+  payment_id: string;
+  kind: 'deposit' | 'refund' | 'dispute' | 'dispute_won';
+  amount: Numeric;
+  entry_id: string | null;
+  created_at: Timestamp;
+}
+
 // ---- end users and money (foundation) ----
 
 export interface EndUsersTable {
@@ -391,6 +449,9 @@ export interface DB {
   system_settings: SystemSettingsTable;
   providers: ProvidersTable;
   spend_caps: SpendCapsTable;
+  payment_connections: PaymentConnectionsTable;
+  payments: PaymentsTable;
+  payment_movements: PaymentMovementsTable;
 }
 
 export type Project = Selectable<ProjectsTable>;

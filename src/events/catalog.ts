@@ -147,7 +147,7 @@ export const eventCatalog = {
       externalUserId: 'the developer’s user id',
       amount: 'decimal string',
       currency: 'lowercase currency code',
-      source: 'payment origin (`api`, `cli`, …)',
+      source: 'payment origin (`api`, `cli`, `stripe`, …)',
       activityId: 'ledger entry id',
     },
   },
@@ -161,7 +161,7 @@ export const eventCatalog = {
       externalUserId: 'the developer’s user id',
       amount: 'decimal string',
       currency: 'lowercase currency code',
-      source: '`chat`, `subscription` or `api`',
+      source: '`chat`, `subscription`, `api`, or `stripe` (a refund or dispute taken back)',
       activityId: 'ledger entry id',
       balance: 'decimal string after the charge',
     },
@@ -169,7 +169,7 @@ export const eventCatalog = {
   'balance.debt.created': {
     version: '1.0',
     description:
-      'A metered charge (the provider’s usage × the price) was larger than the hold and than the wallet’s balance: the wallet is below zero. The user is refused with a top-up link for the debt plus the next request until a deposit covers it.',
+      'A charge left the wallet below zero: a metered charge (the provider’s usage × the price) larger than its hold and the balance, or a refund or dispute of a top-up larger than the balance. The user is refused with a top-up link for the debt plus the next request until a deposit covers it.',
     data: {
       paywallId: 'project id',
       ownerUserId: 'project owner id',
@@ -181,7 +181,7 @@ export const eventCatalog = {
       debt: 'decimal string: the wallet’s whole debt after the charge (−balance)',
       balance: 'decimal string after the charge (negative)',
       currency: 'lowercase currency code',
-      source: '`chat`, `responses`, `embeddings` or `messages`',
+      source: '`chat`, `responses`, `embeddings`, `messages`, or `stripe` (a refund or dispute)',
       activityId: 'ledger entry id of the charge',
     },
   },
@@ -263,6 +263,61 @@ export const eventCatalog = {
       balance: 'decimal string after the charge',
       available: 'decimal string: balance − held',
       currency: 'lowercase currency code',
+    },
+  },
+  'payment.succeeded': {
+    version: '1.0',
+    description:
+      'A top-up paid through the project’s payment provider (Stripe Checkout) was credited; the deposit’s own `balance.deposit.created` (source `stripe`) comes with it.',
+    data: {
+      paymentId: 'Tollgate payment id (`pay_…`)',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string credited',
+      currency: 'lowercase currency code',
+      provider: '`stripe`',
+      providerPaymentId: 'the provider’s payment id (Checkout Session `cs_…`)',
+      activityId: 'ledger entry id of the deposit',
+    },
+  },
+  'payment.refunded': {
+    version: '1.0',
+    description:
+      'The provider refunded (part of) a top-up; the refunded amount was debited from the wallet as a reversal.',
+    data: {
+      paymentId: 'Tollgate payment id',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string refunded by this change',
+      refunded: 'decimal string refunded in total',
+      uncollected: 'always `0`: a reversal is debited whole, into debt when the balance cannot cover it',
+      currency: 'lowercase currency code',
+      activityId: 'ledger entry id of the reversal, or null when nothing could be debited',
+    },
+  },
+  'payment.disputed': {
+    version: '1.0',
+    description: 'A top-up was disputed (a chargeback); the disputed amount was debited as a reversal.',
+    data: {
+      paymentId: 'Tollgate payment id',
+      externalUserId: 'the developer’s user id',
+      disputeId: 'the provider’s dispute id',
+      amount: 'decimal string disputed',
+      uncollected: 'always `0`: a reversal is debited whole, into debt when the balance cannot cover it',
+      currency: 'lowercase currency code',
+      activityId: 'ledger entry id of the reversal, or null',
+    },
+  },
+  'payment.dispute.closed': {
+    version: '1.0',
+    description:
+      'A dispute of a top-up closed; when it was won, the amount debited for it was credited back.',
+    data: {
+      paymentId: 'Tollgate payment id',
+      externalUserId: 'the developer’s user id',
+      disputeId: 'the provider’s dispute id',
+      status: '`won` or `lost` (the provider’s dispute status)',
+      amount: 'decimal string credited back (0 when lost)',
+      currency: 'lowercase currency code',
+      activityId: 'ledger entry id of the credit, or null',
     },
   },
   'user.connected': {

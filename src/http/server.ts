@@ -21,6 +21,7 @@ import { spendCapRoutes } from '../limits/routes.ts';
 import { messagesRoutes } from '../messages/routes.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
+import { paymentUserRoutes, paymentWebhookRoutes } from '../payments/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
 import { pageRoutes } from '../users/pages.ts';
 import { userRoutes } from '../users/routes.ts';
@@ -42,7 +43,8 @@ declare module 'fastify' {
  * The HTTP surface of `tollgate proxy`. Where a request goes:
  * - `/healthz`, `/readyz` — ./health.ts
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
- * - `/connect/*`, `/topup/*` — the hosted pages of connect and top-up links, ../users/pages.ts (no key)
+ * - `/connect/*`, `/topup/*`, `/portal/*` — the hosted pages of links, ../users/pages.ts (no key)
+ * - `/payments/stripe/{project}/webhook` — payment provider webhooks, ../payments/routes.ts (signed)
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
  * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
  * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/plugin.ts
@@ -111,6 +113,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(metricsRoutes);
   await app.register(healthRoutes);
   await app.register(pageRoutes);
+  await app.register(paymentWebhookRoutes);
   await app.register(homeRoutes);
   // One set of sign-in and sign-up limits for the admin API and the dashboard.
   await app.register(accountLimits);
@@ -125,6 +128,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       await v1.register(embeddingsRoutes);
       await v1.register(messagesRoutes);
       await v1.register(userRoutes);
+      await v1.register(paymentUserRoutes);
       await v1.register(spendCapRoutes);
       await v1.register(webhookRoutes);
     },

@@ -7,7 +7,7 @@ import type { Sealer } from '../core/crypto.ts';
  * TOLLGATE_ENCRYPTION_KEY. The payload names the project, the end user, the kind of link and, for top-up
  * links, the amount needed; `n` is a nonce so that a used token can be refused (single use).
  */
-export type LinkKind = 'connect' | 'topup';
+export type LinkKind = 'connect' | 'topup' | 'portal';
 
 export interface LinkPayload {
   k: LinkKind;
@@ -58,7 +58,7 @@ export function verifyLinkToken(sealer: Sealer, token: string, now = Date.now())
   return { ok: true, payload };
 }
 
-/** The absolute URL of a link: `{PUBLIC_BASE_URL}/connect/{token}` or `/topup/{token}`. */
+/** The absolute URL of a link: `{PUBLIC_BASE_URL}/connect/{token}`, `/topup/{token}` or `/portal/{token}`. */
 export function linkUrl(publicBaseUrl: string, kind: LinkKind, token: string): string {
   return `${publicBaseUrl}/${kind}/${token}`;
 }

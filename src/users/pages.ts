@@ -1,5 +1,6 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { safeEqual } from '../core/crypto.ts';
+import { hostedCheckout, paymentPageRoutes, topupCheckoutPage } from '../payments/pages.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { type LinkProblem, openLink, useConnectLink } from './service.ts';
 
@@ -10,8 +11,10 @@ import { type LinkProblem, openLink, useConnectLink } from './service.ts';
  *   the project's `returnUrl` (303) or shows a done page. Only the rendered page's own form counts: a
  *   form content type with a hidden field derived from the token with the signing key (a link scanner
  *   that POSTs blindly cannot produce it), and no cross-site post (`Sec-Fetch-Site`)
- * - `GET /topup/{token}` — redirects (303) to the project's `checkoutUrl` with `user`, `amount`,
- *   `currency` and `project`, or shows how to top up when none is configured
+ * - `GET /topup/{token}` — with a payment provider connected, the hosted checkout page
+ *   (../payments/pages.ts, which also serves paying, the return page and the portal); otherwise
+ *   redirects (303) to the project's `checkoutUrl` with `user`, `amount`, `currency` and `project`, or
+ *   shows how to top up when none is configured
  * A token is checked for shape (base64url, a dot, base64url, bounded length) before anything else, so
  * nothing malformed — NUL and control bytes included — reaches a lookup.
  * Small semantic HTML with inline CSS; no JavaScript. Every answer, redirects included, carries
@@ -34,7 +37,7 @@ button:focus-visible,a:focus-visible{outline:3px solid var(--ring);outline-offse
 a{color:var(--accent)}
 `;
 
-function escapeHtml(value: string): string {
+export function escapeHtml(value: string): string {
   return value.replace(
     /[&<>"']/g,
     (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!,
@@ -42,14 +45,14 @@ function escapeHtml(value: string): string {
 }
 
 /** Escapes every interpolated value; values wrapped by raw() are inserted as they are. */
-class Raw {
+export class Raw {
   readonly html: string;
   constructor(html: string) {
     this.html = html;
   }
 }
-const raw = (html: string) => new Raw(html);
-function html(strings: TemplateStringsArray, ...values: unknown[]): Raw {
+export const raw = (html: string) => new Raw(html);
+export function html(strings: TemplateStringsArray, ...values: unknown[]): Raw {
   let out = strings[0]!;
   values.forEach((value, i) => {
     const text = Array.isArray(value)
@@ -82,9 +85,9 @@ ${body}
 }
 
 /** Headers of every hosted-page answer. The token in the URL must not leak to the pages the user goes to next. */
-const PRIVATE_HEADERS = { 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' } as const;
+export const PRIVATE_HEADERS = { 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' } as const;
 
-function sendPage(reply: FastifyReply, status: number, title: string, body: Raw) {
+export function sendPage(reply: FastifyReply, status: number, title: string, body: Raw) {
   return reply
     .status(status)
     .headers({
@@ -131,7 +134,7 @@ const PROBLEMS: Record<LinkProblem, { status: number; title: string; text: strin
   },
 };
 
-function problemPage(reply: FastifyReply, problem: LinkProblem) {
+export function problemPage(reply: FastifyReply, problem: LinkProblem) {
   const p = PROBLEMS[problem];
   return sendPage(
     reply,
@@ -144,7 +147,7 @@ function problemPage(reply: FastifyReply, problem: LinkProblem) {
 }
 
 /** A link token's shape: base64url payload "." base64url signature; anything else is malformed. */
-const TOKEN_SHAPE = /^[A-Za-z0-9_-]{1,4096}\.[A-Za-z0-9_-]{16,128}$/;
+export const TOKEN_SHAPE = /^[A-Za-z0-9_-]{1,4096}\.[A-Za-z0-9_-]{16,128}$/;
 
 /** The hidden field value only the rendered connect page carries for this token. */
 function formProof(ctx: FastifyInstance['ctx'], token: string): string {
@@ -296,6 +299,18 @@ export async function pageRoutes(app: FastifyInstance): Promise<void> {
     if (!opened.ok) return problemPage(reply, opened.problem);
     const { project, payload } = opened;
     const amount = typeof payload.a === 'string' ? payload.a : undefined;
+    // With a payment provider connected, the hosted checkout page (../payments/pages.ts).
+    const payments = await hostedCheckout(ctx, project.id);
+    if (payments) {
+      const settings = payments.connection.settings;
+      return topupCheckoutPage(reply, ctx, request, {
+        token,
+        project,
+        user: payload.u,
+        needed: amount,
+        settings,
+      });
+    }
     const checkoutUrl = project.settings.checkoutUrl;
     if (checkoutUrl) {
       const target = checkoutRedirect(checkoutUrl, {
@@ -308,4 +323,7 @@ export async function pageRoutes(app: FastifyInstance): Promise<void> {
     }
     return topupInstructionsPage(reply, project, payload.u, amount);
   });
+
+  // Paying (POST /topup/*), the provider's return page and the user's portal.
+  await app.register(paymentPageRoutes);
 }

@@ -13,6 +13,7 @@ import {
   requestHash,
   withIdempotency,
 } from '../idempotency/index.ts';
+import { paymentsOf } from '../payments/service.ts';
 import {
   balanceView,
   chargeFromApi,
@@ -222,7 +223,11 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
       user,
       amount: amount ?? null,
       currency: project.currency,
-      checkout: project.settings.checkoutUrl ? 'redirect' : 'instructions',
+      checkout: (await paymentsOf(ctx, project.id))
+        ? 'hosted'
+        : project.settings.checkoutUrl
+          ? 'redirect'
+          : 'instructions',
       ...link,
     };
   });

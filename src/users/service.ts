@@ -17,6 +17,7 @@ import type { ProjectContext } from '../projects/directory.ts';
 import {
   connectReply,
   createLinkToken,
+  type LinkKind,
   type LinkPayload,
   linkUrl,
   topupReply,
@@ -469,7 +470,7 @@ export type OpenedLink =
 /** Checks a link token of the given kind: signature, expiry, project, and (connect links) prior use. */
 export async function openLink(
   ctx: { sealer: Sealer; db: Database; projects: { get(id: string): Promise<ProjectContext | undefined> } },
-  kind: 'connect' | 'topup',
+  kind: LinkKind,
   token: string,
 ): Promise<OpenedLink> {
   const check = verifyLinkToken(ctx.sealer, token);

@@ -10,6 +10,7 @@ import * as webhooksProduction from './0008_webhooks_production.ts';
 import * as routingLimits from './0009_routing_limits.ts';
 import * as admin from './0010_admin.ts';
 import * as exactCharges from './0011_exact_charges.ts';
+import * as payments from './0014_payments.ts';
 import * as messages from './0015_messages.ts';
 import * as holdMargin from './0016_hold_margin.ts';
 import * as managedBy from './0017_managed_by.ts';
@@ -31,6 +32,7 @@ export const migrations: Record<string, Migration> = {
   '0009_routing_limits': routingLimits,
   '0010_admin': admin,
   '0011_exact_charges': exactCharges,
+  '0014_payments': payments,
   '0015_messages': messages,
   '0016_hold_margin': holdMargin,
   '0017_managed_by': managedBy,

@@ -1,0 +1,151 @@
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import { ownedProject } from '../../admin/service.ts';
+import { textInput } from '../../core/validation.ts';
+import {
+  connectPayments,
+  disconnectPayments,
+  listPayments,
+  refundPayment,
+  showPayments,
+} from '../../payments/service.ts';
+import { userIdSchema } from '../../users/routes.ts';
+import { html } from '../html.ts';
+import {
+  csrfField,
+  done,
+  flashQuery,
+  formBody,
+  optionalField,
+  page,
+  projectNav,
+  projectParams,
+  projectPath,
+  signedIn,
+} from '../pages.ts';
+
+/**
+ * A project's Payments page (`/dashboard/projects/:id/payments`): connect Stripe (a secret or restricted
+ * key, checked live and sealed; the webhook endpoint is created, or a pasted signing secret is used),
+ * the top-up options, disconnect, and the top-ups with a Refund button (through Stripe's API: the
+ * refund's webhook does the ledger work).
+ */
+
+const text = (max: number) => optionalField(z.string().trim().max(max));
+const connectForm = formBody({
+  stripeKey: z.string().trim().min(1, { message: 'must not be empty' }).max(500),
+  webhookSecret: text(500),
+  presets: text(200),
+  minimum: text(40),
+  maximum: text(40),
+});
+const pageQuery = flashQuery.extend({ user: optionalField(userIdSchema) });
+
+export default async function paymentRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+  const pathOf = (id: string) => `${projectPath(id)}/payments`;
+
+  app.get(
+    '/projects/:id/payments',
+    { schema: { params: projectParams, querystring: pageQuery } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const project = await ownedProject(ctx, s.principal, request.params.id);
+      const view = await showPayments(ctx, project.id);
+      const user = request.query.user;
+      const payments = await listPayments(ctx, project.id, { limit: 50, user });
+      const path = pathOf(project.id);
+      const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
+      return page(
+        request,
+        reply,
+        `Payments · ${project.name}`,
+        ({ csrf, flash }) => html`<h1>Payments (Stripe)</h1>${projectNav(project, 'Payments')}${flash}
+<section class="card" aria-labelledby="pay-h"><h2 id="pay-h">Stripe</h2>
+${
+  c
+    ? html`<p>Connected: <code>${c.keyHint}</code> (${c.livemode ? 'live' : 'test'} mode). The key is sealed and never shown again.</p>
+<p>Webhook: <code>${c.webhook.url}</code> — ${c.webhook.managed ? html`endpoint <code>${c.webhook.endpointId}</code> created in your Stripe account` : 'an endpoint you made by hand'}.</p>
+<p>Top-ups: presets ${c.settings.presets?.join(', ')}; minimum ${c.settings.minimum}; maximum ${c.settings.maximum} ${project.currency.toUpperCase()}.</p>
+<form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect Stripe</button></form>`
+    : html`<p>Connect your Stripe account and users who run out pay on a hosted checkout from their top-up link; each payment becomes exactly one deposit.</p>`
+}
+<h2>${c ? 'Replace the connection' : 'Connect Stripe'}</h2>
+<form method="post" action="${path}">${csrfField(csrf)}
+<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required>
+<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off">
+<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets" value="${c?.settings.presets?.join(', ') ?? ''}">
+<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum" value="${c?.settings.minimum ?? ''}"></div>
+<div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
+<button type="submit">Check and connect</button></form>
+</section>
+<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
+<form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
+<table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${
+  payments.data.length
+    ? payments.data.map(
+        (p) =>
+          html`<tr><td><code>${p.id}</code></td><td>${p.user}</td><td>${p.amount} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${p.refunded} refunded)` : ''}</td><td>${p.status}</td><td>${p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—'}</td><td>${
+            p.status === 'paid'
+              ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
+              : ''
+          }</td></tr>`,
+      )
+    : html`<tr><td colspan="6">No top-ups yet.</td></tr>`
+}
+</tbody></table></section>`,
+      );
+    },
+  );
+
+  app.post(
+    '/projects/:id/payments',
+    { schema: { params: projectParams, body: connectForm } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      await ownedProject(ctx, s.principal, request.params.id);
+      const { stripeKey, webhookSecret, presets, minimum, maximum } = request.body;
+      const settings = {
+        ...(presets ? { presets: presets.split(',').map((p) => p.trim()) } : {}),
+        ...(minimum ? { minimum } : {}),
+        ...(maximum ? { maximum } : {}),
+      };
+      await connectPayments(ctx, request.params.id, {
+        stripeKey,
+        ...(webhookSecret ? { webhookSecret } : {}),
+        ...(Object.keys(settings).length ? { settings } : {}),
+      });
+      return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/payments/disconnect',
+    { schema: { params: projectParams, body: formBody({}) } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      await ownedProject(ctx, s.principal, request.params.id);
+      await disconnectPayments(ctx, request.params.id);
+      return reply.redirect(done(pathOf(request.params.id), 'payments_disconnected'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/payments/:payment/refund',
+    {
+      schema: {
+        params: projectParams.extend({ payment: textInput(255, 'a payment id') }),
+        body: formBody({}),
+      },
+    },
+    async (request, reply) => {
+      const s = signedIn(request);
+      await ownedProject(ctx, s.principal, request.params.id);
+      await refundPayment(ctx, request.params.id, request.params.payment, {});
+      return reply.redirect(done(pathOf(request.params.id), 'refund_requested'), 303);
+    },
+  );
+}

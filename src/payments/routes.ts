@@ -1,0 +1,42 @@
+import type { FastifyInstance } from 'fastify';
+import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import { textInput } from '../core/validation.ts';
+import { portalLink } from './pages.ts';
+import { handleWebhook } from './service.ts';
+
+/**
+ * `POST /payments/stripe/{projectId}/webhook` — the receiver of the developer's Stripe account's
+ * webhooks for one project (no API key: the `Stripe-Signature` header, checked against the project's
+ * sealed signing secret, is the credential). The body is kept raw: the signature covers its bytes.
+ */
+export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> {
+  const ctx = app.ctx;
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: 1024 * 1024 }, (_request, body, done) => {
+    done(null, body);
+  });
+  app.post<{ Params: { project: string } }>('/payments/stripe/:project/webhook', async (request, reply) => {
+    const body = Buffer.isBuffer(request.body) ? request.body : Buffer.alloc(0);
+    const signature = request.headers['stripe-signature'];
+    const outcome = await handleWebhook(
+      ctx,
+      request.params.project,
+      body,
+      typeof signature === 'string' ? signature : undefined,
+    );
+    return reply.status(outcome.status).send(outcome.body);
+  });
+}
+
+const userBody = z.strictObject({ user: textInput(256, 'your end user’s id') });
+
+/** `POST /v1/user/portal` — a signed link to the user's portal (balance, top-ups with receipts, usage). */
+export async function paymentUserRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+  app.post('/user/portal', { schema: { body: userBody } }, async (request) => {
+    const { user } = request.body;
+    return { object: 'user.portal_link', user, ...portalLink(ctx, request.project.id, user) };
+  });
+}

@@ -1,0 +1,262 @@
+import Stripe from 'stripe';
+import {
+  type CheckoutInput,
+  type CheckoutState,
+  type PaymentProvider,
+  PaymentProviderError,
+  type PaymentReference,
+  type WebhookAction,
+  WebhookSignatureError,
+} from '../provider.ts';
+
+/**
+ * Stripe behind the payment provider boundary, through the official `stripe` library: Checkout Sessions
+ * (mode `payment`), webhook endpoints, refunds, and webhook signatures (`constructEvent`, 5-minute
+ * tolerance). `apiBase` (the setting STRIPE_API_URL, tests only) points the library's host, port and
+ * protocol at a stand-in of Stripe's API.
+ */
+
+/** The events the webhook endpoint Tollgate creates subscribes to. */
+export const STRIPE_EVENTS = [
+  'checkout.session.completed',
+  'checkout.session.async_payment_succeeded',
+  'checkout.session.async_payment_failed',
+  'checkout.session.expired',
+  'charge.refunded',
+  'charge.dispute.created',
+  'charge.dispute.closed',
+] as const;
+
+export const WEBHOOK_TOLERANCE_SECONDS = 300;
+
+export function stripeClient(secretKey: string, apiBase?: string): Stripe {
+  const base = apiBase ? new URL(apiBase) : undefined;
+  return new Stripe(secretKey, {
+    maxNetworkRetries: 2,
+    timeout: 20_000,
+    appInfo: { name: 'Tollgate' },
+    ...(base
+      ? {
+          host: base.hostname,
+          port: base.port || (base.protocol === 'http:' ? 80 : 443),
+          protocol: base.protocol === 'http:' ? 'http' : 'https',
+        }
+      : {}),
+  });
+}
+
+/** `sk_test_…abcd`: the kind of key and its last four characters, never more. */
+export function keyHint(key: string): string {
+  const prefix = /^(sk|rk)_(test|live)_/.exec(key)?.[0] ?? `${key.slice(0, 3)}`;
+  return `${prefix}…${key.slice(-4)}`;
+}
+
+function reference(metadata: Record<string, string> | null | undefined, clientRef?: string | null) {
+  return {
+    paymentId: metadata?.tollgate_payment ?? clientRef ?? undefined,
+    projectId: metadata?.tollgate_project,
+    externalId: metadata?.tollgate_user,
+  } satisfies PaymentReference;
+}
+
+function idOf(value: string | { id: string } | null | undefined): string | null {
+  if (!value) return null;
+  return typeof value === 'string' ? value : value.id;
+}
+
+function providerError(err: unknown): PaymentProviderError {
+  const e = err as { message?: string; statusCode?: number; type?: string };
+  return new PaymentProviderError(`Stripe: ${e.message ?? String(err)}`, e.statusCode);
+}
+
+export class StripeProvider implements PaymentProvider {
+  readonly name = 'stripe' as const;
+  readonly #stripe: Stripe;
+
+  constructor(secretKey: string, apiBase?: string) {
+    this.#stripe = stripeClient(secretKey, apiBase);
+  }
+
+  async verifyKey(): Promise<{ livemode: boolean }> {
+    try {
+      const balance = await this.#stripe.balance.retrieve();
+      return { livemode: Boolean(balance.livemode) };
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async createWebhookEndpoint(url: string): Promise<{ id: string; secret: string }> {
+    try {
+      const endpoint = await this.#stripe.webhookEndpoints.create({
+        url,
+        enabled_events: [...STRIPE_EVENTS],
+        // Events in the shapes of the library's own API version, whatever the account's default is.
+        api_version: Stripe.API_VERSION as Stripe.WebhookEndpointCreateParams.ApiVersion,
+        description: 'Tollgate: top-ups, refunds and disputes',
+      });
+      if (!endpoint.secret) throw new Error('the new webhook endpoint has no secret');
+      return { id: endpoint.id, secret: endpoint.secret };
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async deleteWebhookEndpoint(id: string): Promise<void> {
+    try {
+      await this.#stripe.webhookEndpoints.del(id);
+    } catch (err) {
+      // Already gone in the developer's account: nothing left to delete.
+      if ((err as { statusCode?: number }).statusCode === 404) return;
+      throw providerError(err);
+    }
+  }
+
+  async createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }> {
+    const metadata = {
+      tollgate_payment: input.paymentId,
+      tollgate_project: input.projectId,
+      tollgate_user: input.externalId,
+    };
+    try {
+      const session = await this.#stripe.checkout.sessions.create(
+        {
+          mode: 'payment',
+          line_items: [
+            {
+              quantity: 1,
+              price_data: {
+                currency: input.currency,
+                unit_amount: input.amountMinor,
+                product_data: { name: input.productName },
+              },
+            },
+          ],
+          client_reference_id: input.paymentId,
+          metadata,
+          payment_intent_data: { metadata },
+          success_url: input.successUrl,
+          cancel_url: input.cancelUrl,
+        },
+        { idempotencyKey: input.idempotencyKey },
+      );
+      if (!session.url) throw new Error('the checkout session has no URL');
+      return { id: session.id, url: session.url };
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async retrieveCheckout(id: string): Promise<CheckoutState> {
+    try {
+      const session = await this.#stripe.checkout.sessions.retrieve(id, {
+        expand: ['payment_intent.latest_charge'],
+      });
+      return checkoutState(session);
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async paymentReference(paymentIntentId: string): Promise<PaymentReference> {
+    try {
+      const intent = await this.#stripe.paymentIntents.retrieve(paymentIntentId);
+      return reference(intent.metadata);
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async refund(input: { paymentIntentId: string; amountMinor?: number; idempotencyKey: string }) {
+    try {
+      const refund = await this.#stripe.refunds.create(
+        {
+          payment_intent: input.paymentIntentId,
+          ...(input.amountMinor !== undefined ? { amount: input.amountMinor } : {}),
+        },
+        { idempotencyKey: input.idempotencyKey },
+      );
+      return { id: refund.id, status: refund.status ?? 'pending', amountMinor: refund.amount };
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): WebhookAction {
+    if (!signature) throw new WebhookSignatureError('missing Stripe-Signature header');
+    let event: Stripe.Event;
+    try {
+      event = this.#stripe.webhooks.constructEvent(rawBody, signature, secret, WEBHOOK_TOLERANCE_SECONDS);
+    } catch (err) {
+      throw new WebhookSignatureError((err as Error).message);
+    }
+    const eventId = event.id;
+    switch (event.type) {
+      case 'checkout.session.completed':
+      case 'checkout.session.async_payment_succeeded': {
+        const session = event.data.object as Stripe.Checkout.Session;
+        // A delayed payment method completes the session unpaid; its async_payment_succeeded credits it.
+        if (session.payment_status !== 'paid' && session.payment_status !== 'no_payment_required')
+          return { type: 'ignored', eventId, eventType: `${event.type} (${session.payment_status})` };
+        return { type: 'checkout_paid', eventId, checkout: checkoutState(session) };
+      }
+      case 'checkout.session.async_payment_failed':
+      case 'checkout.session.expired': {
+        const session = event.data.object as Stripe.Checkout.Session;
+        return {
+          type: 'checkout_failed',
+          eventId,
+          checkoutId: session.id,
+          reference: reference(session.metadata, session.client_reference_id),
+        };
+      }
+      case 'charge.refunded': {
+        const charge = event.data.object as Stripe.Charge;
+        return {
+          type: 'refunded',
+          eventId,
+          chargeId: charge.id,
+          paymentIntentId: idOf(charge.payment_intent),
+          refundedMinor: charge.amount_refunded,
+          currency: charge.currency,
+          receiptUrl: charge.receipt_url ?? null,
+          reference: reference(charge.metadata),
+        };
+      }
+      case 'charge.dispute.created':
+      case 'charge.dispute.closed': {
+        const dispute = event.data.object as Stripe.Dispute;
+        return {
+          type: event.type === 'charge.dispute.created' ? 'dispute_opened' : 'dispute_closed',
+          eventId,
+          disputeId: dispute.id,
+          chargeId: idOf(dispute.charge),
+          paymentIntentId: idOf(dispute.payment_intent),
+          amountMinor: dispute.amount,
+          currency: dispute.currency,
+          status: dispute.status,
+        };
+      }
+      default:
+        return { type: 'ignored', eventId, eventType: event.type };
+    }
+  }
+}
+
+function checkoutState(session: Stripe.Checkout.Session): CheckoutState {
+  const intent = session.payment_intent;
+  const charge =
+    intent && typeof intent === 'object' && intent.latest_charge && typeof intent.latest_charge === 'object'
+      ? intent.latest_charge
+      : undefined;
+  return {
+    id: session.id,
+    paid: session.payment_status === 'paid' || session.payment_status === 'no_payment_required',
+    amountMinor: session.amount_total ?? 0,
+    currency: session.currency ?? '',
+    paymentIntentId: idOf(intent),
+    chargeId: charge?.id ?? idOf(intent && typeof intent === 'object' ? intent.latest_charge : null),
+    receiptUrl: charge?.receipt_url ?? null,
+    reference: reference(session.metadata, session.client_reference_id),
+  };
+}
