@@ -42,6 +42,8 @@ describe('user sessions', () => {
       balance: '0.00',
       held: '0.00',
       available: '0.00',
+      paid: '0.00',
+      credits: '0.00',
       currency: 'usd',
     });
     const row = await server.ctx.db
