@@ -325,6 +325,27 @@ describe('low-balance alerts', () => {
     });
     await f.client.chat.completions.create({ model: 'thirty', user: 'dora', messages });
     expect(await events('balance.low', 'dora')).toHaveLength(2);
-    expect(await events('balance.low', 'dora')).toHaveLength(2);
+  });
+
+  it("a user's own threshold overrides the project's (POST /v1/user/alerts), and null gives it back", async () => {
+    await f.fund('erin', '3.00');
+    expect(await (await api('GET', '/v1/user/alerts?user=erin')).json()).toMatchObject({
+      lowBalanceThreshold: '0.50',
+      source: 'project',
+    });
+    const set = await api('POST', '/v1/user/alerts', { user: 'erin', lowBalanceThreshold: '2.50' });
+    expect(set.status).toBe(200);
+    expect(await set.json()).toMatchObject({ lowBalanceThreshold: '2.50', source: 'user' });
+    expect(
+      (await api('POST', '/v1/user/alerts', { user: 'erin', lowBalanceThreshold: '0.001' })).status,
+    ).toBe(400);
+    // 3.00 → 2.70 → 2.40: below the user's 2.50 (the project's 0.50 is far away)
+    for (let i = 0; i < 2; i++)
+      await f.client.chat.completions.create({ model: 'thirty', user: 'erin', messages });
+    expect((await events('balance.low', 'erin')).map((e) => e.data)).toEqual([
+      expect.objectContaining({ balance: '2.4', threshold: '2.5' }),
+    ]);
+    const reset = await api('POST', '/v1/user/alerts', { user: 'erin', lowBalanceThreshold: null });
+    expect(await reset.json()).toMatchObject({ lowBalanceThreshold: '0.50', source: 'project' });
   });
 });

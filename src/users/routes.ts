@@ -21,11 +21,13 @@ import {
   depositFromApi,
   disconnectUser,
   GRANT_REASON_RE,
+  getAlerts,
   getBalance,
   grantFromApi,
   type LinkSettings,
   listActivity,
   listGrants,
+  setLowBalanceThreshold,
   topupLink,
 } from './service.ts';
 
@@ -65,6 +67,8 @@ const moneyBody = z.strictObject({
   metadata: metadataSchema.optional(),
 });
 const userBody = z.strictObject({ user: userIdSchema });
+/** A user's own low-balance threshold; null: the project's applies again. */
+const alertsBody = z.strictObject({ user: userIdSchema, lowBalanceThreshold: amountInputSchema.nullable() });
 /** A credit grant: an amount, a reason, and optionally a priority and an expiry (in the future). */
 export const grantBody = z.strictObject({
   user: userIdSchema,
@@ -180,6 +184,19 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
       return send(reply, result);
     },
   );
+
+  app.get('/user/alerts', { schema: { querystring: userQuery } }, async (request) =>
+    getAlerts(ctx.db, request.project, request.query.user),
+  );
+
+  app.post('/user/alerts', { schema: { body: alertsBody } }, async (request) => {
+    const { user, lowBalanceThreshold } = request.body;
+    const threshold =
+      lowBalanceThreshold === null
+        ? null
+        : parseInput(amountSchema(request.project.currency), lowBalanceThreshold, 'lowBalanceThreshold');
+    return setLowBalanceThreshold(ctx.db, request.project, user, threshold);
+  });
 
   app.get('/user/credits', { schema: { querystring: userQuery } }, async (request) =>
     listGrants(ctx.db, request.project, request.query.user),

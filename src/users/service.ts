@@ -221,6 +221,44 @@ export async function grantFromApi(
   };
 }
 
+/**
+ * A user's own low-balance threshold (`balance.low` when a charge takes the balance below it), over the
+ * project's `lowBalanceThreshold`; `null` goes back to the project's. Creates the user when unknown.
+ */
+export async function setLowBalanceThreshold(
+  db: Database,
+  project: ApiProject,
+  externalId: string,
+  threshold: string | null,
+) {
+  const userId = await ensureUser(db, project.id, externalId);
+  await db
+    .updateTable('end_users')
+    .set({ low_balance_threshold: threshold, updated_at: sql`now()` })
+    .where('id', '=', userId)
+    .execute();
+  return getAlerts(db, project, externalId);
+}
+
+/** The low-balance threshold in force for a user: their own, else the project's, else none. */
+export async function getAlerts(db: Database, project: ApiProject, externalId: string) {
+  const row = await db
+    .selectFrom('end_users')
+    .select('low_balance_threshold')
+    .where('project_id', '=', project.id)
+    .where('external_id', '=', externalId)
+    .executeTakeFirst();
+  const own = row?.low_balance_threshold ?? null;
+  const threshold = own ?? project.settings.lowBalanceThreshold ?? null;
+  return {
+    object: 'user.alerts' as const,
+    user: externalId,
+    lowBalanceThreshold: threshold === null ? null : formatForCurrency(threshold, project.currency),
+    source: own !== null ? ('user' as const) : threshold !== null ? ('project' as const) : null,
+    currency: project.currency,
+  };
+}
+
 /** A user's credit grants, newest first (at most 100). */
 export async function listGrants(db: Database, project: ApiProject, externalId: string) {
   const wallet = await findWallet(db, project.id, externalId);
