@@ -230,6 +230,7 @@ const DERIVED: Record<string, string> = {
   DATABASE_URL: 'secrets.databaseUrl',
   REDIS_URL: 'secrets.redisUrl',
   TOLLGATE_ENCRYPTION_KEY: 'secrets.encryptionKey',
+  TOLLGATE_ENCRYPTION_KEYS: 'secrets.encryptionKeys',
   TOLLGATE_ADMIN_TOKEN: 'secrets.adminToken',
   PORT: 'proxy.port',
   OPERATOR_PORT: 'operator.port',

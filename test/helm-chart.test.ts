@@ -77,8 +77,42 @@ describe.skipIf(!available)('the Helm chart', () => {
     const refs = c.env
       .filter((e: Obj) => e.valueFrom?.secretKeyRef)
       .map((e: Obj) => e.valueFrom.secretKeyRef);
-    expect(refs.map((r: Obj) => r.name)).toEqual(['tg-tollgate-migrate', 'tg-tollgate-migrate']);
-    expect(refs.map((r: Obj) => r.key)).toEqual(['DATABASE_URL', 'TOLLGATE_ENCRYPTION_KEY']);
+    expect(refs.map((r: Obj) => r.name)).toEqual(Array(3).fill('tg-tollgate-migrate'));
+    // the key ring of a rotation (optional) reaches the migrations too
+    expect(refs.map((r: Obj) => [r.key, r.optional === true])).toEqual([
+      ['DATABASE_URL', false],
+      ['TOLLGATE_ENCRYPTION_KEY', false],
+      ['TOLLGATE_ENCRYPTION_KEYS', true],
+    ]);
+  });
+
+  it('rotates the encryption key: the ring reaches every container, and a post-upgrade Job re-seals', () => {
+    const NEW = 'cd'.repeat(32);
+    expect(render(DB).some((d) => d.kind === 'Job' && d.metadata.name === 'tg-tollgate-rotate-keys')).toBe(
+      false,
+    );
+    const docs = render([
+      ...DB,
+      '--set',
+      `secrets.encryptionKeys=${NEW}\\,${KEY}`, // helm's --set splits on unescaped commas
+      '--set',
+      'keyRotation.enabled=true',
+    ]);
+    expect(b64(find(docs, 'Secret', 'tg-tollgate').data.TOLLGATE_ENCRYPTION_KEYS)).toBe(`${NEW},${KEY}`);
+    const job = find(docs, 'Job', 'tg-tollgate-rotate-keys');
+    expect(job.metadata.annotations['helm.sh/hook']).toBe('post-install,post-upgrade');
+    const c = job.spec.template.spec.containers[0];
+    expect(c.args).toEqual(['keys', 'rotate', '--batch', '200']);
+    const ring = c.env.find((e: Obj) => e.name === 'TOLLGATE_ENCRYPTION_KEYS');
+    expect(ring.valueFrom.secretKeyRef).toMatchObject({
+      name: 'tg-tollgate',
+      key: 'TOLLGATE_ENCRYPTION_KEYS',
+    });
+    for (const name of ['tg-tollgate-proxy', 'tg-tollgate-operator']) {
+      const deployment = docs.find((d) => d.kind === 'Deployment' && d.metadata.name === name);
+      if (!deployment) continue;
+      expect(container(deployment).env.map((e: Obj) => e.name)).toContain('TOLLGATE_ENCRYPTION_KEYS');
+    }
   });
 
   it('generates one encryption key per render when none is given, the same in both Secrets', () => {
@@ -199,6 +233,7 @@ describe.skipIf(!available)('the Helm chart', () => {
     expect(refs).toEqual([
       ['DATABASE_URL', 'mine'],
       ['TOLLGATE_ENCRYPTION_KEY', 'mine'],
+      ['TOLLGATE_ENCRYPTION_KEYS', 'mine'],
       ['REDIS_URL', 'mine'],
       ['TOLLGATE_ADMIN_TOKEN', 'mine'],
     ]);

@@ -61,10 +61,17 @@ export function createLogger(config: Config): Logger {
 }
 
 /**
- * The key that seals secrets and signs links: TOLLGATE_ENCRYPTION_KEY, or with the embedded database a
- * key generated once and kept beside it in TOLLGATE_DATA_DIR.
+ * The key ring that seals secrets and signs links, the active key first: TOLLGATE_ENCRYPTION_KEYS, else
+ * TOLLGATE_ENCRYPTION_KEY, or with the embedded database a key generated once and kept beside it in
+ * TOLLGATE_DATA_DIR.
  */
-export function resolveEncryptionKey(config: Config): Buffer {
+export function resolveEncryptionKeys(config: Config): Buffer[] {
+  if (config.TOLLGATE_ENCRYPTION_KEYS)
+    return config.TOLLGATE_ENCRYPTION_KEYS.split(',').map((k) => decodeKey(k.trim())!);
+  return [resolveEncryptionKey(config)];
+}
+
+function resolveEncryptionKey(config: Config): Buffer {
   if (config.TOLLGATE_ENCRYPTION_KEY) return decodeKey(config.TOLLGATE_ENCRYPTION_KEY)!;
   if (config.DATABASE_URL) {
     throw new ConfigError(
@@ -83,13 +90,15 @@ export function resolveEncryptionKey(config: Config): Buffer {
   return key;
 }
 
-const KEY_CHECK = 'encryption_key_check';
+export const KEY_CHECK = 'encryption_key_check';
 
 /**
- * Refuses a TOLLGATE_ENCRYPTION_KEY that is not the one the database was set up with (it could open no
- * sealed secret and verify no link: every authenticated request would fail). The first start after
- * migration 0005 records the key's fingerprint — after checking the key opens a secret already sealed,
- * when there is one. Before that migration there is nothing to compare with and nothing is checked.
+ * Refuses a key ring that does not hold the key the database was set up with (it could open no sealed
+ * secret and verify no link: every authenticated request would fail). The first start after migration
+ * 0005 records the key's fingerprint — after checking the key opens a secret already sealed, when there
+ * is one. Before that migration there is nothing to compare with and nothing is checked. During a
+ * rotation the recorded fingerprint is the old key's (in the ring, after the new one) until
+ * `tollgate keys rotate` has re-sealed everything and records the new one.
  */
 export async function verifyEncryptionKey(db: Database, sealer: Sealer, keyFile?: string): Promise<void> {
   const mismatch = () =>
@@ -107,7 +116,7 @@ export async function verifyEncryptionKey(db: Database, sealer: Sealer, keyFile?
     .where('name', '=', KEY_CHECK)
     .executeTakeFirst();
   if (stored) {
-    if (stored.value !== sealer.keyCheck()) throw mismatch();
+    if (!sealer.keyChecks().includes(stored.value)) throw mismatch();
     return;
   }
   // First start with the key check: the key must open what is already sealed.
@@ -140,21 +149,22 @@ export async function verifyEncryptionKey(db: Database, sealer: Sealer, keyFile?
     .select('value')
     .where('name', '=', KEY_CHECK)
     .executeTakeFirstOrThrow();
-  if (now.value !== sealer.keyCheck()) throw mismatch();
+  if (!sealer.keyChecks().includes(now.value)) throw mismatch();
 }
 
 export async function createContext(config: Config, options: ContextOptions = {}): Promise<AppContext> {
   const log = options.log ?? createLogger(config);
-  const sealer = new Sealer(resolveEncryptionKey(config));
+  const sealer = new Sealer(resolveEncryptionKeys(config));
   const database = await openDatabase({
     url: config.DATABASE_URL,
     dataDir: config.TOLLGATE_DATA_DIR,
     poolSize: config.DATABASE_POOL_SIZE,
     ...(options.schema ? { schema: options.schema } : {}),
   });
-  const keyFile = config.TOLLGATE_ENCRYPTION_KEY
-    ? undefined
-    : join(resolve(config.TOLLGATE_DATA_DIR), 'encryption.key');
+  const keyFile =
+    config.TOLLGATE_ENCRYPTION_KEY || config.TOLLGATE_ENCRYPTION_KEYS
+      ? undefined
+      : join(resolve(config.TOLLGATE_DATA_DIR), 'encryption.key');
   try {
     await verifyEncryptionKey(database.db, sealer, keyFile);
   } catch (err) {

@@ -50,6 +50,14 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Servers',
   },
   {
+    name: 'keys rotate',
+    usage: 'keys rotate [--batch 200]',
+    summary:
+      're-seal every stored secret with the first key of TOLLGATE_ENCRYPTION_KEYS while the proxies serve (always on the database directly)',
+    options: ['batch'],
+    group: 'Servers',
+  },
+  {
     name: 'migrate',
     usage: 'migrate',
     summary: 'apply database migrations (always on the database directly)',
@@ -283,6 +291,7 @@ export const OPTIONS = {
   daily: { type: 'string' },
   monthly: { type: 'string' },
   reason: { type: 'string' },
+  batch: { type: 'string' },
   priority: { type: 'string' },
   expires: { type: 'string' },
   email: { type: 'string' },

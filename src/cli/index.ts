@@ -93,6 +93,19 @@ export async function main(argv: string[]): Promise<number> {
           );
           return 0;
         });
+      case 'keys':
+        // Always on the database directly: it needs the key ring, not an admin token.
+        return await (await import('./admin.ts')).withContext(config, async (ctx) => {
+          const { rotateKeys } = await import('../app/key-rotation.ts');
+          const batch = optionalNumber(values.batch, 'batch');
+          const result = await rotateKeys(ctx.db, ctx.sealer, { log: ctx.log, ...(batch ? { batch } : {}) });
+          const total = Object.values(result.resealed).reduce((a, b) => a + b, 0);
+          out.result(
+            result,
+            `Re-sealed ${total} secret(s) with key ${result.activeKeyId}; it is now the database's key. Keep the old key in TOLLGATE_ENCRYPTION_KEYS until the links it signed have expired, then remove it.`,
+          );
+          return 0;
+        });
       case 'payments': {
         const payments = await import('../payments/cli.ts');
         if (config.TOLLGATE_URL && config.TOLLGATE_ADMIN_TOKEN) {
@@ -155,4 +168,13 @@ function usage(message: string, pointer = 'Run `tollgate --help` for the command
 function unknownFlag(arg: string, given: string[]): boolean {
   const match = /^--([^=]+)/.exec(arg);
   return Boolean(match && given.includes(match[1]!) && !(match[1]! in OPTIONS));
+}
+
+/** An option that must be a positive whole number when given. */
+function optionalNumber(value: unknown, name: string): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1 || n > 100_000)
+    throw new UsageError(`--${name} must be a whole number from 1 to 100000`);
+  return n;
 }

@@ -66,6 +66,19 @@ const encryptionKey = z.string().refine((v) => decodeKey(v) !== undefined, {
   message:
     'must be 32 bytes, given as 64 hex characters or base64 (generate one with `openssl rand -hex 32`)',
 });
+/** A key ring: keys separated by commas, the active one first. */
+const encryptionKeys = z.string().refine(
+  (v) => {
+    const keys = v.split(',').map((k) => k.trim());
+    return (
+      keys.length > 0 && keys.every((k) => decodeKey(k) !== undefined) && new Set(keys).size === keys.length
+    );
+  },
+  {
+    message:
+      'must be 32-byte keys (64 hex characters or base64) separated by commas, the active one first, none twice',
+  },
+);
 
 export const configSchema = z.object({
   PORT: int(0, 65535).default(8080),
@@ -76,6 +89,7 @@ export const configSchema = z.object({
   TOLLGATE_DATA_DIR: z.string().min(1).default('.tollgate'),
   REDIS_URL: url(['redis:', 'rediss:']).optional(),
   TOLLGATE_ENCRYPTION_KEY: encryptionKey.optional(),
+  TOLLGATE_ENCRYPTION_KEYS: encryptionKeys.optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(4 * 1024 * 1024),
   JSON_MAX_DEPTH: int(2, 1000).default(64),
@@ -147,7 +161,9 @@ export const configDocs: Record<keyof Config, string> = {
   REDIS_URL:
     'Redis connection string (cache invalidation and wake-ups across pods). Unset: in-process stand-ins.',
   TOLLGATE_ENCRYPTION_KEY:
-    '32-byte key (64 hex characters or base64) that encrypts provider keys and webhook secrets and signs links. Required with `DATABASE_URL`; `dev` generates one in `TOLLGATE_DATA_DIR`.',
+    '32-byte key (64 hex characters or base64) that encrypts provider keys, payment keys and webhook secrets and signs links. Required with `DATABASE_URL` (or `TOLLGATE_ENCRYPTION_KEYS`); `dev` generates one in `TOLLGATE_DATA_DIR`.',
+  TOLLGATE_ENCRYPTION_KEYS:
+    'A key ring for online key rotation: keys separated by commas, the active one first; replaces `TOLLGATE_ENCRYPTION_KEY`. New secrets and links use the first; every key still opens and verifies what it sealed and signed. See [Rotating the encryption key](#rotating-the-encryption-key).',
   LOG_LEVEL: 'fatal, error, warn, info, debug, trace or silent.',
   BODY_LIMIT_BYTES: 'Largest request body accepted; larger bodies get 413.',
   JSON_MAX_DEPTH:

@@ -67,7 +67,8 @@ function sameOrigin(request: FastifyRequest): void {
 
 export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
   const ctx = app.ctx;
-  await app.register(cookie, { secret: ctx.sealer.sign('tollgate/dashboard-cookies') });
+  // every key of the ring: cookies signed with an older key stay valid through a rotation
+  await app.register(cookie, { secret: ctx.sealer.signatures('tollgate/dashboard-cookies') });
   await app.register(formbody, { bodyLimit: 256 * 1024 });
   await app.register(htmlHeaders);
 

@@ -126,6 +126,9 @@ DATABASE_URL: {{ . | b64enc | quote }}
 REDIS_URL: {{ . | b64enc | quote }}
 {{- end }}
 TOLLGATE_ENCRYPTION_KEY: {{ include "tollgate.encryptionKey" . | b64enc | quote }}
+{{- with .Values.secrets.encryptionKeys }}
+TOLLGATE_ENCRYPTION_KEYS: {{ . | b64enc | quote }}
+{{- end }}
 {{- with .Values.secrets.adminToken }}
 TOLLGATE_ADMIN_TOKEN: {{ . | b64enc | quote }}
 {{- end }}
@@ -168,6 +171,12 @@ WEBHOOK_CA_FILE: "/etc/tollgate/webhook-ca/ca.pem"
     secretKeyRef:
       name: {{ include "tollgate.secretName" .ctx }}
       key: TOLLGATE_ENCRYPTION_KEY
+- name: TOLLGATE_ENCRYPTION_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tollgate.secretName" .ctx }}
+      key: TOLLGATE_ENCRYPTION_KEYS
+      optional: true
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
