@@ -320,6 +320,35 @@ export const eventCatalog = {
       activityId: 'ledger entry id of the credit, or null',
     },
   },
+  'payment.recharge.succeeded': {
+    version: '1.0',
+    description:
+      'An automatic recharge of the user’s saved card (charged off session when the available balance fell below their threshold) was paid and credited, by the PaymentIntent’s webhook, once; `payment.succeeded` and `balance.deposit.created` come with it.',
+    data: {
+      paymentId: 'Tollgate payment id of the recharge (`pay_…`)',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string credited',
+      currency: 'lowercase currency code',
+      providerPaymentId: 'the provider’s payment id (PaymentIntent `pi_…`)',
+      activityId: 'ledger entry id of the deposit',
+      rechargedThisMonth: 'decimal string recharged this calendar month (UTC), what the monthly cap counts',
+    },
+  },
+  'payment.recharge.failed': {
+    version: '1.0',
+    description:
+      'An automatic recharge failed: the saved card was declined or needs its holder (`authentication_required`). Auto-recharge is turned off for the user (their portal says why) until they turn it on again.',
+    data: {
+      paymentId: 'Tollgate payment id of the recharge',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string that was to be charged',
+      currency: 'lowercase currency code',
+      providerPaymentId: 'the PaymentIntent `pi_…`, or null when none was created',
+      code: 'the provider’s code: `card_declined` (or its decline code), `authentication_required`, …',
+      reason: 'the provider’s message, as the portal shows it',
+      autoRecharge: 'always `off`',
+    },
+  },
   'user.connected': {
     version: '1.0',
     description: 'A user connected to the paywall.',
