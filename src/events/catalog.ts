@@ -268,14 +268,15 @@ export const eventCatalog = {
   'payment.succeeded': {
     version: '1.0',
     description:
-      'A top-up paid through the project’s payment provider (Stripe Checkout) was credited; the deposit’s own `balance.deposit.created` (source `stripe`) comes with it.',
+      'A top-up paid through the project’s payment provider (Stripe Checkout, or an automatic recharge of a saved card) was credited; the deposit’s own `balance.deposit.created` (source `stripe`) comes with it.',
     data: {
       paymentId: 'Tollgate payment id (`pay_…`)',
       externalUserId: 'the developer’s user id',
       amount: 'decimal string credited',
       currency: 'lowercase currency code',
       provider: '`stripe`',
-      providerPaymentId: 'the provider’s payment id (Checkout Session `cs_…`)',
+      providerPaymentId:
+        'the provider’s payment id (Checkout Session `cs_…`; PaymentIntent `pi_…` for a recharge)',
       activityId: 'ledger entry id of the deposit',
     },
   },
