@@ -257,7 +257,7 @@ export class RechargeService {
   /** Wallets this process is looking at now (a burst of debits starts one look, not one each). */
   readonly #looking = new Set<string>();
   /** Projects that offer auto-recharge, read at most every few seconds (the debit path asks often). */
-  readonly #offered = new Map<string, { offered: boolean; until: number }>();
+  readonly #offered = new Map<string, { offered: { maximum: string } | undefined; until: number }>();
 
   constructor(ctx: PaymentsContext) {
     this.#ctx = ctx;
@@ -318,19 +318,25 @@ export class RechargeService {
   }
 
   async #onDebit(debit: WalletDebit): Promise<void> {
-    if (!(await this.#projectOffers(debit.projectId))) return;
+    const offered = await this.#projectOffers(debit.projectId);
+    // No threshold (the project's or a user's own) lies above the project's maximum top-up.
+    if (!offered || new Money(debit.available).gte(offered.maximum)) return;
     await this.#look(debit.projectId, debit.userId);
   }
 
-  async #projectOffers(projectId: string): Promise<boolean> {
+  /** The project's auto-recharge limits when it offers it, read at most every 5 seconds per project. */
+  async #projectOffers(projectId: string): Promise<{ maximum: string } | undefined> {
     const cached = this.#offered.get(projectId);
     if (cached && cached.until > Date.now()) return cached.offered;
     const row = await this.#ctx.db
       .selectFrom('payment_connections')
-      .select(sql<boolean>`coalesce((settings->'autoRecharge'->>'offered')::boolean, false)`.as('offered'))
+      .select([
+        sql<boolean>`coalesce((settings->'autoRecharge'->>'offered')::boolean, false)`.as('offered'),
+        sql<string | null>`settings->>'maximum'`.as('maximum'),
+      ])
       .where('project_id', '=', projectId)
       .executeTakeFirst();
-    const offered = Boolean(row?.offered);
+    const offered = row?.offered && row.maximum ? { maximum: row.maximum } : undefined;
     this.#offered.set(projectId, { offered, until: Date.now() + 5_000 });
     return offered;
   }
