@@ -10,7 +10,7 @@ import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from './helpers/chat-fixture.ts';
 import { newTestId } from './helpers/context.ts';
 import { type MockUpstream, startMockUpstream } from './helpers/mock-upstream.ts';
-import { api, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
+import { api, seedProject, signUpAndIn, startTestServer, type TestServer } from './helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from './helpers/stripe-stand-in.ts';
 
 /**
@@ -350,6 +350,41 @@ describe('auto-recharge', () => {
     });
     expect(bad.status).toBe(400);
     expect(bad.body.error.param).toBe('settings.autoRecharge.amount');
+  });
+});
+
+describe('the dashboard', () => {
+  it('offers auto-recharge from the Payments page, with the threshold, amount and cap checked', async () => {
+    const token = await signUpAndIn(f.server, {
+      email: `recharge-${Date.now()}@example.com`,
+      password: 'correct horse battery staple',
+    });
+    const created = await api(f.server, token, 'POST', '/admin/v1/projects', { name: 'Dash recharge' });
+    const projectId = created.body.project.id as string;
+    await connect(f.server, projectId, { presets: ['5', '10'], minimum: '5', maximum: '50' });
+    const cookie = `tollgate_session=${encodeURIComponent(token)}`;
+    const url = `${f.server.url}/dashboard/projects/${projectId}/payments`;
+    const html = await (await fetch(url, { headers: { cookie } })).text();
+    expect(html).toContain('Offer automatic recharge');
+    const csrf = /name="csrf" value="([^"]+)"/.exec(html)![1]!;
+    const post = (form: Record<string, string>) =>
+      fetch(`${url}/auto-recharge`, {
+        method: 'POST',
+        redirect: 'manual',
+        headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ csrf, ...form }).toString(),
+      });
+    const saved = await post({ offered: 'on', threshold: '2', amount: '10', monthlyCap: '30' });
+    expect(saved.status).toBe(303);
+    expect(saved.headers.get('location')).toContain('done=auto_recharge_saved');
+    const shown = await api(f.server, ROOT, 'GET', `/admin/v1/projects/${projectId}/payments`);
+    expect(shown.body.settings.autoRecharge).toEqual({
+      offered: true,
+      threshold: '2.00',
+      amount: '10.00',
+      monthlyCap: '30.00',
+    });
+    expect((await post({ offered: 'on', amount: '60' })).status).toBe(400);
   });
 });
 
