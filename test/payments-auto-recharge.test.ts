@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../src/app/context.ts';
@@ -350,6 +352,43 @@ describe('auto-recharge', () => {
     });
     expect(bad.status).toBe(400);
     expect(bad.body.error.param).toBe('settings.autoRecharge.amount');
+  });
+});
+
+describe('the CLI', () => {
+  it('payments auto-recharge over the admin API', async () => {
+    const { projectId } = await seedProject(f.ctx, { name: 'CLI recharge' });
+    await connect(f.server, projectId, { presets: ['5', '10'], minimum: '5', maximum: '50' });
+    const env = {
+      ...process.env,
+      TOLLGATE_URL: f.server.url,
+      TOLLGATE_ADMIN_TOKEN: ROOT,
+      DATABASE_URL: '',
+      TOLLGATE_ENCRYPTION_KEY: '',
+      LOG_LEVEL: 'silent',
+    };
+    const { stdout } = await promisify(execFile)(
+      process.execPath,
+      [
+        'cmd/tollgate.ts',
+        'payments',
+        'auto-recharge',
+        '--project',
+        projectId,
+        '--offered',
+        'on',
+        '--threshold',
+        '2',
+        '--amount',
+        '10',
+        '--monthly-cap',
+        '30',
+      ],
+      { env, timeout: 30_000 },
+    );
+    expect(stdout).toContain(
+      'auto-recharge: offered; below 2.00, 10.00 at a time, at most 30.00 a month per user',
+    );
   });
 });
 
