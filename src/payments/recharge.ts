@@ -256,6 +256,7 @@ export class RechargeService {
   readonly #running = new Set<Promise<unknown>>();
   /** Wallets this process is looking at now (a burst of debits starts one look, not one each). */
   readonly #looking = new Set<string>();
+  readonly #again = new Set<string>();
   /** Projects that offer auto-recharge, read at most every few seconds (the debit path asks often). */
   readonly #offered = new Map<string, { offered: { maximum: string } | undefined; until: number }>();
 
@@ -343,7 +344,11 @@ export class RechargeService {
 
   /** Reserves a recharge for the wallet when it is due, then charges the card. */
   async #look(projectId: string, userId: string): Promise<void> {
-    if (this.#looking.has(userId)) return;
+    // A debit during a look may have read a newer balance than the look did: it asks for one more.
+    if (this.#looking.has(userId)) {
+      this.#again.add(userId);
+      return;
+    }
     this.#looking.add(userId);
     let recharge: RechargeRow | undefined;
     let project: ProjectContext | undefined;
@@ -357,6 +362,8 @@ export class RechargeService {
       this.#looking.delete(userId);
     }
     if (recharge && project) await this.#charge(project, recharge);
+    else if (this.#again.delete(userId)) await this.#look(projectId, userId);
+    this.#again.delete(userId);
   }
 
   /**
