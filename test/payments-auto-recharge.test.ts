@@ -352,6 +352,21 @@ describe('auto-recharge', () => {
     });
     expect(bad.status).toBe(400);
     expect(bad.body.error.param).toBe('settings.autoRecharge.amount');
+
+    // An endpoint made before auto-recharge is subscribed to the PaymentIntent events when it is offered.
+    const endpoint = stand.endpoints.get(shown.body.webhook.endpointId)!;
+    endpoint.enabled_events = endpoint.enabled_events.filter((e: string) => !e.startsWith('payment_intent.'));
+    const offered = await api(f.server, ROOT, 'PATCH', `/admin/v1/projects/${projectId}/payments`, {
+      autoRecharge: { offered: true },
+    });
+    expect(offered.status).toBe(200);
+    expect(endpoint.enabled_events).toEqual(
+      expect.arrayContaining([
+        'payment_intent.succeeded',
+        'payment_intent.payment_failed',
+        'charge.refunded',
+      ]),
+    );
   });
 });
 

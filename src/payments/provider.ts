@@ -17,6 +17,8 @@ export interface PaymentProvider {
   /** Creates the webhook endpoint in the developer's account for the events Tollgate needs. */
   createWebhookEndpoint(url: string): Promise<{ id: string; secret: string }>;
   deleteWebhookEndpoint(id: string): Promise<void>;
+  /** Subscribes an endpoint Tollgate created to every event it needs now (one made before auto-recharge). */
+  updateWebhookEndpoint(id: string): Promise<void>;
   createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }>;
   /** The state of a checkout (to settle an event that arrived before its checkout's completion). */
   retrieveCheckout(id: string): Promise<CheckoutState>;

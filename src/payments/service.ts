@@ -284,6 +284,24 @@ export async function updatePaymentSettings(
     .where('project_id', '=', projectId)
     .returningAll()
     .executeTakeFirstOrThrow();
+  // Offering auto-recharge needs the PaymentIntent events: an endpoint Tollgate created before they
+  // existed is subscribed to them (one made by hand must be changed in Stripe's dashboard).
+  if (
+    settings.autoRecharge.offered &&
+    !connection.settings.autoRecharge?.offered &&
+    saved.webhook_endpoint_id
+  ) {
+    try {
+      await providerOf(ctx, ctx.sealer.open(saved.key_sealed)).updateWebhookEndpoint(
+        saved.webhook_endpoint_id,
+      );
+    } catch (err) {
+      ctx.log.warn(
+        { err, projectId, endpoint: saved.webhook_endpoint_id },
+        'could not subscribe the Stripe webhook endpoint to payment_intent events; add them in the Stripe dashboard',
+      );
+    }
+  }
   return connectionView(ctx, projectId, saved);
 }
 

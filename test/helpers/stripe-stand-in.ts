@@ -4,7 +4,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 /**
  * A loopback stand-in of the parts of Stripe's API that Tollgate calls (written from Stripe's published
  * API reference), for the official `stripe` library pointed at it with STRIPE_API_URL:
- * - `GET /v1/balance` (the key check), `POST /v1/webhook_endpoints`, `DELETE /v1/webhook_endpoints/{id}`
+ * - `GET /v1/balance` (the key check), `POST /v1/webhook_endpoints`, `POST|DELETE /v1/webhook_endpoints/{id}`
  * - `POST /v1/checkout/sessions`, `GET /v1/checkout/sessions/{id}` (with `expand[]`),
  *   `GET /v1/payment_intents/{id}`
  * - `POST /v1/refunds` (then `charge.refunded` is delivered, as Stripe does)
@@ -497,6 +497,14 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
       return send(200, endpoint);
     }
     m = /^\/v1\/webhook_endpoints\/([^/]+)$/.exec(path);
+    if (m && method === 'POST') {
+      const endpoint = endpoints.get(m[1]!);
+      if (!endpoint) return missing('webhook endpoint', m[1]!);
+      if (Array.isArray(body.enabled_events)) endpoint.enabled_events = body.enabled_events;
+      if (body.url) endpoint.url = body.url;
+      const { secret: _secret, ...shown } = endpoint;
+      return send(200, shown);
+    }
     if (m && method === 'DELETE') {
       if (!endpoints.delete(m[1]!)) return missing('webhook endpoint', m[1]!);
       return send(200, { id: m[1], object: 'webhook_endpoint', deleted: true });

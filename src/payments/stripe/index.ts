@@ -119,6 +119,14 @@ export class StripeProvider implements PaymentProvider {
     }
   }
 
+  async updateWebhookEndpoint(id: string): Promise<void> {
+    try {
+      await this.#stripe.webhookEndpoints.update(id, { enabled_events: [...STRIPE_EVENTS] });
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
   async createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }> {
     const metadata = {
       tollgate_payment: input.paymentId,
