@@ -277,7 +277,8 @@ export class RechargeService {
   /**
    * The job: starts a recharge for every wallet below its threshold with auto-recharge on, and retries
    * the creation of pending recharges that have no payment yet (a process died between the reservation
-   * and Stripe's answer; the idempotency key makes the retry safe). Returns how many it started.
+   * and Stripe's answer; the idempotency key makes the retry safe). Returns how many wallets and
+   * recharges it looked at (a wallet at its monthly cap is looked at, and left alone).
    */
   async scan(limit = 200): Promise<number> {
     const { db } = this.#ctx;
@@ -289,6 +290,9 @@ export class RechargeService {
       .where('c.auto_recharge', '=', true)
       .where(
         sql<boolean>`e.balance - e.held < coalesce(c.threshold, (p.settings->'autoRecharge'->>'threshold')::numeric)`,
+      )
+      .where(
+        sql<boolean>`NOT EXISTS (SELECT 1 FROM recharges r WHERE r.user_id = c.user_id AND r.status = 'pending')`,
       )
       .limit(limit)
       .execute();
@@ -377,11 +381,15 @@ export class RechargeService {
     settings: AutoRechargeSettings,
   ): Promise<RechargeRow | undefined> {
     const { db } = this.#ctx;
-    // Most debits below the threshold find a recharge pending already: a plain read says so, without
-    // taking the wallet's lock on the hot path's row.
+    // Most debits below the threshold find a recharge pending already, or the month's cap reached: a
+    // plain read says so, without taking the wallet's lock on the hot path's row.
     const quick = await sql<{ due: boolean }>`
       SELECT (e.balance - e.held < coalesce(c.threshold, ${settings.threshold}::numeric)
-              AND NOT EXISTS (SELECT 1 FROM recharges r WHERE r.user_id = e.id AND r.status = 'pending')) AS due
+              AND NOT EXISTS (SELECT 1 FROM recharges r WHERE r.user_id = e.id AND r.status = 'pending')
+              AND (SELECT coalesce(sum(r.amount), 0) FROM recharges r
+                   WHERE r.user_id = e.id AND r.status IN ('pending', 'succeeded')
+                     AND r.created_at >= date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
+                  + coalesce(c.amount, ${settings.amount}::numeric) <= ${settings.monthlyCap}::numeric) AS due
       FROM end_users e JOIN payment_customers c ON c.user_id = e.id
       WHERE e.id = ${userId} AND c.auto_recharge`.execute(db);
     if (!quick.rows[0]?.due) return undefined;
