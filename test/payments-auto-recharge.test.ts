@@ -250,6 +250,49 @@ describe('auto-recharge', () => {
     expect(await chat(f.client, 'hank')).not.toMatch(LINK);
   });
 
+  it('a recharge whose webhook never comes and whose payment failed at Stripe is failed by the job', async () => {
+    const card = await saveCardAtCheckout(
+      f.server,
+      { projectId: f.project.id, apiKey: f.apiKey },
+      'lena',
+      '1.00',
+    );
+    stand.holdIntentEvents(true);
+    try {
+      await f.ctx.billing.charge({
+        project: f.project,
+        externalId: 'lena',
+        amount: '0.60',
+        source: 'api',
+        trigger,
+      });
+      await quiet(f.ctx);
+      const [pending] = await rechargesOf(f.ctx, 'lena');
+      expect(pending).toMatchObject({ status: 'pending' });
+      const recharges = rechargeServiceOf(f.ctx)!;
+      await recharges.scan();
+      await quiet(f.ctx);
+      expect((await rechargesOf(f.ctx, 'lena'))[0]!.status).toBe('pending'); // not silent long enough
+      // An hour later, the PaymentIntent was canceled at Stripe and no event ever came.
+      stand.intents.get(pending!.payment_intent_id!)!.status = 'canceled';
+      await f.ctx.db
+        .updateTable('recharges')
+        .set({ updated_at: new Date(Date.now() - 2 * 3600_000) })
+        .where('id', '=', pending!.id)
+        .execute();
+      await recharges.scan();
+      await quiet(f.ctx);
+    } finally {
+      stand.holdIntentEvents(false);
+    }
+    expect((await rechargesOf(f.ctx, 'lena'))[0]).toMatchObject({
+      status: 'failed',
+      failure_code: 'canceled',
+    });
+    expect(await savedCard(f.ctx, 'lena')).toMatchObject({ auto_recharge: false });
+    expect(intentCreates(card.customer_id)).toHaveLength(1);
+  });
+
   it('a declined card turns auto-recharge off, emits payment.recharge.failed, and the portal says why', async () => {
     const card = await saveCardAtCheckout(
       f.server,

@@ -22,6 +22,10 @@ export interface PaymentProvider {
   createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }>;
   /** The state of a checkout (to settle an event that arrived before its checkout's completion). */
   retrieveCheckout(id: string): Promise<CheckoutState>;
+  /** The state of a payment (a recharge whose webhook never came): its status and last error. */
+  paymentState(
+    paymentIntentId: string,
+  ): Promise<{ status: string; code: string | null; message: string | null }>;
   /** The reference Tollgate wrote on a payment (to find the top-up of a charge event that came early). */
   paymentReference(paymentIntentId: string): Promise<PaymentReference>;
   /** Asks for a refund; the ledger work is done by the refund's webhook. */

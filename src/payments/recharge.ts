@@ -277,7 +277,8 @@ export class RechargeService {
   /**
    * The job: starts a recharge for every wallet below its threshold with auto-recharge on, and retries
    * the creation of pending recharges that have no payment yet (a process died between the reservation
-   * and Stripe's answer; the idempotency key makes the retry safe). Returns how many wallets and
+   * and Stripe's answer; the idempotency key makes the retry safe), and fails pending recharges whose
+   * payment failed at Stripe without a webhook arriving within an hour. Returns how many wallets and
    * recharges it looked at (a wallet at its monthly cap is looked at, and left alone).
    */
   async scan(limit = 200): Promise<number> {
@@ -304,11 +305,23 @@ export class RechargeService {
       .where('created_at', '<', sql<Date>`now() - interval '1 minute'`)
       .limit(limit)
       .execute();
+    // Created but unheard of for an hour (an endpoint without the payment_intent events, a lost
+    // delivery): a payment that failed at Stripe fails here too, so the wallet is not blocked forever.
+    const silent = await db
+      .selectFrom('recharges')
+      .select(['id', 'project_id', 'payment_intent_id'])
+      .where('status', '=', 'pending')
+      .where('payment_intent_id', 'is not', null)
+      .where('updated_at', '<', sql<Date>`now() - interval '1 hour'`)
+      .limit(limit)
+      .execute();
     const work: Array<Promise<unknown>> = [];
     for (const w of below) work.push(this.#background(this.#look(w.project_id, w.user_id)));
     for (const r of stuck) work.push(this.#background(this.#retry(r.id, r.project_id)));
+    for (const r of silent)
+      work.push(this.#background(this.#reconcile(r.id, r.project_id, r.payment_intent_id!)));
     await Promise.allSettled(work);
-    return below.length + stuck.length;
+    return below.length + stuck.length + silent.length;
   }
 
   #background<T>(work: Promise<T>): Promise<T | undefined> {
@@ -450,6 +463,27 @@ export class RechargeService {
       .where('status', '=', 'pending')
       .executeTakeFirst();
     if (recharge) await this.#charge(project, recharge);
+  }
+
+  /** A pending recharge whose webhook never came: failed at Stripe → failed here (never credited here). */
+  async #reconcile(rechargeId: string, projectId: string, paymentIntentId: string): Promise<void> {
+    const project = await this.#ctx.projects.get(projectId);
+    const payments = project && (await paymentsOf(this.#ctx, projectId));
+    if (!project || !payments) return;
+    const state = await payments.provider.paymentState(paymentIntentId);
+    if (['requires_payment_method', 'requires_action', 'canceled'].includes(state.status)) {
+      await failRecharge(this.#ctx, project, rechargeId, {
+        code: state.code ?? state.status,
+        message: state.message ?? `The payment was not completed (${state.status}).`,
+        paymentIntentId,
+        actorId: rechargeId,
+      });
+    } else if (state.status === 'succeeded') {
+      this.#ctx.log.warn(
+        { projectId, rechargeId, paymentIntentId },
+        'a recharge succeeded at Stripe but its payment_intent.succeeded webhook has not arrived; it is credited when it does (check the endpoint’s events)',
+      );
+    }
   }
 
   /** Charges the saved card off session (idempotency key: the recharge); the webhook credits it. */

@@ -177,6 +177,20 @@ export class StripeProvider implements PaymentProvider {
     }
   }
 
+  async paymentState(paymentIntentId: string) {
+    try {
+      const intent = await this.#stripe.paymentIntents.retrieve(paymentIntentId);
+      const error = intent.last_payment_error;
+      return {
+        status: intent.status,
+        code: error?.code ?? error?.decline_code ?? null,
+        message: error?.message ?? null,
+      };
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
   async paymentReference(paymentIntentId: string): Promise<PaymentReference> {
     try {
       const intent = await this.#stripe.paymentIntents.retrieve(paymentIntentId);
