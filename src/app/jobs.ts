@@ -1,5 +1,6 @@
 import { deleteExpiredSessions } from '../admin/accounts.ts';
 import { deleteExpiredIdempotencyKeys } from '../idempotency/index.ts';
+import { rechargeServiceOf } from '../payments/routes.ts';
 import { pruneOnce } from '../retention/index.ts';
 import { deleteExpiredLinkNonces } from '../users/service.ts';
 import type { AppContext } from './context.ts';
@@ -27,6 +28,12 @@ export const maintenanceJobs: Job[] = [
     name: 'credit-grant-expiry',
     intervalMs: 60_000,
     run: (ctx) => ctx.billing.expireGrants(),
+  },
+  {
+    // Auto-recharge of wallets below their threshold that no debit on this pod saw (src/payments/recharge.ts).
+    name: 'auto-recharge',
+    intervalMs: 60_000,
+    run: async (ctx) => (await rechargeServiceOf(ctx)?.scan()) ?? 0,
   },
   {
     name: 'idempotency-key-cleanup',

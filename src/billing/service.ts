@@ -54,6 +54,8 @@ export class BillingService {
   readonly #closeQueues = new Map<string, GroupCommit<CloseItem, CloseRow | undefined>>();
   /** Effects waiting for the commit of a transaction opened by `transaction()`. */
   readonly #afterCommit = new WeakMap<Transaction<DB>, Array<() => void>>();
+  /** Told of every committed debit (settle or charge): auto-recharge watches balances this way. */
+  readonly #debitListeners: Array<(debit: WalletDebit) => void> = [];
 
   constructor(options: {
     database: DatabaseHandle;
@@ -210,6 +212,13 @@ export class BillingService {
     );
     if (!row) return { charged: '0', shortfall: '0', wallet: undefined };
     this.#metrics.holdsOpen.dec({ project: project.id });
+    if (new Money(row.charged).gt(0))
+      this.#debited({
+        projectId: project.id,
+        userId: row.user_id,
+        externalId: row.external_id,
+        available: formatAmount(new Money(row.balance).minus(row.held)),
+      });
     if (envelopes.length) this.#events.wake();
     const chargedAmount = new Money(row.charged);
     let shortfall = new Money(0);
@@ -312,6 +321,12 @@ export class BillingService {
       if (result.ok) {
         after(() => {
           if (result.event) this.#events.wake();
+          this.#debited({
+            projectId: input.project.id,
+            userId: result.wallet.userId,
+            externalId: result.wallet.externalId,
+            available: result.wallet.available,
+          });
           this.#metrics.charged.inc(
             {
               project: input.project.id,
@@ -383,6 +398,28 @@ export class BillingService {
     trigger: Trigger;
   }): Promise<SubscriptionAccess> {
     return subscriptionAccess(this, this.#db, input);
+  }
+
+  /**
+   * Calls `listener` after every committed debit of a wallet (a settle that charged, or a charge), on
+   * this process, synchronously: a listener that has work to do starts it in the background.
+   */
+  onDebit(listener: (debit: WalletDebit) => void): () => void {
+    this.#debitListeners.push(listener);
+    return () => {
+      const i = this.#debitListeners.indexOf(listener);
+      if (i >= 0) this.#debitListeners.splice(i, 1);
+    };
+  }
+
+  #debited(debit: WalletDebit): void {
+    for (const listener of this.#debitListeners) {
+      try {
+        listener(debit);
+      } catch (err) {
+        this.#log.error({ err }, 'a debit listener failed');
+      }
+    }
   }
 
   /** Registers an effect of `tx` (a transaction of `transaction()`), run after it commits. */
@@ -471,6 +508,14 @@ export class BillingService {
     }
     return queue;
   }
+}
+
+/** A committed debit of a wallet, and the wallet's available balance after it. */
+export interface WalletDebit {
+  projectId: string;
+  userId: string;
+  externalId: string;
+  available: string;
 }
 
 /** An open hold: what a request reserved. */

@@ -243,6 +243,15 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Payments',
   },
   {
+    name: 'payments auto-recharge',
+    usage:
+      'payments auto-recharge --project ID --offered on|off [--threshold 2] [--amount 10] [--monthly-cap 50]',
+    summary:
+      "offer automatic recharge of users' saved cards below a threshold, within a monthly cap per user",
+    options: ['project', 'offered', 'threshold', 'amount', 'monthly-cap'],
+    group: 'Payments',
+  },
+  {
     name: 'payments refund',
     usage: 'payments refund --project ID --payment PAY_ID [--amount 5.00]',
     summary: "refund (part of) a top-up through Stripe; the webhook debits the user's balance",
@@ -303,6 +312,9 @@ export const OPTIONS = {
   minimum: { type: 'string' },
   maximum: { type: 'string' },
   payment: { type: 'string' },
+  offered: { type: 'string' },
+  threshold: { type: 'string' },
+  'monthly-cap': { type: 'string' },
 } as const;
 
 export function globalHelp(): string {

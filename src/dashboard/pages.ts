@@ -30,6 +30,7 @@ export const MESSAGES = {
     model_deleted: 'Model deleted.',
     pricing_applied: 'Pricing file applied.',
     payments_connected: 'Stripe connected: the key was checked and sealed.',
+    auto_recharge_saved: 'Automatic recharge settings saved.',
     payments_disconnected: 'Stripe disconnected.',
     refund_requested: 'Refund asked of Stripe; the balance is debited when Stripe confirms it.',
     deposited: 'Deposited.',

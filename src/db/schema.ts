@@ -149,6 +149,18 @@ export interface PaymentSettings {
   presets?: string[];
   minimum?: string;
   maximum?: string;
+  /** Auto-recharge of a saved card (issue 25): offered or not, the defaults, and the monthly cap per user. */
+  autoRecharge?: AutoRechargeSettings;
+}
+
+export interface AutoRechargeSettings {
+  offered: boolean;
+  /** Recharge when the available balance falls below this (a user may choose their own). */
+  threshold: string;
+  /** What one recharge adds (a user may choose their own, within minimum and maximum). */
+  amount: string;
+  /** The most recharged per user per calendar month (UTC). */
+  monthlyCap: string;
 }
 
 export interface PaymentConnectionsTable {
@@ -188,6 +200,38 @@ export interface PaymentsTable {
   created_at: Timestamp;
   updated_at: Timestamp;
   paid_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  /** The payer ticked "save this card and recharge automatically" at checkout. */
+  save_card: Default<boolean>;
+}
+
+export interface PaymentCustomersTable {
+  user_id: string;
+  project_id: string;
+  provider: string;
+  customer_id: string;
+  payment_method_id: string | null;
+  auto_recharge: Default<boolean>;
+  threshold: Numeric | null;
+  amount: Numeric | null;
+  failure_reason: string | null;
+  failed_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+export interface RechargesTable {
+  /** The id of its `payments` row. */
+  id: string;
+  project_id: string;
+  user_id: string;
+  status: Default<'pending' | 'succeeded' | 'failed'>;
+  amount: Numeric;
+  currency: string;
+  payment_intent_id: string | null;
+  failure_code: string | null;
+  failure_reason: string | null;
+  created_at: Timestamp;
+  updated_at: Timestamp;
 }
 
 export interface PaymentMovementsTable {
@@ -452,6 +496,8 @@ export interface DB {
   payment_connections: PaymentConnectionsTable;
   payments: PaymentsTable;
   payment_movements: PaymentMovementsTable;
+  payment_customers: PaymentCustomersTable;
+  recharges: RechargesTable;
 }
 
 export type Project = Selectable<ProjectsTable>;

@@ -268,14 +268,15 @@ export const eventCatalog = {
   'payment.succeeded': {
     version: '1.0',
     description:
-      'A top-up paid through the project’s payment provider (Stripe Checkout) was credited; the deposit’s own `balance.deposit.created` (source `stripe`) comes with it.',
+      'A top-up paid through the project’s payment provider (Stripe Checkout, or an automatic recharge of a saved card) was credited; the deposit’s own `balance.deposit.created` (source `stripe`) comes with it.',
     data: {
       paymentId: 'Tollgate payment id (`pay_…`)',
       externalUserId: 'the developer’s user id',
       amount: 'decimal string credited',
       currency: 'lowercase currency code',
       provider: '`stripe`',
-      providerPaymentId: 'the provider’s payment id (Checkout Session `cs_…`)',
+      providerPaymentId:
+        'the provider’s payment id (Checkout Session `cs_…`; PaymentIntent `pi_…` for a recharge)',
       activityId: 'ledger entry id of the deposit',
     },
   },
@@ -318,6 +319,35 @@ export const eventCatalog = {
       amount: 'decimal string credited back (0 when lost)',
       currency: 'lowercase currency code',
       activityId: 'ledger entry id of the credit, or null',
+    },
+  },
+  'payment.recharge.succeeded': {
+    version: '1.0',
+    description:
+      'An automatic recharge of the user’s saved card (charged off session when the available balance fell below their threshold) was paid and credited, by the PaymentIntent’s webhook, once; `payment.succeeded` and `balance.deposit.created` come with it.',
+    data: {
+      paymentId: 'Tollgate payment id of the recharge (`pay_…`)',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string credited',
+      currency: 'lowercase currency code',
+      providerPaymentId: 'the provider’s payment id (PaymentIntent `pi_…`)',
+      activityId: 'ledger entry id of the deposit',
+      rechargedThisMonth: 'decimal string recharged this calendar month (UTC), what the monthly cap counts',
+    },
+  },
+  'payment.recharge.failed': {
+    version: '1.0',
+    description:
+      'An automatic recharge failed: the saved card was declined or needs its holder (`authentication_required`). Auto-recharge is turned off for the user (their portal says why) until they turn it on again.',
+    data: {
+      paymentId: 'Tollgate payment id of the recharge',
+      externalUserId: 'the developer’s user id',
+      amount: 'decimal string that was to be charged',
+      currency: 'lowercase currency code',
+      providerPaymentId: 'the PaymentIntent `pi_…`, or null when none was created',
+      code: 'the provider’s code: `card_declined` (or its decline code), `authentication_required`, …',
+      reason: 'the provider’s message, as the portal shows it',
+      autoRecharge: 'always `off`',
     },
   },
   'user.connected': {

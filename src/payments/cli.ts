@@ -4,10 +4,17 @@ import { UsageError } from '../cli/output.ts';
 import type { AdminClient } from '../cli/remote.ts';
 import { optional, required, type Values } from '../cli/values.ts';
 import { getProject } from '../projects/service.ts';
-import { connectPayments, disconnectPayments, listPayments, refundPayment, showPayments } from './service.ts';
+import {
+  connectPayments,
+  disconnectPayments,
+  listPayments,
+  refundPayment,
+  showPayments,
+  updatePaymentSettings,
+} from './service.ts';
 
 /**
- * `tollgate payments connect|show|disconnect|list|refund`: on the database directly, or over the admin
+ * `tollgate payments connect|show|auto-recharge|disconnect|list|refund`: on the database directly, or over the admin
  * API when TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN are set (the same operations either way).
  */
 
@@ -17,6 +24,7 @@ type Json = any;
 export interface PaymentsApi {
   connect(projectId: string, body: Record<string, unknown>): Promise<Json>;
   show(projectId: string): Promise<Json>;
+  settings(projectId: string, body: Record<string, unknown>): Promise<Json>;
   disconnect(projectId: string): Promise<Json>;
   list(projectId: string, user: string | undefined): Promise<Json>;
   refund(projectId: string, paymentId: string, amount: string | undefined): Promise<Json>;
@@ -29,6 +37,8 @@ export function localPaymentsApi(ctx: AppContext): PaymentsApi {
       return connectPayments(ctx, projectId, body as Parameters<typeof connectPayments>[2]);
     },
     show: (projectId) => showPayments(ctx, projectId),
+    settings: (projectId, body) =>
+      updatePaymentSettings(ctx, projectId, body as Parameters<typeof updatePaymentSettings>[2]),
     disconnect: (projectId) => disconnectPayments(ctx, projectId),
     list: (projectId, user) => listPayments(ctx, projectId, { user, limit: 100 }),
     refund: (projectId, paymentId, amount) => refundPayment(ctx, projectId, paymentId, { amount }),
@@ -40,6 +50,7 @@ export function remotePaymentsApi(client: AdminClient): PaymentsApi {
   return {
     connect: (projectId, body) => client.call('PUT', base(projectId), body),
     show: (projectId) => client.call('GET', base(projectId)),
+    settings: (projectId, body) => client.call('PATCH', base(projectId), body),
     disconnect: (projectId) => client.call('DELETE', base(projectId)),
     list: (projectId, user) =>
       client.call(
@@ -62,6 +73,9 @@ function describe(view: Json): string[] {
     `  key: ${view.keyHint} (sealed; never shown again)`,
     `  webhook: ${view.webhook.url} (${view.webhook.managed ? `endpoint ${view.webhook.endpointId}` : 'endpoint made by hand'})`,
     `  top-ups: presets ${view.settings.presets?.join(', ')}; minimum ${view.settings.minimum}; maximum ${view.settings.maximum}`,
+    view.settings.autoRecharge?.offered
+      ? `  auto-recharge: offered; below ${view.settings.autoRecharge.threshold}, ${view.settings.autoRecharge.amount} at a time, at most ${view.settings.autoRecharge.monthlyCap} a month per user`
+      : '  auto-recharge: not offered',
   ];
 }
 
@@ -92,6 +106,22 @@ export async function paymentsCommand(
     }
     case 'show': {
       const view = await api.show(projectId);
+      return out.result(view, describe(view));
+    }
+    case 'auto-recharge': {
+      const offered = required(values, 'offered');
+      if (offered !== 'on' && offered !== 'off') throw new UsageError('--offered must be on or off');
+      const threshold = optional(values, 'threshold');
+      const amount = optional(values, 'amount');
+      const monthlyCap = optional(values, 'monthly-cap');
+      const view = await api.settings(projectId, {
+        autoRecharge: {
+          offered: offered === 'on',
+          ...(threshold ? { threshold } : {}),
+          ...(amount ? { amount } : {}),
+          ...(monthlyCap ? { monthlyCap } : {}),
+        },
+      });
       return out.result(view, describe(view));
     }
     case 'disconnect': {

@@ -8,6 +8,7 @@ import { createLinkToken, linkUrl } from '../users/links.ts';
 import { html, PRIVATE_HEADERS, problemPage, type Raw, raw, sendPage, TOKEN_SHAPE } from '../users/pages.ts';
 import { openLink } from '../users/service.ts';
 import { PaymentProviderError } from './provider.ts';
+import { autoRechargeOf, setAutoRecharge } from './recharge.ts';
 import { checkSettings, type PaymentsContext, paymentsOf, startCheckout } from './service.ts';
 
 /**
@@ -132,6 +133,11 @@ ${settings.presets.map(
 <label>Other amount (${money(settings.minimum)} to ${money(settings.maximum)}):
 <input type="text" name="custom" inputmode="decimal" value="${custom}" aria-label="Other amount"></label>
 </fieldset>
+${
+  settings.autoRecharge.offered
+    ? html`<p><label><input type="checkbox" name="saveCard" value="on"> Save this card and recharge automatically: when your available balance falls below ${money(settings.autoRecharge.threshold)}, ${money(settings.autoRecharge.amount)} is charged to it (at most ${money(settings.autoRecharge.monthlyCap)} a month; change or turn it off in your portal)</label></p>`
+    : raw('')
+}
 <button type="submit">Pay</button>
 </form>
 <p class="muted">You pay on a secure checkout page; your balance is credited as soon as the payment is confirmed. <a href="${portal}">Your balance and receipts</a></p>`,
@@ -210,8 +216,10 @@ export async function paymentPageRoutes(app: FastifyInstance): Promise<void> {
     const again = (error: string, status: number) =>
       checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status });
     if (!isOwnForm(request, proof)) return again('Press Pay on this page to pay.', 400);
-    const chosen = chosenAmount((request.body ?? {}) as Record<string, unknown>, project.currency, settings);
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const chosen = chosenAmount(body, project.currency, settings);
     if (!chosen.ok) return again(chosen.error, 400);
+    const saveCard = settings.autoRecharge.offered && body.saveCard === 'on';
     try {
       const checkout = await startCheckout(ctx, {
         project,
@@ -219,6 +227,7 @@ export async function paymentPageRoutes(app: FastifyInstance): Promise<void> {
         amount: chosen.amount,
         successUrl: (paymentId) => `${ctx.publicBaseUrl}/payments/done/${doneToken(ctx, paymentId)}`,
         cancelUrl: `${ctx.publicBaseUrl}/topup/${token}?cancelled=1`,
+        saveCard,
       });
       return reply.headers(PRIVATE_HEADERS).redirect(checkout.url, 303);
     } catch (err) {
@@ -263,51 +272,101 @@ ${payment.receipt_url ? html`<p><a href="${payment.receipt_url}">Receipt</a></p>
     );
   });
 
-  app.get('/portal/*', async (request, reply) => {
+  const openPortal = async (request: FastifyRequest, reply: FastifyReply) => {
     const token = tokenParam(request);
-    if (!TOKEN_SHAPE.test(token)) return problemPage(reply, 'malformed');
+    if (!TOKEN_SHAPE.test(token)) {
+      await problemPage(reply, 'malformed');
+      return undefined;
+    }
     const opened = await openLink(ctx, 'portal', token);
-    if (!opened.ok) return problemPage(reply, opened.problem);
-    const { project, payload } = opened;
-    const user = payload.u;
-    const money = (v: string) =>
-      `${formatForCurrency(v, project.currency)} ${project.currency.toUpperCase()}`;
-    const wallet = await findWallet(ctx.db, project.id, user);
-    const payments = wallet
-      ? await ctx.db
-          .selectFrom('payments')
-          .selectAll()
-          .where('project_id', '=', project.id)
-          .where('user_id', '=', wallet.userId)
-          .where('status', '!=', 'pending')
-          .orderBy('id', 'desc')
-          .limit(50)
-          .execute()
-      : [];
-    const activity = wallet
-      ? await ctx.db
-          .selectFrom('ledger_entries')
-          .select(['id', 'kind', 'amount', 'source', 'description', 'created_at'])
-          .where('user_id', '=', wallet.userId)
-          .where('kind', 'in', ['deposit', 'charge'])
-          .orderBy('id', 'desc')
-          .limit(30)
-          .execute()
-      : [];
-    const day = (d: Date) => d.toISOString().slice(0, 16).replace('T', ' ');
-    const rows = (items: Raw[], columns: number) =>
-      items.length ? items : [html`<tr><td colspan="${columns}">None yet.</td></tr>`];
-    return sendPage(
-      reply,
-      200,
-      `Your ${project.name} balance`,
-      html`${raw(CHECKOUT_STYLE)}<h1>Your ${project.name} balance</h1>
+    if (!opened.ok) {
+      await problemPage(reply, opened.problem);
+      return undefined;
+    }
+    return { token, project: opened.project, user: opened.payload.u };
+  };
+
+  app.get('/portal/*', async (request, reply) => {
+    const opened = await openPortal(request, reply);
+    if (!opened) return reply;
+    return portalPage(reply, ctx, opened);
+  });
+
+  // The portal's auto-recharge form: on/off, the user's own threshold and amount.
+  app.post('/portal/*', async (request, reply) => {
+    const opened = await openPortal(request, reply);
+    if (!opened) return reply;
+    const proof = ctx.sealer.sign(`portal-form:${opened.token}`);
+    if (!isOwnForm(request, proof))
+      return portalPage(reply, ctx, { ...opened, error: 'Press Save on this page.', status: 400 });
+    const wallet = await findWallet(ctx.db, opened.project.id, opened.user);
+    if (!wallet)
+      return portalPage(reply, ctx, { ...opened, error: 'Top up first to save a card.', status: 400 });
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const saved = await setAutoRecharge(ctx as PaymentsContext, opened.project, wallet.userId, {
+      on: body.autoRecharge === 'on',
+      threshold: String(body.threshold ?? ''),
+      amount: String(body.rechargeAmount ?? ''),
+    });
+    if (!saved.ok) return portalPage(reply, ctx, { ...opened, error: saved.error, status: 400 });
+    return portalPage(reply, ctx, { ...opened, notice: 'Saved.' });
+  });
+}
+
+async function portalPage(
+  reply: FastifyReply,
+  ctx: Ctx,
+  input: {
+    token: string;
+    project: ProjectContext;
+    user: string;
+    notice?: string;
+    error?: string;
+    status?: number;
+  },
+) {
+  const { project, user } = input;
+  const money = (v: string) => `${formatForCurrency(v, project.currency)} ${project.currency.toUpperCase()}`;
+  const wallet = await findWallet(ctx.db, project.id, user);
+  const payments = wallet
+    ? await ctx.db
+        .selectFrom('payments')
+        .selectAll()
+        .where('project_id', '=', project.id)
+        .where('user_id', '=', wallet.userId)
+        .where('status', '!=', 'pending')
+        .orderBy('id', 'desc')
+        .limit(50)
+        .execute()
+    : [];
+  const activity = wallet
+    ? await ctx.db
+        .selectFrom('ledger_entries')
+        .select(['id', 'kind', 'amount', 'source', 'description', 'created_at'])
+        .where('user_id', '=', wallet.userId)
+        .where('kind', 'in', ['deposit', 'charge'])
+        .orderBy('id', 'desc')
+        .limit(30)
+        .execute()
+    : [];
+  const day = (d: Date) => d.toISOString().slice(0, 16).replace('T', ' ');
+  const rows = (items: Raw[], columns: number) =>
+    items.length ? items : [html`<tr><td colspan="${columns}">None yet.</td></tr>`];
+  const recharge = await autoRechargeOf(ctx as PaymentsContext, project, wallet?.userId);
+  return sendPage(
+    reply,
+    input.status ?? 200,
+    `Your ${project.name} balance`,
+    html`${raw(CHECKOUT_STYLE)}<h1>Your ${project.name} balance</h1>
 <dl>
 <dt>Account</dt><dd>${user}</dd>
 <dt>Balance</dt><dd><strong>${money(wallet?.balance ?? '0')}</strong></dd>
 <dt>Available</dt><dd>${money(wallet?.available ?? '0')}</dd>
 </dl>
+${input.notice ? html`<p class="muted" role="status">${input.notice}</p>` : raw('')}
+${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
 <p><a class="button" href="${topupUrl(ctx, project.id, user)}">Top up</a></p>
+${recharge ? rechargeSection(ctx, input.token, recharge, money, project.currency) : raw('')}
 <h2>Top-ups</h2>
 <table><thead><tr><th>Date</th><th>Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
 ${rows(
@@ -331,6 +390,28 @@ ${rows(
 )}
 </tbody></table>
 <p class="muted">This page is private to you; the link expires.</p>`,
-    );
-  });
+  );
+}
+
+function rechargeSection(
+  ctx: Ctx,
+  token: string,
+  r: NonNullable<Awaited<ReturnType<typeof autoRechargeOf>>>,
+  money: (v: string) => string,
+  currency: string,
+): Raw {
+  const failed = r.failureReason
+    ? html`<p class="error" role="alert" id="recharge-failed">Automatic recharge was turned off: the last recharge failed — ${r.failureReason} Turn it on again once the card works, or save another card at your next top-up.</p>`
+    : raw('');
+  if (!r.saved)
+    return html`<h2>Automatic recharge</h2>${failed}<p class="muted">Tick “save this card and recharge automatically” when you top up, and your balance is recharged when it runs low.</p>`;
+  return html`<h2>Automatic recharge</h2>${failed}
+<p>${r.on ? html`On: when your available balance falls below <strong>${money(r.threshold)}</strong>, <strong>${money(r.amount)}</strong> is charged to your saved card (at most ${money(r.settings.monthlyCap)} a month).` : raw('Off.')}</p>
+<form method="post">
+<input type="hidden" name="confirm" value="${ctx.sealer.sign(`portal-form:${token}`)}">
+<p><label><input type="checkbox" name="autoRecharge" value="on"${raw(r.on ? ' checked' : '')}> Recharge automatically</label></p>
+<p><label>When the balance falls below: <input type="text" name="threshold" inputmode="decimal" value="${formatForCurrency(r.threshold, currency)}"></label></p>
+<p><label>Recharge (${money(r.minimum)} to ${money(r.maximum)}): <input type="text" name="rechargeAmount" inputmode="decimal" value="${formatForCurrency(r.amount, currency)}"></label></p>
+<button type="submit">Save</button>
+</form>`;
 }

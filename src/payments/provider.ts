@@ -6,9 +6,9 @@ import { currencyDecimals, formatAmount, Money } from '../core/money.ts';
  * normalises (`parseWebhook`); ./service.ts applies an action once, with the provider's object id in its
  * movement key. Stripe is ./stripe; a second provider implements the same interface.
  *
- * Issue 25 (saved cards, off-session recharges) adds methods here — e.g. `saveCardAtCheckout` on
- * `CheckoutInput` and `chargeSavedCard(customer, amount, idempotencyKey)` — and an action for the
- * off-session payment's outcome; nothing else in the boundary has to change.
+ * Saved cards and off-session recharges (issue 25): `saveCard` on `CheckoutInput` keeps the card for
+ * later (the checkout's customer and payment method come back on `CheckoutState`), `chargeSavedCard`
+ * charges it off session, and the payment's outcome arrives as `intent_succeeded` / `intent_failed`.
  */
 export interface PaymentProvider {
   readonly name: 'stripe';
@@ -17,9 +17,15 @@ export interface PaymentProvider {
   /** Creates the webhook endpoint in the developer's account for the events Tollgate needs. */
   createWebhookEndpoint(url: string): Promise<{ id: string; secret: string }>;
   deleteWebhookEndpoint(id: string): Promise<void>;
+  /** Subscribes an endpoint Tollgate created to every event it needs now (one made before auto-recharge). */
+  updateWebhookEndpoint(id: string): Promise<void>;
   createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }>;
   /** The state of a checkout (to settle an event that arrived before its checkout's completion). */
   retrieveCheckout(id: string): Promise<CheckoutState>;
+  /** The state of a payment (a recharge whose webhook never came): its status and last error. */
+  paymentState(
+    paymentIntentId: string,
+  ): Promise<{ status: string; code: string | null; message: string | null }>;
   /** The reference Tollgate wrote on a payment (to find the top-up of a charge event that came early). */
   paymentReference(paymentIntentId: string): Promise<PaymentReference>;
   /** Asks for a refund; the ledger work is done by the refund's webhook. */
@@ -28,6 +34,12 @@ export interface PaymentProvider {
     status: string;
     amountMinor: number;
   }>;
+  /**
+   * Charges a saved card off session for a recharge. Resolves with the provider's payment (which is
+   * credited only by its webhook); a declined card or one that needs its holder throws a
+   * PaymentProviderError with `declined` set.
+   */
+  chargeSavedCard(input: SavedCardCharge): Promise<{ id: string; status: string }>;
   /** Verifies the signature (throws WebhookSignatureError) and normalises the event. */
   parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): WebhookAction;
 }
@@ -43,6 +55,21 @@ export interface CheckoutInput {
   successUrl: string;
   cancelUrl: string;
   idempotencyKey: string;
+  /** Keep the card for off-session recharges (a customer is created for it). */
+  saveCard?: boolean;
+}
+
+export interface SavedCardCharge {
+  /** Tollgate's payment id of the recharge. */
+  paymentId: string;
+  projectId: string;
+  externalId: string;
+  customerId: string;
+  paymentMethodId: string | null;
+  currency: string;
+  amountMinor: number;
+  description: string;
+  idempotencyKey: string;
 }
 
 export interface CheckoutState {
@@ -54,6 +81,10 @@ export interface CheckoutState {
   chargeId: string | null;
   receiptUrl: string | null;
   reference: PaymentReference;
+  /** The customer the checkout created or used (a saved card's owner), when any. */
+  customerId: string | null;
+  /** The card paid with (known when the payment was read expanded). */
+  paymentMethodId: string | null;
 }
 
 /** What Tollgate wrote on the checkout: its payment, project and user. */
@@ -88,13 +119,37 @@ export type WebhookAction =
       /** The provider's dispute status (`won`, `lost`, `needs_response`, …). */
       status: string;
     }
+  | {
+      type: 'intent_succeeded';
+      eventId: string;
+      paymentIntentId: string;
+      amountMinor: number;
+      currency: string;
+      chargeId: string | null;
+      reference: PaymentReference;
+    }
+  | {
+      type: 'intent_failed';
+      eventId: string;
+      paymentIntentId: string;
+      /** The provider's code (`card_declined`, `authentication_required`, …). */
+      code: string | null;
+      message: string;
+      reference: PaymentReference;
+    }
   | { type: 'ignored'; eventId: string; eventType: string };
 
 export class PaymentProviderError extends Error {
   readonly status: number | undefined;
-  constructor(message: string, status?: number) {
+  /** The provider's error code (`card_declined`, `authentication_required`, …). */
+  readonly code: string | undefined;
+  /** The card was declined or needs its holder: retrying off session will not help. */
+  readonly declined: boolean;
+  constructor(message: string, status?: number, extra: { code?: string; declined?: boolean } = {}) {
     super(message);
     this.status = status;
+    this.code = extra.code;
+    this.declined = extra.declined ?? false;
   }
 }
 

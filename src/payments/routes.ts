@@ -3,7 +3,15 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { textInput } from '../core/validation.ts';
 import { portalLink } from './pages.ts';
-import { handleWebhook } from './service.ts';
+import { RechargeService } from './recharge.ts';
+import { handleWebhook, type PaymentsContext } from './service.ts';
+
+const rechargeServices = new WeakMap<object, RechargeService>();
+
+/** The auto-recharge runner of a server's context (src/payments/recharge.ts), once its routes are up. */
+export function rechargeServiceOf(ctx: object): RechargeService | undefined {
+  return rechargeServices.get(ctx);
+}
 
 /**
  * `POST /payments/stripe/{projectId}/webhook` — the receiver of the developer's Stripe account's
@@ -12,6 +20,14 @@ import { handleWebhook } from './service.ts';
  */
 export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> {
   const ctx = app.ctx;
+  // Auto-recharge watches every committed debit of this process, and finishes its work before closing.
+  const recharges = new RechargeService(ctx as PaymentsContext);
+  rechargeServices.set(ctx, recharges);
+  const stopWatching = ctx.billing.onDebit(recharges.onDebit);
+  app.addHook('onClose', async () => {
+    stopWatching();
+    await recharges.idle();
+  });
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: 1024 * 1024 }, (_request, body, done) => {
     done(null, body);

@@ -16,6 +16,7 @@ import {
   type WebhookAction,
   WebhookSignatureError,
 } from './provider.ts';
+import { failRecharge, rechargeSucceeded, saveCard } from './recharge.ts';
 import { keyHint, StripeProvider } from './stripe/index.ts';
 
 /**
@@ -40,11 +41,21 @@ const trigger = (source: string, actorId: string): Trigger => ({
 
 // ---- connecting a provider ----
 
+export const autoRechargeSettingsSchema = z.strictObject({
+  offered: z.boolean().optional(),
+  threshold: z.string().optional(),
+  amount: z.string().optional(),
+  monthlyCap: z.string().optional(),
+});
+
 export const paymentSettingsSchema = z.strictObject({
   presets: z.array(z.string()).max(6).optional(),
   minimum: z.string().optional(),
   maximum: z.string().optional(),
+  autoRecharge: autoRechargeSettingsSchema.optional(),
 });
+
+export type PaymentSettingsInput = z.infer<typeof paymentSettingsSchema>;
 
 export const connectBody = z
   .strictObject({
@@ -69,7 +80,7 @@ export type ConnectInput = z.input<typeof connectBody>;
 /** The project's top-up options in its currency, checked: presets, minimum and maximum. */
 export function checkSettings(
   currency: string,
-  input: PaymentSettings | undefined,
+  input: PaymentSettingsInput | PaymentSettings | undefined,
 ): Required<PaymentSettings> {
   const amount = (param: string, v: string) =>
     parseInput(z.object({ [param]: amountSchema(currency) }), { [param]: v })[param] as string;
@@ -82,7 +93,26 @@ export function checkSettings(
       throw badRequest('must be between the minimum and the maximum', `settings.presets.${i}`);
     return v;
   });
-  return { presets, minimum, maximum };
+  // Auto-recharge: off unless offered; one recharge lies within the top-up minimum and maximum.
+  const ar = input?.autoRecharge;
+  const rechargeAmount = amount('settings.autoRecharge.amount', ar?.amount ?? presets[1] ?? minimum);
+  if (new Money(rechargeAmount).lt(minimum) || new Money(rechargeAmount).gt(maximum))
+    throw badRequest('must be between the minimum and the maximum', 'settings.autoRecharge.amount');
+  const threshold = amount('settings.autoRecharge.threshold', ar?.threshold ?? minimum);
+  if (new Money(threshold).gt(maximum))
+    throw badRequest('must be at most the maximum', 'settings.autoRecharge.threshold');
+  const monthlyCap = amount(
+    'settings.autoRecharge.monthlyCap',
+    ar?.monthlyCap ?? formatAmount(new Money(rechargeAmount).times(5)),
+  );
+  if (new Money(monthlyCap).lt(rechargeAmount))
+    throw badRequest('must be at least the recharge amount', 'settings.autoRecharge.monthlyCap');
+  return {
+    presets,
+    minimum,
+    maximum,
+    autoRecharge: { offered: ar?.offered ?? false, threshold, amount: rechargeAmount, monthlyCap },
+  };
 }
 
 const zeroDecimal = (currency: string) => formatForCurrency('1', currency) === '1';
@@ -231,7 +261,11 @@ async function removeEndpoint(
 }
 
 /** Updates the top-up options of a connected project. */
-export async function updatePaymentSettings(ctx: PaymentsContext, projectId: string, input: PaymentSettings) {
+export async function updatePaymentSettings(
+  ctx: PaymentsContext,
+  projectId: string,
+  input: PaymentSettingsInput,
+) {
   const connection = await connectionOf(ctx, projectId);
   if (!connection) throw notConnected(projectId);
   const project = await ctx.db
@@ -239,13 +273,35 @@ export async function updatePaymentSettings(ctx: PaymentsContext, projectId: str
     .select('currency')
     .where('id', '=', projectId)
     .executeTakeFirstOrThrow();
-  const settings = checkSettings(project.currency, { ...connection.settings, ...input });
+  const settings = checkSettings(project.currency, {
+    ...connection.settings,
+    ...input,
+    autoRecharge: { ...connection.settings.autoRecharge, ...input.autoRecharge },
+  });
   const saved = await ctx.db
     .updateTable('payment_connections')
     .set({ settings: JSON.stringify(settings), updated_at: sql`now()` })
     .where('project_id', '=', projectId)
     .returningAll()
     .executeTakeFirstOrThrow();
+  // Offering auto-recharge needs the PaymentIntent events: an endpoint Tollgate created before they
+  // existed is subscribed to them (one made by hand must be changed in Stripe's dashboard).
+  if (
+    settings.autoRecharge.offered &&
+    !connection.settings.autoRecharge?.offered &&
+    saved.webhook_endpoint_id
+  ) {
+    try {
+      await providerOf(ctx, ctx.sealer.open(saved.key_sealed)).updateWebhookEndpoint(
+        saved.webhook_endpoint_id,
+      );
+    } catch (err) {
+      ctx.log.warn(
+        { err, projectId, endpoint: saved.webhook_endpoint_id },
+        'could not subscribe the Stripe webhook endpoint to payment_intent events; add them in the Stripe dashboard',
+      );
+    }
+  }
   return connectionView(ctx, projectId, saved);
 }
 
@@ -278,6 +334,8 @@ export interface CheckoutRequest {
   /** Where the provider sends the payer back. */
   successUrl: (paymentId: string) => string;
   cancelUrl: string;
+  /** Save the card and turn auto-recharge on once paid (the project must offer it). */
+  saveCard?: boolean;
 }
 
 /** Creates a pending payment and its checkout; returns the checkout's URL. */
@@ -297,6 +355,7 @@ export async function startCheckout(ctx: PaymentsContext, input: CheckoutRequest
       provider: payments.connection.provider,
       amount: input.amount,
       currency,
+      save_card: input.saveCard ?? false,
     })
     .execute();
   let checkout: { id: string; url: string };
@@ -311,6 +370,7 @@ export async function startCheckout(ctx: PaymentsContext, input: CheckoutRequest
       successUrl: input.successUrl(paymentId),
       cancelUrl: input.cancelUrl,
       idempotencyKey: `tollgate-checkout-${paymentId}`,
+      ...(input.saveCard ? { saveCard: true } : {}),
     });
   } catch (err) {
     await ctx.db
@@ -428,6 +488,10 @@ class Applier {
       case 'dispute_opened':
       case 'dispute_closed':
         return this.dispute(action);
+      case 'intent_succeeded':
+        return this.rechargePaid(action);
+      case 'intent_failed':
+        return this.rechargeFailed(action);
       case 'ignored':
         return `ignored:${action.eventType}`;
     }
@@ -449,27 +513,121 @@ class Applier {
       );
       return 'currency_mismatch';
     }
-    const amount = formatForCurrency(
-      fromMinorUnits(checkout.amountMinor, project.currency),
-      project.currency,
-    );
+    const credited = await this.#credit(payment, {
+      key: `deposit:${checkout.id}`,
+      amountMinor: checkout.amountMinor,
+      eventId,
+      providerPaymentId: checkout.id,
+      metadata: { checkoutSessionId: checkout.id, paymentIntentId: checkout.paymentIntentId },
+      row: {
+        checkout_id: checkout.id,
+        payment_intent_id: checkout.paymentIntentId,
+        charge_id: checkout.chargeId,
+        receipt_url: checkout.receiptUrl,
+      },
+    });
+    if (credited === 'nothing_paid') return credited;
+    if (!credited) return 'duplicate';
+    if (!checkout.receiptUrl || payment.save_card) await this.#fillReceipt(payment, checkout.id);
+    return 'applied';
+  }
+
+  /**
+   * Credits an off-session recharge once, when its PaymentIntent succeeded (movement key
+   * `deposit:<payment intent id>`), through the same deposit path as a checkout. A PaymentIntent that
+   * is not a recharge (a checkout's own) is left to its checkout's events.
+   */
+  async rechargePaid(action: Extract<WebhookAction, { type: 'intent_succeeded' }>): Promise<string> {
+    const project = this.#project;
+    const payment = await findPayment(this.#ctx.db, project.id, {
+      id: action.reference.paymentId,
+      paymentIntentId: action.paymentIntentId,
+    });
+    if (!payment) return 'unknown_payment';
+    const recharge = await this.#ctx.db
+      .selectFrom('recharges')
+      .select('id')
+      .where('id', '=', payment.id)
+      .executeTakeFirst();
+    if (!recharge) return 'not_a_recharge';
+    if (action.currency !== project.currency) return 'currency_mismatch';
+    const credited = await this.#credit(payment, {
+      key: `deposit:${action.paymentIntentId}`,
+      amountMinor: action.amountMinor,
+      eventId: action.eventId,
+      providerPaymentId: action.paymentIntentId,
+      metadata: { paymentIntentId: action.paymentIntentId, recharge: true },
+      row: { payment_intent_id: action.paymentIntentId, charge_id: action.chargeId },
+      alsoIn: (tx, activityId) =>
+        rechargeSucceeded(this.#ctx, tx, project, {
+          rechargeId: payment.id,
+          paymentIntentId: action.paymentIntentId,
+          externalId: payment.external_id,
+          activityId,
+          eventId: action.eventId,
+        }),
+    });
+    if (credited === 'nothing_paid') return credited;
+    return credited ? 'applied' : 'duplicate';
+  }
+
+  /** A recharge's PaymentIntent failed (declined, or it needs its holder): see `failRecharge`. */
+  async rechargeFailed(action: Extract<WebhookAction, { type: 'intent_failed' }>): Promise<string> {
+    const payment = await findPayment(this.#ctx.db, this.#project.id, {
+      id: action.reference.paymentId,
+      paymentIntentId: action.paymentIntentId,
+    });
+    if (!payment) return 'unknown_payment';
+    const recharge = await this.#ctx.db
+      .selectFrom('recharges')
+      .select('id')
+      .where('id', '=', payment.id)
+      .executeTakeFirst();
+    if (!recharge) return 'not_a_recharge';
+    const failed = await failRecharge(this.#ctx, this.#project, recharge.id, {
+      code: action.code,
+      message: action.message,
+      paymentIntentId: action.paymentIntentId,
+      actorId: action.eventId,
+    });
+    return failed ? 'failed' : 'duplicate';
+  }
+
+  /**
+   * The deposit of a payment, once: the movement key, the deposit with its events, the payment row and
+   * `payment.succeeded`, in one transaction. Undefined when the key was taken (a duplicate).
+   */
+  async #credit(
+    payment: NonNullable<PaymentRow>,
+    input: {
+      key: string;
+      amountMinor: number;
+      eventId: string;
+      providerPaymentId: string;
+      metadata: Record<string, unknown>;
+      row: {
+        checkout_id?: string;
+        payment_intent_id: string | null;
+        charge_id: string | null;
+        receipt_url?: string | null;
+      };
+      alsoIn?: (tx: Transaction<DB>, activityId: string) => Promise<void>;
+    },
+  ): Promise<'nothing_paid' | { id: string } | undefined> {
+    const project = this.#project;
+    const amount = formatForCurrency(fromMinorUnits(input.amountMinor, project.currency), project.currency);
     if (!new Money(amount).gt(0)) return 'nothing_paid';
-    const credited = await this.#ctx.billing.transaction(async (tx) => {
-      if (!(await this.#claim(tx, `deposit:${checkout.id}`, payment.id, 'deposit', amount))) return undefined;
+    return this.#ctx.billing.transaction(async (tx) => {
+      if (!(await this.#claim(tx, input.key, payment.id, 'deposit', amount))) return undefined;
       const deposit = await this.#ctx.billing.deposit(
         {
           project,
           externalId: payment.external_id,
           amount,
           source: 'stripe',
-          trigger: trigger('stripe', eventId),
+          trigger: trigger('stripe', input.eventId),
           description: `Top-up ${payment.id}`,
-          metadata: {
-            paymentId: payment.id,
-            provider: 'stripe',
-            checkoutSessionId: checkout.id,
-            paymentIntentId: checkout.paymentIntentId,
-          },
+          metadata: { paymentId: payment.id, provider: 'stripe', ...input.metadata },
         },
         tx,
       );
@@ -477,17 +635,14 @@ class Applier {
         .updateTable('payment_movements')
         .set({ entry_id: deposit.entry.id })
         .where('project_id', '=', project.id)
-        .where('key', '=', `deposit:${checkout.id}`)
+        .where('key', '=', input.key)
         .execute();
       await tx
         .updateTable('payments')
         .set({
           status: sql`CASE WHEN status IN ('pending', 'failed') THEN 'paid' ELSE status END`,
           amount,
-          checkout_id: checkout.id,
-          payment_intent_id: checkout.paymentIntentId,
-          charge_id: checkout.chargeId,
-          receipt_url: checkout.receiptUrl,
+          ...input.row,
           paid_at: sql`now()`,
           updated_at: sql`now()`,
         })
@@ -496,7 +651,7 @@ class Applier {
       await this.#ctx.events.record(tx, {
         project,
         type: 'payment.succeeded',
-        trigger: trigger('stripe', eventId),
+        trigger: trigger('stripe', input.eventId),
         subject: { type: 'user', id: payment.user_id, externalId: payment.external_id },
         data: {
           paymentId: payment.id,
@@ -504,22 +659,29 @@ class Applier {
           amount: formatForCurrency(amount, project.currency),
           currency: project.currency,
           provider: 'stripe',
-          providerPaymentId: checkout.id,
+          providerPaymentId: input.providerPaymentId,
           activityId: deposit.entry.id,
         },
       });
+      if (input.alsoIn) await input.alsoIn(tx, deposit.entry.id);
       this.#ctx.billing.afterCommit(tx, () => this.#ctx.events.wake());
-      return deposit;
+      return { id: deposit.entry.id };
     });
-    if (!credited) return 'duplicate';
-    if (!checkout.receiptUrl) await this.#fillReceipt(payment.id, checkout.id);
-    return 'applied';
   }
 
-  /** Best effort: the charge and its receipt link, which a completed session's event does not carry. */
-  async #fillReceipt(paymentId: string, checkoutId: string): Promise<void> {
+  /**
+   * Best effort: the charge and its receipt link, which a completed session's event does not carry, and
+   * the card the payer asked to save (its customer and payment method).
+   */
+  async #fillReceipt(payment: NonNullable<PaymentRow>, checkoutId: string): Promise<void> {
+    const paymentId = payment.id;
     try {
       const state = await this.#provider.retrieveCheckout(checkoutId);
+      if (payment.save_card && state.customerId)
+        await saveCard(this.#ctx, this.#project, payment.user_id, {
+          customerId: state.customerId,
+          paymentMethodId: state.paymentMethodId,
+        });
       await this.#ctx.db
         .updateTable('payments')
         .set({

@@ -4,10 +4,17 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 /**
  * A loopback stand-in of the parts of Stripe's API that Tollgate calls (written from Stripe's published
  * API reference), for the official `stripe` library pointed at it with STRIPE_API_URL:
- * - `GET /v1/balance` (the key check), `POST /v1/webhook_endpoints`, `DELETE /v1/webhook_endpoints/{id}`
+ * - `GET /v1/balance` (the key check), `POST /v1/webhook_endpoints`, `POST|DELETE /v1/webhook_endpoints/{id}`
  * - `POST /v1/checkout/sessions`, `GET /v1/checkout/sessions/{id}` (with `expand[]`),
  *   `GET /v1/payment_intents/{id}`
  * - `POST /v1/refunds` (then `charge.refunded` is delivered, as Stripe does)
+ * - saved cards: a session with `customer_creation: 'always'` or `payment_intent_data[setup_future_usage]`
+ *   creates a customer and a card payment method when paid (`session.customer`, the PaymentIntent's
+ *   `customer` and `payment_method`); `POST /v1/payment_intents` with `customer`, `payment_method`,
+ *   `off_session` and `confirm` charges it at once: succeeded (then `payment_intent.succeeded`), or, for a
+ *   card the test set with `cardOutcome`, a `402` `card_error` (`card_declined` or
+ *   `authentication_required`, the PaymentIntent in `error.payment_intent`, status
+ *   `requires_payment_method`) then `payment_intent.payment_failed` with its `last_payment_error`
  * Request bodies are form-encoded with bracket keys (`line_items[0][price_data][currency]`), answers are
  * Stripe's object shapes and error shape, `Idempotency-Key` replays the first answer. Events are signed
  * with each endpoint's secret exactly as Stripe does (`Stripe-Signature: t=…,v1=HMAC-SHA256(secret,
@@ -39,6 +46,15 @@ export interface StripeStandIn {
   sessions: Map<string, Obj>;
   charges: Map<string, Obj>;
   refunds: Map<string, Obj>;
+  customers: Map<string, Obj>;
+  paymentMethods: Map<string, Obj>;
+  intents: Map<string, Obj>;
+  /** How off-session charges of a saved card end from now on (default `succeed`). */
+  cardOutcome(paymentMethodId: string, outcome: 'succeed' | 'decline' | 'authentication_required'): void;
+  /** Holds back the webhooks of off-session charges until `release` (to see a recharge in flight). */
+  holdIntentEvents(hold: boolean): void;
+  /** Delivers the held-back off-session events. */
+  releaseIntentEvents(): Promise<void>;
   events: StandInEvent[];
   /** Requests received: method, path, parsed body. */
   requests: Array<{ method: string; path: string; body: Obj; idempotencyKey: string | undefined }>;
@@ -104,6 +120,11 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
   const charges = new Map<string, Obj>();
   const refunds = new Map<string, Obj>();
   const disputes = new Map<string, Obj>();
+  const customers = new Map<string, Obj>();
+  const paymentMethods = new Map<string, Obj>();
+  const outcomes = new Map<string, 'succeed' | 'decline' | 'authentication_required'>();
+  let holdIntents = false;
+  const heldIntentEvents: StandInEvent[] = [];
   const events: StandInEvent[] = [];
   const requests: StripeStandIn['requests'] = [];
   const idempotent = new Map<string, { status: number; body: string }>();
@@ -205,6 +226,26 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
         created: now(),
       };
       intent.latest_charge = charge.id;
+      if (session.save_card) {
+        const customer = session.customer ?? id('cus');
+        customers.set(customer, { id: customer, object: 'customer', created: now(), livemode: false });
+        const pm = {
+          id: id('pm'),
+          object: 'payment_method',
+          type: 'card',
+          customer,
+          card: { brand: 'visa', last4: '4242', exp_month: 12, exp_year: 2034 },
+          created: now(),
+          livemode: false,
+        };
+        paymentMethods.set(pm.id, pm);
+        session.customer = customer;
+        intent.customer = customer;
+        intent.payment_method = pm.id;
+        intent.setup_future_usage = 'off_session';
+        charge.customer = customer;
+        charge.payment_method = pm.id;
+      }
       intents.set(intent.id, intent);
       charges.set(charge.id, charge);
       session.payment_intent = intent.id;
@@ -221,8 +262,117 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
   }
 
   function publicSession(session: Obj): Obj {
-    const { payment_intent_metadata: _hidden, ...rest } = session;
+    const { payment_intent_metadata: _hidden, save_card: _saveCard, ...rest } = session;
     return rest;
+  }
+
+  /** Delivers in the background, as Stripe does after answering (or holds it back when told). */
+  function deliverLater(e: StandInEvent, intentEvent = false) {
+    if (intentEvent && holdIntents) {
+      heldIntentEvents.push(e);
+      return;
+    }
+    const delivery = new Promise<void>((resolve) => setImmediate(resolve))
+      .then(() => deliver(e))
+      .catch(() => {})
+      .finally(() => inFlight.delete(delivery));
+    inFlight.add(delivery);
+  }
+
+  /** An off-session PaymentIntent, confirmed at once against a saved card. */
+  function offSessionIntent(body: Obj): { status: number; body: Obj; event: StandInEvent } | { error: Obj } {
+    const amount = Number(body.amount);
+    if (!Number.isInteger(amount) || amount <= 0 || !body.currency)
+      return {
+        error: { type: 'invalid_request_error', message: 'Missing required param: amount.', param: 'amount' },
+      };
+    const pm = paymentMethods.get(body.payment_method ?? '');
+    if (!pm)
+      return {
+        error: {
+          type: 'invalid_request_error',
+          code: 'resource_missing',
+          message: `No such PaymentMethod: '${body.payment_method ?? ''}'`,
+          param: 'payment_method',
+        },
+      };
+    if (pm.customer !== body.customer)
+      return {
+        error: {
+          type: 'invalid_request_error',
+          message: 'The provided PaymentMethod does not belong to the customer.',
+          param: 'payment_method',
+        },
+      };
+    if (body.confirm !== 'true' || body.off_session !== 'true')
+      return {
+        error: { type: 'invalid_request_error', message: 'The stand-in only confirms off-session intents.' },
+      };
+    const outcome = outcomes.get(pm.id) ?? 'succeed';
+    const intent: Obj = {
+      id: id('pi'),
+      object: 'payment_intent',
+      amount,
+      amount_received: 0,
+      currency: body.currency,
+      customer: body.customer,
+      payment_method: pm.id,
+      description: body.description ?? null,
+      status: 'succeeded',
+      latest_charge: null,
+      last_payment_error: null,
+      metadata: body.metadata ?? {},
+      livemode: false,
+      created: now(),
+    };
+    intents.set(intent.id, intent);
+    if (outcome === 'succeed') {
+      const charge: Obj = {
+        id: id('ch'),
+        object: 'charge',
+        amount,
+        amount_captured: amount,
+        amount_refunded: 0,
+        captured: true,
+        currency: body.currency,
+        customer: body.customer,
+        paid: true,
+        refunded: false,
+        disputed: false,
+        status: 'succeeded',
+        payment_intent: intent.id,
+        payment_method: pm.id,
+        receipt_url: `${baseUrl}/receipts/${id('rcpt')}`,
+        metadata: {},
+        livemode: false,
+        created: now(),
+      };
+      charges.set(charge.id, charge);
+      intent.latest_charge = charge.id;
+      intent.amount_received = amount;
+      return { status: 200, body: intent, event: event('payment_intent.succeeded', intent) };
+    }
+    const error: Obj =
+      outcome === 'decline'
+        ? {
+            type: 'card_error',
+            code: 'card_declined',
+            decline_code: 'insufficient_funds',
+            message: 'Your card has insufficient funds.',
+          }
+        : {
+            type: 'card_error',
+            code: 'authentication_required',
+            decline_code: 'authentication_required',
+            message: 'Your card was declined. This transaction requires authentication.',
+          };
+    intent.status = 'requires_payment_method';
+    intent.last_payment_error = { ...error, payment_method: pm };
+    return {
+      status: 402,
+      body: { error: { ...error, payment_intent: structuredClone(intent) } },
+      event: event('payment_intent.payment_failed', intent),
+    };
   }
 
   function refundCharge(
@@ -347,6 +497,14 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
       return send(200, endpoint);
     }
     m = /^\/v1\/webhook_endpoints\/([^/]+)$/.exec(path);
+    if (m && method === 'POST') {
+      const endpoint = endpoints.get(m[1]!);
+      if (!endpoint) return missing('webhook endpoint', m[1]!);
+      if (Array.isArray(body.enabled_events)) endpoint.enabled_events = body.enabled_events;
+      if (body.url) endpoint.url = body.url;
+      const { secret: _secret, ...shown } = endpoint;
+      return send(200, shown);
+    }
     if (m && method === 'DELETE') {
       if (!endpoints.delete(m[1]!)) return missing('webhook endpoint', m[1]!);
       return send(200, { id: m[1], object: 'webhook_endpoint', deleted: true });
@@ -383,6 +541,9 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
         url: `${baseUrl}/c/pay/${sessionId}`,
         line_items_summary: price.product_data?.name ?? '',
         payment_intent_metadata: body.payment_intent_data?.metadata ?? {},
+        save_card:
+          body.customer_creation === 'always' ||
+          body.payment_intent_data?.setup_future_usage === 'off_session',
       };
       sessions.set(sessionId, session);
       return send(200, publicSession(session));
@@ -393,6 +554,13 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
       if (!session) return missing('checkout.session', m[1]!);
       const expand: string[] = Array.isArray(body.expand) ? body.expand : [];
       return send(200, publicSession(sessionView(session, expand)));
+    }
+    if (method === 'POST' && path === '/v1/payment_intents') {
+      const made = offSessionIntent(body);
+      if ('error' in made) return stripeError(res, 400, made.error);
+      send(made.status, made.body);
+      deliverLater(made.event, true);
+      return;
     }
     m = /^\/v1\/payment_intents\/([^/]+)$/.exec(path);
     if (m && method === 'GET') {
@@ -415,11 +583,7 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
       if (!done) return missing('payment_intent', String(body.payment_intent));
       send(200, done.refund);
       // Stripe delivers charge.refunded after answering.
-      const delivery = new Promise<void>((resolve) => setImmediate(resolve))
-        .then(() => deliver(done.event))
-        .catch(() => {})
-        .finally(() => inFlight.delete(delivery));
-      inFlight.add(delivery);
+      deliverLater(done.event);
       return;
     }
     return stripeError(res, 404, {
@@ -448,6 +612,19 @@ export async function startStripeStandIn(options: { keys?: string[] } = {}): Pro
     sessions,
     charges,
     refunds,
+    customers,
+    paymentMethods,
+    intents,
+    cardOutcome(paymentMethodId, outcome) {
+      outcomes.set(paymentMethodId, outcome);
+    },
+    holdIntentEvents(hold) {
+      holdIntents = hold;
+    },
+    async releaseIntentEvents() {
+      const held = heldIntentEvents.splice(0);
+      for (const e of held) await deliver(e);
+    },
     events,
     requests,
     async pay(sessionId, opts = {}) {

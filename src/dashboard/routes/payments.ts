@@ -9,6 +9,7 @@ import {
   listPayments,
   refundPayment,
   showPayments,
+  updatePaymentSettings,
 } from '../../payments/service.ts';
 import { userIdSchema } from '../../users/routes.ts';
 import { html } from '../html.ts';
@@ -40,6 +41,12 @@ const connectForm = formBody({
   minimum: text(40),
   maximum: text(40),
 });
+const rechargeForm = formBody({
+  offered: optionalField(z.literal('on')),
+  threshold: text(40),
+  amount: text(40),
+  monthlyCap: text(40),
+});
 const pageQuery = flashQuery.extend({ user: optionalField(userIdSchema) });
 
 export default async function paymentRoutes(plain: FastifyInstance): Promise<void> {
@@ -69,6 +76,14 @@ ${
     ? html`<p>Connected: <code>${c.keyHint}</code> (${c.livemode ? 'live' : 'test'} mode). The key is sealed and never shown again.</p>
 <p>Webhook: <code>${c.webhook.url}</code> — ${c.webhook.managed ? html`endpoint <code>${c.webhook.endpointId}</code> created in your Stripe account` : 'an endpoint you made by hand'}.</p>
 <p>Top-ups: presets ${c.settings.presets?.join(', ')}; minimum ${c.settings.minimum}; maximum ${c.settings.maximum} ${project.currency.toUpperCase()}.</p>
+<h2>Automatic recharge</h2>
+<p class="muted">Users who tick “save this card and recharge automatically” at checkout have their saved card charged off session when their available balance falls below the threshold (their own, set in their portal, within these limits), at most the monthly cap per user. A declined card turns it off for that user (<code>payment.recharge.failed</code>).</p>
+<form method="post" action="${path}/auto-recharge">${csrfField(csrf)}
+<label><input type="checkbox" name="offered" value="on"${c.settings.autoRecharge?.offered ? ' checked' : ''}> Offer automatic recharge</label>
+<div class="row"><div><label for="ar-threshold">Threshold</label><input id="ar-threshold" name="threshold" value="${c.settings.autoRecharge?.threshold ?? ''}"></div>
+<div><label for="ar-amount">Recharge amount</label><input id="ar-amount" name="amount" value="${c.settings.autoRecharge?.amount ?? ''}"></div>
+<div><label for="ar-cap">Monthly cap per user</label><input id="ar-cap" name="monthlyCap" value="${c.settings.autoRecharge?.monthlyCap ?? ''}"></div></div>
+<button type="submit">Save automatic recharge</button></form>
 <form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect Stripe</button></form>`
     : html`<p>Connect your Stripe account and users who run out pay on a hosted checkout from their top-up link; each payment becomes exactly one deposit.</p>`
 }
@@ -119,6 +134,25 @@ ${
         ...(Object.keys(settings).length ? { settings } : {}),
       });
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/payments/auto-recharge',
+    { schema: { params: projectParams, body: rechargeForm } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      await ownedProject(ctx, s.principal, request.params.id);
+      const { offered, threshold, amount, monthlyCap } = request.body;
+      await updatePaymentSettings(ctx, request.params.id, {
+        autoRecharge: {
+          offered: offered === 'on',
+          ...(threshold ? { threshold } : {}),
+          ...(amount ? { amount } : {}),
+          ...(monthlyCap ? { monthlyCap } : {}),
+        },
+      });
+      return reply.redirect(done(pathOf(request.params.id), 'auto_recharge_saved'), 303);
     },
   );
 

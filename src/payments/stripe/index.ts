@@ -5,6 +5,7 @@ import {
   type PaymentProvider,
   PaymentProviderError,
   type PaymentReference,
+  type SavedCardCharge,
   type WebhookAction,
   WebhookSignatureError,
 } from '../provider.ts';
@@ -25,6 +26,8 @@ export const STRIPE_EVENTS = [
   'charge.refunded',
   'charge.dispute.created',
   'charge.dispute.closed',
+  'payment_intent.succeeded',
+  'payment_intent.payment_failed',
 ] as const;
 
 export const WEBHOOK_TOLERANCE_SECONDS = 300;
@@ -65,8 +68,12 @@ function idOf(value: string | { id: string } | null | undefined): string | null 
 }
 
 function providerError(err: unknown): PaymentProviderError {
-  const e = err as { message?: string; statusCode?: number; type?: string };
-  return new PaymentProviderError(`Stripe: ${e.message ?? String(err)}`, e.statusCode);
+  const e = err as { message?: string; statusCode?: number; type?: string; code?: string };
+  return new PaymentProviderError(`Stripe: ${e.message ?? String(err)}`, e.statusCode, {
+    ...(e.code ? { code: e.code } : {}),
+    // StripeCardError: declined, or authentication_required off session.
+    declined: e.type === 'StripeCardError' || e.type === 'card_error' || e.code === 'authentication_required',
+  });
 }
 
 export class StripeProvider implements PaymentProvider {
@@ -112,6 +119,14 @@ export class StripeProvider implements PaymentProvider {
     }
   }
 
+  async updateWebhookEndpoint(id: string): Promise<void> {
+    try {
+      await this.#stripe.webhookEndpoints.update(id, { enabled_events: [...STRIPE_EVENTS] });
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
   async createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }> {
     const metadata = {
       tollgate_payment: input.paymentId,
@@ -134,7 +149,11 @@ export class StripeProvider implements PaymentProvider {
           ],
           client_reference_id: input.paymentId,
           metadata,
-          payment_intent_data: { metadata },
+          payment_intent_data: {
+            metadata,
+            ...(input.saveCard ? { setup_future_usage: 'off_session' as const } : {}),
+          },
+          ...(input.saveCard ? { customer_creation: 'always' as const } : {}),
           success_url: input.successUrl,
           cancel_url: input.cancelUrl,
         },
@@ -153,6 +172,20 @@ export class StripeProvider implements PaymentProvider {
         expand: ['payment_intent.latest_charge'],
       });
       return checkoutState(session);
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async paymentState(paymentIntentId: string) {
+    try {
+      const intent = await this.#stripe.paymentIntents.retrieve(paymentIntentId);
+      const error = intent.last_payment_error;
+      return {
+        status: intent.status,
+        code: error?.code ?? error?.decline_code ?? null,
+        message: error?.message ?? null,
+      };
     } catch (err) {
       throw providerError(err);
     }
@@ -177,6 +210,33 @@ export class StripeProvider implements PaymentProvider {
         { idempotencyKey: input.idempotencyKey },
       );
       return { id: refund.id, status: refund.status ?? 'pending', amountMinor: refund.amount };
+    } catch (err) {
+      throw providerError(err);
+    }
+  }
+
+  async chargeSavedCard(input: SavedCardCharge): Promise<{ id: string; status: string }> {
+    const metadata = {
+      tollgate_payment: input.paymentId,
+      tollgate_project: input.projectId,
+      tollgate_user: input.externalId,
+      tollgate_recharge: 'true',
+    };
+    try {
+      const intent = await this.#stripe.paymentIntents.create(
+        {
+          amount: input.amountMinor,
+          currency: input.currency,
+          customer: input.customerId,
+          ...(input.paymentMethodId ? { payment_method: input.paymentMethodId } : {}),
+          off_session: true,
+          confirm: true,
+          description: input.description,
+          metadata,
+        },
+        { idempotencyKey: input.idempotencyKey },
+      );
+      return { id: intent.id, status: intent.status };
     } catch (err) {
       throw providerError(err);
     }
@@ -237,6 +297,30 @@ export class StripeProvider implements PaymentProvider {
           status: dispute.status,
         };
       }
+      case 'payment_intent.succeeded': {
+        const intent = event.data.object as Stripe.PaymentIntent;
+        return {
+          type: 'intent_succeeded',
+          eventId,
+          paymentIntentId: intent.id,
+          amountMinor: intent.amount_received || intent.amount,
+          currency: intent.currency,
+          chargeId: idOf(intent.latest_charge),
+          reference: reference(intent.metadata),
+        };
+      }
+      case 'payment_intent.payment_failed': {
+        const intent = event.data.object as Stripe.PaymentIntent;
+        const error = intent.last_payment_error;
+        return {
+          type: 'intent_failed',
+          eventId,
+          paymentIntentId: intent.id,
+          code: error?.code ?? error?.decline_code ?? null,
+          message: error?.message ?? 'The payment failed.',
+          reference: reference(intent.metadata),
+        };
+      }
       default:
         return { type: 'ignored', eventId, eventType: event.type };
     }
@@ -258,5 +342,7 @@ function checkoutState(session: Stripe.Checkout.Session): CheckoutState {
     chargeId: charge?.id ?? idOf(intent && typeof intent === 'object' ? intent.latest_charge : null),
     receiptUrl: charge?.receipt_url ?? null,
     reference: reference(session.metadata, session.client_reference_id),
+    customerId: idOf(session.customer),
+    paymentMethodId: intent && typeof intent === 'object' ? idOf(intent.payment_method) : null,
   };
 }
