@@ -29,6 +29,10 @@ export interface Principal {
   /** For event triggers and audit: `developer`, `admin_token`. */
   actorType: 'developer' | 'admin_token';
   actorId: string;
+  /** The client's address (`request.ip`, honouring TOLLGATE_TRUSTED_PROXIES), for the audit log. */
+  ip?: string;
+  /** Where the request came in, for the audit log (default `admin_api`). */
+  via?: 'admin_api' | 'dashboard';
   /** The session's CSRF token (cookie sessions). */
   csrf?: string;
   sessionId?: string;

@@ -166,6 +166,9 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
     scoped.decorateRequest('principal', null as unknown as Principal);
     scoped.addHook('onRequest', async (request: FastifyRequest) => {
       request.principal = await principalOf(scoped, request.headers.authorization);
+      // for the audit log: the address (TOLLGATE_TRUSTED_PROXIES honoured by fastify) and the way in
+      request.principal.ip = request.ip;
+      request.principal.via = 'admin_api';
     });
 
     // payments (Stripe): ../payments/admin-routes.ts

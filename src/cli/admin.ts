@@ -1,5 +1,6 @@
 import { createInvite, inviteSchema, inviteUrl } from '../admin/accounts.ts';
 import { type AppContext, createContext } from '../app/context.ts';
+import { CLI_ACTOR, recordAudit } from '../audit/index.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
 import type { Config } from '../config/index.ts';
 import { amountSchema } from '../core/money.ts';
@@ -201,12 +202,20 @@ export async function adminCommand(
         const project = await getProject(ctx.db, required(values, 'project'));
         const user = required(values, 'user');
         const amount = parseInput(amountSchema(project.currency), required(values, 'amount'), 'amount');
-        const result = await ctx.billing.deposit({
-          project,
-          externalId: user,
-          amount,
-          source: 'cli',
-          trigger: cliTrigger,
+        const result = await ctx.billing.transaction(async (tx) => {
+          const deposited = await ctx.billing.deposit(
+            { project, externalId: user, amount, source: 'cli', trigger: cliTrigger },
+            tx,
+          );
+          await recordAudit(tx, {
+            actor: CLI_ACTOR,
+            projectId: project.id,
+            action: 'money.deposit',
+            targetType: 'user',
+            targetId: user,
+            after: { entry: deposited.entry.id, amount, metadata: {} },
+          });
+          return deposited;
         });
         out.result(
           { id: result.entry.id, user, amount, currency: project.currency, balance: result.wallet.balance },
@@ -218,7 +227,7 @@ export async function adminCommand(
         const project = await getProject(ctx.db, required(values, 'project'));
         const input = grantInputFrom(values, project.currency);
         const result = await ctx.billing.transaction((tx) =>
-          grantFromApi(tx, ctx.billing, project, input, 'cli', cliTrigger),
+          grantFromApi(tx, ctx.billing, project, input, 'cli', cliTrigger, CLI_ACTOR),
         );
         out.result(result, grantSummary(result));
       });

@@ -77,6 +77,11 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     request.session = {};
     const token = request.cookies[SESSION_COOKIE];
     const principal = token?.startsWith('tgs_') ? await resolveSession(ctx.db, token) : undefined;
+    if (principal) {
+      // for the audit log: the address (TOLLGATE_TRUSTED_PROXIES honoured by fastify) and the way in
+      principal.ip = request.ip;
+      principal.via = 'dashboard';
+    }
     request.dashboard =
       principal?.csrf && principal.email ? { principal, email: principal.email, csrf: principal.csrf } : null;
     request.session.csrf = request.dashboard?.csrf;

@@ -15,6 +15,7 @@ import * as messages from './0015_messages.ts';
 import * as holdMargin from './0016_hold_margin.ts';
 import * as managedBy from './0017_managed_by.ts';
 import * as creditGrants from './0018_credit_grants.ts';
+import * as auditLog from './0020_audit_log.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -37,4 +38,5 @@ export const migrations: Record<string, Migration> = {
   '0016_hold_margin': holdMargin,
   '0017_managed_by': managedBy,
   '0018_credit_grants': creditGrants,
+  '0020_audit_log': auditLog,
 };
