@@ -46,6 +46,7 @@ import {
   usageReport,
 } from './reports.ts';
 import {
+  actorOf,
   applyModels,
   connectProvider,
   createApiKey,
@@ -415,6 +416,7 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
         await ownedProject(ctx, request.principal, request.params.project);
         const { subscription, secret } = await createSubscription(ctx, request.params.project, request.body, {
           createdBy: `${request.principal.actorType}:${request.principal.actorId}`,
+          actor: actorOf(request.principal),
         });
         reply.status(201);
         return { subscription: { ...subscription, secret } };
@@ -426,7 +428,9 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
       async (request) => {
         await ownedProject(ctx, request.principal, request.params.project);
         return {
-          subscription: await setSubscriptionActive(ctx, request.params.project, request.params.id, false),
+          subscription: await setSubscriptionActive(ctx, request.params.project, request.params.id, false, {
+            actor: actorOf(request.principal),
+          }),
         };
       },
     );

@@ -33,7 +33,9 @@ import {
   grantFromApi,
   type LinkSettings,
 } from '../users/service.ts';
-import type { Principal } from './accounts.ts';
+import { actorOf, type Principal } from './accounts.ts';
+
+export { actorOf };
 
 /**
  * What the admin API and the dashboard do, on plain inputs. Every function that takes a project id first
@@ -109,18 +111,6 @@ export async function listProjects(ctx: AppContext, principal: Principal, page: 
   if (page.startingAfter) query = query.where('id', '>', page.startingAfter);
   const rows = await query.execute();
   return list(rows.slice(0, page.limit).map(projectView), rows.length > page.limit);
-}
-
-/** Who acted and from where, for the audit log: the principal of a request (admin API or dashboard). */
-export function actorOf(principal: Principal): Actor {
-  return {
-    type: principal.actorType,
-    id: principal.actorId,
-    developerId: principal.developerId,
-    email: principal.email,
-    ip: principal.ip ?? null,
-    via: principal.via ?? 'admin_api',
-  };
 }
 
 /** The audited view of a project's settings and connection (no secret: the key is `keySet`). */

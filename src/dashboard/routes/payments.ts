@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { ownedProject } from '../../admin/service.ts';
+import { actorOf, ownedProject } from '../../admin/service.ts';
 import { textInput } from '../../core/validation.ts';
 import {
   connectPayments,
@@ -113,11 +113,16 @@ ${
         ...(minimum ? { minimum } : {}),
         ...(maximum ? { maximum } : {}),
       };
-      await connectPayments(ctx, request.params.id, {
-        stripeKey,
-        ...(webhookSecret ? { webhookSecret } : {}),
-        ...(Object.keys(settings).length ? { settings } : {}),
-      });
+      await connectPayments(
+        ctx,
+        request.params.id,
+        {
+          stripeKey,
+          ...(webhookSecret ? { webhookSecret } : {}),
+          ...(Object.keys(settings).length ? { settings } : {}),
+        },
+        actorOf(s.principal),
+      );
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
   );
@@ -128,7 +133,7 @@ ${
     async (request, reply) => {
       const s = signedIn(request);
       await ownedProject(ctx, s.principal, request.params.id);
-      await disconnectPayments(ctx, request.params.id);
+      await disconnectPayments(ctx, request.params.id, actorOf(s.principal));
       return reply.redirect(done(pathOf(request.params.id), 'payments_disconnected'), 303);
     },
   );
@@ -144,7 +149,7 @@ ${
     async (request, reply) => {
       const s = signedIn(request);
       await ownedProject(ctx, s.principal, request.params.id);
-      await refundPayment(ctx, request.params.id, request.params.payment, {});
+      await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(s.principal));
       return reply.redirect(done(pathOf(request.params.id), 'refund_requested'), 303);
     },
   );
