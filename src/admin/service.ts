@@ -114,7 +114,7 @@ export async function listProjects(ctx: AppContext, principal: Principal, page: 
 }
 
 /** The audited view of a project's settings and connection (no secret: the key is `keySet`). */
-function projectAudit(p: Project) {
+export function projectAudit(p: Project) {
   const v = projectView(p);
   return { name: v.name, currency: v.currency, provider: v.provider, settings: v.settings };
 }

@@ -1,4 +1,5 @@
 import { createInvite, inviteSchema, inviteUrl } from '../admin/accounts.ts';
+import { pricingAudit, projectAudit } from '../admin/service.ts';
 import { type AppContext, createContext } from '../app/context.ts';
 import { CLI_ACTOR, recordAudit } from '../audit/index.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
@@ -54,6 +55,22 @@ export async function adminCommand(
           upstreamKey: optional(values, 'upstream-key'),
           settings: settingsFrom(values),
         });
+        await recordAudit(ctx.db, {
+          actor: CLI_ACTOR,
+          projectId: created.project.id,
+          action: 'project.create',
+          targetType: 'project',
+          targetId: created.project.id,
+          after: projectAudit(created.project),
+        });
+        await recordAudit(ctx.db, {
+          actor: CLI_ACTOR,
+          projectId: created.project.id,
+          action: 'api_key.create',
+          targetType: 'api_key',
+          targetId: created.apiKeyId,
+          after: { name: 'default', prefix: created.apiKey.slice(0, 11) },
+        });
         out.result(
           {
             id: created.project.id,
@@ -105,11 +122,24 @@ export async function adminCommand(
         const upstreamUrl = optional(values, 'upstream-url');
         const upstreamKey = optional(values, 'upstream-key');
         const name = optional(values, 'name');
-        const project = await updateProject(ctx.db, ctx.sealer, id, {
-          ...(name ? { name } : {}),
-          ...(upstreamUrl !== undefined ? { upstreamUrl } : {}),
-          ...(upstreamKey !== undefined ? { upstreamKey } : {}),
-          settings: settingsFrom(values),
+        const before = await getProject(ctx.db, id);
+        const project = await ctx.db.transaction().execute(async (tx) => {
+          const updated = await updateProject(tx, ctx.sealer, id, {
+            ...(name ? { name } : {}),
+            ...(upstreamUrl !== undefined ? { upstreamUrl } : {}),
+            ...(upstreamKey !== undefined ? { upstreamKey } : {}),
+            settings: settingsFrom(values),
+          });
+          await recordAudit(tx, {
+            actor: CLI_ACTOR,
+            projectId: id,
+            action: 'project.update',
+            targetType: 'project',
+            targetId: id,
+            before: projectAudit(before),
+            after: { ...projectAudit(updated), upstreamKeyChanged: upstreamKey !== undefined },
+          });
+          return updated;
         });
         await ctx.projects.changed(id);
         out.result(
@@ -126,7 +156,19 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         await getProject(ctx.db, projectId);
-        const created = await createKey(ctx.db, projectId, optional(values, 'name') ?? 'default');
+        const name = optional(values, 'name') ?? 'default';
+        const created = await ctx.db.transaction().execute(async (tx) => {
+          const key = await createKey(tx, projectId, name);
+          await recordAudit(tx, {
+            actor: CLI_ACTOR,
+            projectId,
+            action: 'api_key.create',
+            targetType: 'api_key',
+            targetId: key.id,
+            after: { name, prefix: key.prefix },
+          });
+          return key;
+        });
         out.result({ id: created.id, apiKey: created.key, prefix: created.prefix }, [
           `Created key ${created.id} (${created.prefix}…)`,
           `API key (shown once, keep it safe): ${created.key}`,
@@ -151,7 +193,22 @@ export async function adminCommand(
     case 'key revoke':
       return withContext(config, async (ctx) => {
         const keyId = required(values, 'key');
+        const was = await ctx.db
+          .selectFrom('api_keys')
+          .select(['name', 'prefix', 'revoked_at'])
+          .where('id', '=', keyId)
+          .executeTakeFirst();
         const { projectId, propagated } = await ctx.keys.revoke(keyId);
+        if (was && !was.revoked_at)
+          await recordAudit(ctx.db, {
+            actor: CLI_ACTOR,
+            projectId,
+            action: 'api_key.revoke',
+            targetType: 'api_key',
+            targetId: keyId,
+            before: { name: was.name, prefix: was.prefix, revoked: false },
+            after: { name: was.name, prefix: was.prefix, revoked: true },
+          });
         out.result(
           { id: keyId, projectId, revoked: true, propagated },
           propagated
@@ -163,7 +220,10 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const file = pricingFileFrom(values);
-        const result = await applyPricing(ctx.db, projectId, file);
+        const project = await getProject(ctx.db, projectId);
+        const result = await applyPricing(ctx.db, projectId, file, {
+          audit: pricingAudit(CLI_ACTOR, project, 'pricing.apply', null),
+        });
         await ctx.projects.changed(projectId);
         out.result(result, [
           `Applied ${values.file} to ${projectId}:`,
@@ -238,16 +298,22 @@ export async function adminCommand(
         const responseMs = optional(values, 'response-timeout-ms');
         const key = optional(values, 'key');
         const kind = optional(values, 'kind');
-        const provider = await upsertProvider(ctx.db, ctx.sealer, projectId, {
-          name: required(values, 'name'),
-          baseUrl: required(values, 'base-url'),
-          ...(key !== undefined ? { key } : {}),
-          ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
-          timeouts: {
-            ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
-            ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
+        const provider = await upsertProvider(
+          ctx.db,
+          ctx.sealer,
+          projectId,
+          {
+            name: required(values, 'name'),
+            baseUrl: required(values, 'base-url'),
+            ...(key !== undefined ? { key } : {}),
+            ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
+            timeouts: {
+              ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
+              ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
+            },
           },
-        });
+          { actor: CLI_ACTOR },
+        );
         await ctx.projects.changed(projectId);
         out.result(
           provider,
@@ -268,7 +334,7 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const name = required(values, 'name');
-        const removed = await removeProvider(ctx.db, projectId, name);
+        const removed = await removeProvider(ctx.db, projectId, name, { actor: CLI_ACTOR });
         await ctx.projects.changed(projectId);
         out.result({ name, removed }, removed ? `Removed provider ${name}` : `No provider ${name}`);
       });
@@ -276,10 +342,16 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const user = required(values, 'user');
-        const caps = await setUserSpendCaps(ctx.db, projectId, user, {
-          daily: optional(values, 'daily') ?? null,
-          monthly: optional(values, 'monthly') ?? null,
-        });
+        const caps = await setUserSpendCaps(
+          ctx.db,
+          projectId,
+          user,
+          {
+            daily: optional(values, 'daily') ?? null,
+            monthly: optional(values, 'monthly') ?? null,
+          },
+          { actor: CLI_ACTOR },
+        );
         await ctx.projects.changed(projectId);
         out.result(
           { user, ...caps },
