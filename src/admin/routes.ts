@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { auditCsv, auditQuerySchema, listAudit } from '../audit/index.ts';
 import { safeEqual } from '../core/crypto.ts';
 import { ApiError } from '../core/errors.ts';
 import { amountInputSchema, amountSchema } from '../core/money.ts';
@@ -367,6 +368,37 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
         },
       );
     }
+
+    // the audit log (src/audit): a project's entries, newest first; `format=csv` exports them
+    api.get(
+      '/projects/:project/audit',
+      { schema: { params: projectParams, querystring: auditQuerySchema } },
+      async (request, reply) => {
+        await ownedProject(ctx, request.principal, request.params.project);
+        const { format, ...query } = request.query;
+        const { data, hasMore } = await listAudit(ctx.db, { projectId: request.params.project }, query);
+        if (format === 'json') return list(data, hasMore);
+        return reply
+          .type('text/csv; charset=utf-8')
+          .header(
+            'content-disposition',
+            `attachment; filename="tollgate-audit-${request.params.project}.csv"`,
+          )
+          .send(auditCsv(data));
+      },
+    );
+    // every entry the principal may see: all (full access), or a developer's projects' and their own
+    api.get('/audit', { schema: { querystring: auditQuerySchema } }, async (request, reply) => {
+      const { format, ...query } = request.query;
+      const scope =
+        request.principal.developerId === null ? {} : { developerId: request.principal.developerId };
+      const { data, hasMore } = await listAudit(ctx.db, scope, query);
+      if (format === 'json') return list(data, hasMore);
+      return reply
+        .type('text/csv; charset=utf-8')
+        .header('content-disposition', 'attachment; filename="tollgate-audit.csv"')
+        .send(auditCsv(data));
+    });
 
     // reports
     api.get(

@@ -135,21 +135,41 @@ export interface AuditView {
   after: unknown;
 }
 
+/** Whose entries: one project's, and/or those a developer may see (undefined: no restriction). */
+export interface AuditScope {
+  projectId?: string;
+  developerId?: string;
+}
+
 /**
- * A project's entries, newest first. `action` matches exactly or as a prefix ending in `.` (`pricing.`);
+ * Entries, newest first. `action` matches exactly or as a prefix ending in `.` (`pricing.`);
  * `actor` matches the actor's id, e-mail or type.
  */
 export async function listAudit(
   db: Kysely<DB>,
-  projectId: string,
+  scope: AuditScope,
   query: Omit<AuditQuery, 'format'>,
 ): Promise<{ data: AuditView[]; hasMore: boolean }> {
   let q = db
     .selectFrom('audit_log')
     .selectAll()
-    .where('project_id', '=', projectId)
     .orderBy('id', 'desc')
     .limit(query.limit + 1);
+  if (scope.projectId !== undefined) q = q.where('project_id', '=', scope.projectId);
+  if (scope.developerId !== undefined) {
+    const developerId = scope.developerId;
+    // the developer's projects' entries, and their own entries outside a project (their admin tokens)
+    q = q.where((eb) =>
+      eb.or([
+        eb(
+          'project_id',
+          'in',
+          eb.selectFrom('projects').select('id').where('owner_user_id', '=', developerId),
+        ),
+        eb.and([eb('project_id', 'is', null), eb('developer_id', '=', developerId)]),
+      ]),
+    );
+  }
   if (query.action) {
     const action = query.action;
     q = action.endsWith('.')
