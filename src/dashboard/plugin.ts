@@ -9,6 +9,7 @@ import { html, htmlHeaders } from './html.ts';
 import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
 import accountRoutes from './routes/accounts.ts';
 import adminTokenRoutes from './routes/admin-tokens.ts';
+import auditRoutes from './routes/audit.ts';
 import paymentRoutes from './routes/payments.ts';
 import pricingRoutes from './routes/pricing.ts';
 import projectRoutes from './routes/project.ts';
@@ -136,6 +137,7 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     await scope.register(adminTokenRoutes);
     await scope.register(projectRoutes);
     await scope.register(pricingRoutes);
+    await scope.register(auditRoutes);
     await scope.register(paymentRoutes);
     await scope.register(userRoutes);
     await scope.register(webhookRoutes);
