@@ -362,26 +362,28 @@ export async function createAdminToken(
   name: string,
 ): Promise<AdminTokenView & { token: string }> {
   const token = `tga_${randomToken(32)}`;
-  const row = await db
-    .insertInto('admin_tokens')
-    .values({
-      id: newId('atk'),
-      developer_id: principal.developerId,
-      name,
-      prefix: token.slice(0, ADMIN_TOKEN_PREFIX_LENGTH),
-      token_hash: sha256Hex(token),
-    })
-    .returning(['id', 'name', 'prefix', 'developer_id', 'created_at', 'revoked_at'])
-    .executeTakeFirstOrThrow();
-  await recordAudit(db, {
-    actor: actorOf(principal),
-    projectId: null,
-    action: 'admin_token.create',
-    targetType: 'admin_token',
-    targetId: row.id,
-    after: { name: row.name, prefix: row.prefix, developerId: row.developer_id },
+  return db.transaction().execute(async (tx) => {
+    const row = await tx
+      .insertInto('admin_tokens')
+      .values({
+        id: newId('atk'),
+        developer_id: principal.developerId,
+        name,
+        prefix: token.slice(0, ADMIN_TOKEN_PREFIX_LENGTH),
+        token_hash: sha256Hex(token),
+      })
+      .returning(['id', 'name', 'prefix', 'developer_id', 'created_at', 'revoked_at'])
+      .executeTakeFirstOrThrow();
+    await recordAudit(tx, {
+      actor: actorOf(principal),
+      projectId: null,
+      action: 'admin_token.create',
+      targetType: 'admin_token',
+      targetId: row.id,
+      after: { name: row.name, prefix: row.prefix, developerId: row.developer_id },
+    });
+    return { ...tokenView(row), token };
   });
-  return { ...tokenView(row), token };
 }
 
 export async function listAdminTokens(db: Database, principal: Principal): Promise<AdminTokenView[]> {

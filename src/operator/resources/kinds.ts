@@ -289,7 +289,18 @@ export const apiKeyHandler: KindHandler<ApiKeySpec> = {
   },
   async orphan(managedBy, h) {
     const key = await findKeyByManager(h.ctx.db, managedBy);
-    if (key) await h.ctx.keys.revoke(key.id, { managedBy });
+    if (key) {
+      await h.ctx.keys.revoke(key.id, { managedBy });
+      await recordAudit(h.ctx.db, {
+        actor: operatorActor(managedBy),
+        projectId: key.project_id,
+        action: 'api_key.revoke',
+        targetType: 'api_key',
+        targetId: key.id,
+        before: { prefix: key.prefix, revoked: false },
+        after: { prefix: key.prefix, revoked: true },
+      });
+    }
   },
 };
 
