@@ -263,6 +263,40 @@ describe('the audit log', () => {
     expectAlice(await one('money.deposit', 'u3'), 'dashboard');
   });
 
+  it('records the dashboard price, settings and key forms with the developer and address', async () => {
+    const cookie = `tollgate_session=${alice}`;
+    const path = `/dashboard/projects/${projectId}`;
+    const page = await fetch(`${server.url}${path}`, { headers: { cookie } });
+    const csrf = /name="csrf" value="([^"]+)"/.exec(await page.text())![1]!;
+    const post = (p: string, form: Record<string, string>) =>
+      fetch(`${server.url}${path}${p}`, {
+        method: 'POST',
+        headers: {
+          cookie,
+          'content-type': 'application/x-www-form-urlencoded',
+          'x-forwarded-for': ALICE_IP,
+        },
+        body: new URLSearchParams({ csrf, ...form }).toString(),
+        redirect: 'manual',
+      });
+    expect((await post('/pricing', { model: 'small', mode: 'per_request', perRequest: '0.30' })).status).toBe(
+      303,
+    );
+    const puts = (await rows('model.put')).filter((r) => r.via === 'dashboard');
+    expect(puts).toHaveLength(1);
+    expectAlice(puts[0]!, 'dashboard');
+    expect(puts[0]!.before).toMatchObject({ pricing: { perRequest: '0.2' } });
+    expect(puts[0]!.after).toMatchObject({ pricing: { perRequest: '0.3' } });
+    expect((await post('/settings', { name: 'Audited 3' })).status).toBe(303);
+    const updates = (await rows('project.update')).filter((r) => r.via === 'dashboard');
+    expect(updates).toHaveLength(1);
+    expect(updates[0]!.after).toMatchObject({ name: 'Audited 3' });
+    expect((await post('/keys', { name: 'from-the-dashboard' })).status).toBe(200);
+    const keys = (await rows('api_key.create')).filter((r) => r.via === 'dashboard');
+    expect(keys).toHaveLength(1);
+    expectAlice(keys[0]!, 'dashboard');
+  });
+
   it.skipIf(!realPostgres)('records the CLI on the database as `cli`', async () => {
     const schema = (await sql<{ s: string }>`select current_schema() as s`.execute(server.ctx.db)).rows[0]!.s;
     const env: Record<string, string | undefined> = {
@@ -333,7 +367,11 @@ describe('the audit log', () => {
       realPostgres ? ['u1', 'u2', 'u3', 'u4'] : ['u1', 'u2', 'u3'],
     );
     const pricing = await asAlice('GET', `${base}?action=model.`);
-    expect(pricing.body.data.map((e: { action: string }) => e.action)).toEqual(['model.delete', 'model.put']);
+    expect(pricing.body.data.map((e: { action: string }) => e.action)).toEqual([
+      'model.put',
+      'model.delete',
+      'model.put',
+    ]);
     const byKey = await asAlice('GET', `${base}?actor=${apiKeyId}`);
     expect(byKey.body.data).toHaveLength(1);
     const byEmail = await asAlice('GET', `${base}?actor=alice@example.com&limit=1000`);

@@ -14,6 +14,7 @@ import type { ModelSpec, PricingFile } from '../models/pricing.ts';
 import { type ApplyResult, applyPricing, editPricing, listedModel, readPricing } from '../models/service.ts';
 import { checkDestination, DestinationError } from '../net/destination.ts';
 import {
+  auditedProject,
   baseUrlProblem,
   type CreateProjectInput,
   createProject,
@@ -115,8 +116,7 @@ export async function listProjects(ctx: AppContext, principal: Principal, page: 
 
 /** The audited view of a project's settings and connection (no secret: the key is `keySet`). */
 export function projectAudit(p: Project) {
-  const v = projectView(p);
-  return { name: v.name, currency: v.currency, provider: v.provider, settings: v.settings };
+  return auditedProject(p);
 }
 
 export function list<T>(data: T[], hasMore: boolean) {
@@ -137,29 +137,17 @@ export async function createOwnedProject(
   principal: Principal,
   input: Pick<CreateProjectInput, 'name' | 'currency'>,
 ) {
-  const created = await createProject(ctx.db, ctx.sealer, {
-    name: input.name,
-    currency: input.currency ?? 'usd',
-    ...(principal.developerId ? { ownerUserId: principal.developerId } : {}),
-  });
-  // createProject commits on its own (the project and its first key): the entries follow it.
-  const actor = actorOf(principal);
-  await recordAudit(ctx.db, {
-    actor,
-    projectId: created.project.id,
-    action: 'project.create',
-    targetType: 'project',
-    targetId: created.project.id,
-    after: projectAudit(created.project),
-  });
-  await recordAudit(ctx.db, {
-    actor,
-    projectId: created.project.id,
-    action: 'api_key.create',
-    targetType: 'api_key',
-    targetId: created.apiKeyId,
-    after: { name: 'default', prefix: created.apiKey.slice(0, 11) },
-  });
+  // the project, its first key and their audit entries: one transaction
+  const created = await createProject(
+    ctx.db,
+    ctx.sealer,
+    {
+      name: input.name,
+      currency: input.currency ?? 'usd',
+      ...(principal.developerId ? { ownerUserId: principal.developerId } : {}),
+    },
+    { actor: actorOf(principal) },
+  );
   return {
     project: projectView(created.project),
     apiKey: { id: created.apiKeyId, key: created.apiKey, prefix: created.apiKey.slice(0, 11) },

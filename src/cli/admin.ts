@@ -48,29 +48,18 @@ export async function adminCommand(
   switch (key) {
     case 'project create':
       return withContext(config, async (ctx) => {
-        const created = await createProject(ctx.db, ctx.sealer, {
-          name: required(values, 'name'),
-          currency: optional(values, 'currency') ?? 'usd',
-          upstreamUrl: optional(values, 'upstream-url'),
-          upstreamKey: optional(values, 'upstream-key'),
-          settings: settingsFrom(values),
-        });
-        await recordAudit(ctx.db, {
-          actor: CLI_ACTOR,
-          projectId: created.project.id,
-          action: 'project.create',
-          targetType: 'project',
-          targetId: created.project.id,
-          after: projectAudit(created.project),
-        });
-        await recordAudit(ctx.db, {
-          actor: CLI_ACTOR,
-          projectId: created.project.id,
-          action: 'api_key.create',
-          targetType: 'api_key',
-          targetId: created.apiKeyId,
-          after: { name: 'default', prefix: created.apiKey.slice(0, 11) },
-        });
+        const created = await createProject(
+          ctx.db,
+          ctx.sealer,
+          {
+            name: required(values, 'name'),
+            currency: optional(values, 'currency') ?? 'usd',
+            upstreamUrl: optional(values, 'upstream-url'),
+            upstreamKey: optional(values, 'upstream-key'),
+            settings: settingsFrom(values),
+          },
+          { actor: CLI_ACTOR },
+        );
         out.result(
           {
             id: created.project.id,
@@ -298,21 +287,24 @@ export async function adminCommand(
         const responseMs = optional(values, 'response-timeout-ms');
         const key = optional(values, 'key');
         const kind = optional(values, 'kind');
-        const provider = await upsertProvider(
-          ctx.db,
-          ctx.sealer,
-          projectId,
-          {
-            name: required(values, 'name'),
-            baseUrl: required(values, 'base-url'),
-            ...(key !== undefined ? { key } : {}),
-            ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
-            timeouts: {
-              ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
-              ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
+        // the provider and its audit entry: one transaction
+        const provider = await ctx.db.transaction().execute((tx) =>
+          upsertProvider(
+            tx,
+            ctx.sealer,
+            projectId,
+            {
+              name: required(values, 'name'),
+              baseUrl: required(values, 'base-url'),
+              ...(key !== undefined ? { key } : {}),
+              ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
+              timeouts: {
+                ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
+                ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
+              },
             },
-          },
-          { actor: CLI_ACTOR },
+            { actor: CLI_ACTOR },
+          ),
         );
         await ctx.projects.changed(projectId);
         out.result(
@@ -334,7 +326,9 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const name = required(values, 'name');
-        const removed = await removeProvider(ctx.db, projectId, name, { actor: CLI_ACTOR });
+        const removed = await ctx.db
+          .transaction()
+          .execute((tx) => removeProvider(tx, projectId, name, { actor: CLI_ACTOR }));
         await ctx.projects.changed(projectId);
         out.result({ name, removed }, removed ? `Removed provider ${name}` : `No provider ${name}`);
       });

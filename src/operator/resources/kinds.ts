@@ -94,7 +94,6 @@ export const projectHandler: KindHandler<ProjectSpec> = {
         },
         h.managedBy,
       );
-      await audit(h, row.id, 'project.create', 'project', row.id, null, projectAudit(row));
       events.push(normal('Created', `Created project ${row.id}`));
     } else {
       if (row.currency !== spec.currency)
