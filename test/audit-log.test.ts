@@ -245,6 +245,47 @@ describe('the audit log', () => {
       via: 'v1',
     });
 
+    const fromKey = { 'x-forwarded-for': '198.51.100.9' };
+    // (connecting a user from /v1 only makes a link; the admin API connects)
+    expect((await asAlice('POST', `/projects/${projectId}/users/u2/connect`)).status).toBe(200);
+    const v1charge = await api(
+      server,
+      apiKey,
+      'POST',
+      '/v1/user/charge',
+      { user: 'u2', amount: '1' },
+      fromKey,
+    );
+    expect(v1charge.body.success, JSON.stringify(v1charge.body)).toBe(true);
+    expect(await one('money.charge', 'u2')).toMatchObject({ actor_type: 'api_key', ip: '198.51.100.9' });
+    const v1grant = await api(
+      server,
+      apiKey,
+      'POST',
+      '/v1/user/credits',
+      {
+        user: 'u2',
+        amount: '1',
+        reason: 'promo',
+      },
+      fromKey,
+    );
+    expect(v1grant.status, JSON.stringify(v1grant.body)).toBe(201);
+    expect(await one('credit.grant', 'u2')).toMatchObject({ actor_type: 'api_key', via: 'v1' });
+    const caps = await api(
+      server,
+      apiKey,
+      'POST',
+      '/v1/user/spend-caps',
+      { user: 'u2', daily: '3' },
+      fromKey,
+    );
+    expect(caps.status, JSON.stringify(caps.body)).toBe(200);
+    const cap = await one('limits.spend_caps', 'u2');
+    expect(cap).toMatchObject({ actor_type: 'api_key', actor_id: apiKeyId, ip: '198.51.100.9' });
+    expect(cap.before).toEqual({ daily: null, monthly: null });
+    expect(cap.after).toMatchObject({ monthly: null });
+
     // the dashboard's deposit form
     const cookie = `tollgate_session=${alice}`;
     const page = await fetch(`${server.url}/dashboard/projects/${projectId}/users`, { headers: { cookie } });
@@ -373,7 +414,12 @@ describe('the audit log', () => {
       'model.put',
     ]);
     const byKey = await asAlice('GET', `${base}?actor=${apiKeyId}`);
-    expect(byKey.body.data).toHaveLength(1);
+    expect(byKey.body.data.map((e: { action: string }) => e.action)).toEqual([
+      'limits.spend_caps',
+      'credit.grant',
+      'money.charge',
+      'money.deposit',
+    ]);
     const byEmail = await asAlice('GET', `${base}?actor=alice@example.com&limit=1000`);
     expect(
       byEmail.body.data.every((e: { actor: { email: string } }) => e.actor.email === 'alice@example.com'),
