@@ -146,32 +146,31 @@ export async function editPricing(
   });
 }
 
+/** The edit under the project's row lock, in `tx`: what it did, and the pricing before it. */
 async function editIn(
   tx: Transaction<DB>,
   projectId: string,
   edit: (current: PricingFile) => ModelSpec[],
 ): Promise<{ applied: ApplyResult; before: PricingFile }> {
-  {
-    const project = await lockProject(tx, projectId);
-    assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, undefined);
-    const rows = await tx
-      .selectFrom('models')
-      .selectAll()
-      .where('project_id', '=', projectId)
-      .orderBy('id')
-      .execute();
-    const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
-    const current: PricingFile = { currency: project.currency, models: rows.map(specOf), ...limits };
-    const models = edit(current);
-    const before = { ...current, models: rows.map(listedModel) };
-    if (models.length === 0) {
-      await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
-      return { applied: { created: [], updated: [], deleted: rows.map((r) => r.id) }, before };
-    }
-    const file = parseInput(pricingFileSchema, { currency: project.currency, models, ...limits }, 'pricing');
-    // the limits come back as they were: written only where nothing else manages them
-    return { applied: await applyIn(tx, projectId, file, !project.limits_managed_by), before };
+  const project = await lockProject(tx, projectId);
+  assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, undefined);
+  const rows = await tx
+    .selectFrom('models')
+    .selectAll()
+    .where('project_id', '=', projectId)
+    .orderBy('id')
+    .execute();
+  const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
+  const current: PricingFile = { currency: project.currency, models: rows.map(specOf), ...limits };
+  const models = edit(current);
+  const before = { ...current, models: rows.map(listedModel) };
+  if (models.length === 0) {
+    await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
+    return { applied: { created: [], updated: [], deleted: rows.map((r) => r.id) }, before };
   }
+  const file = parseInput(pricingFileSchema, { currency: project.currency, models, ...limits }, 'pricing');
+  // the limits come back as they were: written only where nothing else manages them
+  return { applied: await applyIn(tx, projectId, file, !project.limits_managed_by), before };
 }
 
 async function lockProject(tx: Transaction<DB>, projectId: string) {

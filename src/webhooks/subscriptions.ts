@@ -232,15 +232,15 @@ function assertManager(row: { managed_by: string | null }, managedBy: string | u
   }
 }
 
-/**
- * Refuses what createSubscription would refuse (shape, scheme, destination, headers) without writing
- * anything: the operator checks a spec before it generates a Secret for it.
- */
 /** Who changes a subscription: the caller's actor; else its resource (the operator); else the CLI. */
 function auditActor(opts: { managedBy?: string | undefined; actor?: Actor | undefined }): Actor {
   return opts.actor ?? (opts.managedBy ? operatorActor(opts.managedBy) : CLI_ACTOR);
 }
 
+/**
+ * Refuses what createSubscription would refuse (shape, scheme, destination, headers) without writing
+ * anything: the operator checks a spec before it generates a Secret for it.
+ */
 export async function validateSubscriptionInput(ctx: AppContext, input: SubscriptionInput): Promise<void> {
   const parsed = parseInput(subscriptionInputSchema, input);
   await checkUrl(ctx, parsed.url);
