@@ -22,7 +22,6 @@ import { COMMON_PASSWORDS } from './common-passwords.ts';
 
 export const SESSION_TTL_SECONDS = 7 * 24 * 3600;
 
-/** Who is calling the admin API: a developer (their projects only) or a full-access token (every project). */
 /** Who acted and from where, for the audit log: the principal of a request (admin API or dashboard). */
 export function actorOf(principal: Principal): Actor {
   return {
@@ -35,6 +34,7 @@ export function actorOf(principal: Principal): Actor {
   };
 }
 
+/** Who is calling the admin API: a developer (their projects only) or a full-access token (every project). */
 export interface Principal {
   /** The developer whose projects are visible; null for full access. */
   developerId: string | null;
