@@ -150,6 +150,16 @@ describe('Project', () => {
     });
     projectId = row!.id;
     expect(await eventsFor('acme')).toContain('Created');
+    // the audit log names the resource as the actor, once (resyncs are not changes)
+    const audited = await ctx.db
+      .selectFrom('audit_log')
+      .selectAll()
+      .where('project_id', '=', projectId)
+      .where('action', '=', 'project.create')
+      .execute();
+    expect(audited).toMatchObject([
+      { actor_type: 'operator', actor_id: `Project ${ns}/acme`, via: 'operator', target_id: projectId },
+    ]);
     // No first key for a declared project: its keys are ApiKey resources.
     expect(
       await ctx.db.selectFrom('api_keys').where('project_id', '=', projectId).selectAll().execute(),
@@ -326,6 +336,15 @@ describe('PriceList', () => {
       ['quick', 'per_request', 'gpt-4o-mini'],
     ]);
     expect((await projectById(projectId)).pricing_managed_by).toBe(`PriceList ${ns}/prices`);
+    const audited = await ctx.db
+      .selectFrom('audit_log')
+      .selectAll()
+      .where('project_id', '=', projectId)
+      .where('action', '=', 'pricing.apply')
+      .execute();
+    expect(audited).toHaveLength(1);
+    expect(audited[0]).toMatchObject({ actor_type: 'operator', actor_id: `PriceList ${ns}/prices` });
+    expect((audited[0]!.after as Array<{ id: string }>).map((m) => m.id)).toEqual(['gpt-4o-mini', 'quick']);
   });
 
   it('follows a price edit and puts back a price changed by hand in the database', async () => {

@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type Browser, chromium } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CLI_ACTOR } from '../src/audit/index.ts';
 import { connectPayments } from '../src/payments/service.ts';
 import { connectUser } from '../src/users/service.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from './helpers/server.ts';
@@ -30,10 +31,15 @@ beforeAll(async () => {
   stand = await startStripeStandIn({ keys: [KEY] });
   server = await startTestServer({ STRIPE_API_URL: stand.url });
   project = await seedProject(server.ctx, { name: 'Acme Chat' });
-  await connectPayments(server.ctx, project.projectId, {
-    stripeKey: KEY,
-    settings: { presets: ['5', '10', '20'], minimum: '2', maximum: '200' },
-  });
+  await connectPayments(
+    server.ctx,
+    project.projectId,
+    {
+      stripeKey: KEY,
+      settings: { presets: ['5', '10', '20'], minimum: '2', maximum: '200' },
+    },
+    CLI_ACTOR,
+  );
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: [

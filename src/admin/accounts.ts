@@ -1,6 +1,7 @@
 import { randomBytes, type ScryptOptions, scrypt, timingSafeEqual } from 'node:crypto';
 import { sql } from 'kysely';
 import { z } from 'zod';
+import { type Actor, recordAudit } from '../audit/index.ts';
 import { type Sealer, sha256Hex } from '../core/crypto.ts';
 import { ApiError, notFound } from '../core/errors.ts';
 import { newId, randomToken } from '../core/ids.ts';
@@ -21,6 +22,18 @@ import { COMMON_PASSWORDS } from './common-passwords.ts';
 
 export const SESSION_TTL_SECONDS = 7 * 24 * 3600;
 
+/** Who acted and from where, for the audit log: the principal of a request (admin API or dashboard). */
+export function actorOf(principal: Principal): Actor {
+  return {
+    type: principal.actorType,
+    id: principal.actorId,
+    developerId: principal.developerId,
+    email: principal.email,
+    ip: principal.ip ?? null,
+    via: principal.via ?? 'admin_api',
+  };
+}
+
 /** Who is calling the admin API: a developer (their projects only) or a full-access token (every project). */
 export interface Principal {
   /** The developer whose projects are visible; null for full access. */
@@ -29,6 +42,10 @@ export interface Principal {
   /** For event triggers and audit: `developer`, `admin_token`. */
   actorType: 'developer' | 'admin_token';
   actorId: string;
+  /** The client's address (`request.ip`, honouring TOLLGATE_TRUSTED_PROXIES), for the audit log. */
+  ip?: string;
+  /** Where the request came in, for the audit log (default `admin_api`). */
+  via?: 'admin_api' | 'dashboard';
   /** The session's CSRF token (cookie sessions). */
   csrf?: string;
   sessionId?: string;
@@ -345,18 +362,28 @@ export async function createAdminToken(
   name: string,
 ): Promise<AdminTokenView & { token: string }> {
   const token = `tga_${randomToken(32)}`;
-  const row = await db
-    .insertInto('admin_tokens')
-    .values({
-      id: newId('atk'),
-      developer_id: principal.developerId,
-      name,
-      prefix: token.slice(0, ADMIN_TOKEN_PREFIX_LENGTH),
-      token_hash: sha256Hex(token),
-    })
-    .returning(['id', 'name', 'prefix', 'developer_id', 'created_at', 'revoked_at'])
-    .executeTakeFirstOrThrow();
-  return { ...tokenView(row), token };
+  return db.transaction().execute(async (tx) => {
+    const row = await tx
+      .insertInto('admin_tokens')
+      .values({
+        id: newId('atk'),
+        developer_id: principal.developerId,
+        name,
+        prefix: token.slice(0, ADMIN_TOKEN_PREFIX_LENGTH),
+        token_hash: sha256Hex(token),
+      })
+      .returning(['id', 'name', 'prefix', 'developer_id', 'created_at', 'revoked_at'])
+      .executeTakeFirstOrThrow();
+    await recordAudit(tx, {
+      actor: actorOf(principal),
+      projectId: null,
+      action: 'admin_token.create',
+      targetType: 'admin_token',
+      targetId: row.id,
+      after: { name: row.name, prefix: row.prefix, developerId: row.developer_id },
+    });
+    return { ...tokenView(row), token };
+  });
 }
 
 export async function listAdminTokens(db: Database, principal: Principal): Promise<AdminTokenView[]> {
@@ -373,16 +400,31 @@ export async function revokeAdminToken(
   principal: Principal,
   id: string,
 ): Promise<AdminTokenView> {
-  let query = db
-    .updateTable('admin_tokens')
-    .set({ revoked_at: sql`coalesce(revoked_at, now())` })
-    .where('id', '=', id);
-  if (principal.developerId) query = query.where('developer_id', '=', principal.developerId);
-  const row = await query
-    .returning(['id', 'name', 'prefix', 'developer_id', 'created_at', 'revoked_at'])
-    .executeTakeFirst();
-  if (!row) throw notFound(`No admin token ${id}.`, 'admin_token_not_found', 'id');
-  return tokenView(row);
+  return db.transaction().execute(async (tx) => {
+    let before = tx.selectFrom('admin_tokens').select(['revoked_at']).where('id', '=', id).forUpdate();
+    if (principal.developerId) before = before.where('developer_id', '=', principal.developerId);
+    const was = await before.executeTakeFirst();
+    let query = tx
+      .updateTable('admin_tokens')
+      .set({ revoked_at: sql`coalesce(revoked_at, now())` })
+      .where('id', '=', id);
+    if (principal.developerId) query = query.where('developer_id', '=', principal.developerId);
+    const row = await query
+      .returning(['id', 'name', 'prefix', 'developer_id', 'created_at', 'revoked_at'])
+      .executeTakeFirst();
+    if (!row || !was) throw notFound(`No admin token ${id}.`, 'admin_token_not_found', 'id');
+    if (was.revoked_at === null)
+      await recordAudit(tx, {
+        actor: actorOf(principal),
+        projectId: null,
+        action: 'admin_token.revoke',
+        targetType: 'admin_token',
+        targetId: row.id,
+        before: { name: row.name, prefix: row.prefix, developerId: row.developer_id, revoked: false },
+        after: { name: row.name, prefix: row.prefix, developerId: row.developer_id, revoked: true },
+      });
+    return tokenView(row);
+  });
 }
 
 /** The principal of a `tga_` token, or undefined (unknown or revoked). */

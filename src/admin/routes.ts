@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { auditCsv, auditQuerySchema, listAudit } from '../audit/index.ts';
 import { safeEqual } from '../core/crypto.ts';
 import { ApiError } from '../core/errors.ts';
 import { amountInputSchema, amountSchema } from '../core/money.ts';
@@ -46,6 +47,7 @@ import {
   usageReport,
 } from './reports.ts';
 import {
+  actorOf,
   applyModels,
   connectProvider,
   createApiKey,
@@ -166,6 +168,9 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
     scoped.decorateRequest('principal', null as unknown as Principal);
     scoped.addHook('onRequest', async (request: FastifyRequest) => {
       request.principal = await principalOf(scoped, request.headers.authorization);
+      // for the audit log: the address (TOLLGATE_TRUSTED_PROXIES honoured by fastify) and the way in
+      request.principal.ip = request.ip;
+      request.principal.via = 'admin_api';
     });
 
     // payments (Stripe): ../payments/admin-routes.ts
@@ -364,6 +369,37 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
       );
     }
 
+    // the audit log (src/audit): a project's entries, newest first; `format=csv` exports them
+    api.get(
+      '/projects/:project/audit',
+      { schema: { params: projectParams, querystring: auditQuerySchema } },
+      async (request, reply) => {
+        await ownedProject(ctx, request.principal, request.params.project);
+        const { format, ...query } = request.query;
+        const { data, hasMore } = await listAudit(ctx.db, { projectId: request.params.project }, query);
+        if (format === 'json') return list(data, hasMore);
+        return reply
+          .type('text/csv; charset=utf-8')
+          .header(
+            'content-disposition',
+            `attachment; filename="tollgate-audit-${request.params.project}.csv"`,
+          )
+          .send(auditCsv(data));
+      },
+    );
+    // every entry the principal may see: all (full access), or a developer's projects' and their own
+    api.get('/audit', { schema: { querystring: auditQuerySchema } }, async (request, reply) => {
+      const { format, ...query } = request.query;
+      const scope =
+        request.principal.developerId === null ? {} : { developerId: request.principal.developerId };
+      const { data, hasMore } = await listAudit(ctx.db, scope, query);
+      if (format === 'json') return list(data, hasMore);
+      return reply
+        .type('text/csv; charset=utf-8')
+        .header('content-disposition', 'attachment; filename="tollgate-audit.csv"')
+        .send(auditCsv(data));
+    });
+
     // reports
     api.get(
       '/projects/:project/reports/usage',
@@ -412,6 +448,7 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
         await ownedProject(ctx, request.principal, request.params.project);
         const { subscription, secret } = await createSubscription(ctx, request.params.project, request.body, {
           createdBy: `${request.principal.actorType}:${request.principal.actorId}`,
+          actor: actorOf(request.principal),
         });
         reply.status(201);
         return { subscription: { ...subscription, secret } };
@@ -423,7 +460,9 @@ export async function adminRoutes(plain: FastifyInstance): Promise<void> {
       async (request) => {
         await ownedProject(ctx, request.principal, request.params.project);
         return {
-          subscription: await setSubscriptionActive(ctx, request.params.project, request.params.id, false),
+          subscription: await setSubscriptionActive(ctx, request.params.project, request.params.id, false, {
+            actor: actorOf(request.principal),
+          }),
         };
       },
     );

@@ -1,17 +1,20 @@
+import type { Transaction } from 'kysely';
 import { request } from 'undici';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
+import { type Actor, recordAudit } from '../audit/index.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import { storableText } from '../core/validation.ts';
-import type { Project } from '../db/schema.ts';
+import type { DB, Project } from '../db/schema.ts';
 import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
 import type { ModelSpec, PricingFile } from '../models/pricing.ts';
-import { applyPricing, editPricing, listedModel } from '../models/service.ts';
+import { type ApplyResult, applyPricing, editPricing, listedModel, readPricing } from '../models/service.ts';
 import { checkDestination, DestinationError } from '../net/destination.ts';
 import {
+  auditedProject,
   baseUrlProblem,
   type CreateProjectInput,
   createProject,
@@ -31,7 +34,9 @@ import {
   grantFromApi,
   type LinkSettings,
 } from '../users/service.ts';
-import type { Principal } from './accounts.ts';
+import { actorOf, type Principal } from './accounts.ts';
+
+export { actorOf };
 
 /**
  * What the admin API and the dashboard do, on plain inputs. Every function that takes a project id first
@@ -109,6 +114,11 @@ export async function listProjects(ctx: AppContext, principal: Principal, page: 
   return list(rows.slice(0, page.limit).map(projectView), rows.length > page.limit);
 }
 
+/** The audited view of a project's settings and connection (no secret: the key is `keySet`). */
+export function projectAudit(p: Project) {
+  return auditedProject(p);
+}
+
 export function list<T>(data: T[], hasMore: boolean) {
   return { object: 'list' as const, data, has_more: hasMore };
 }
@@ -127,11 +137,17 @@ export async function createOwnedProject(
   principal: Principal,
   input: Pick<CreateProjectInput, 'name' | 'currency'>,
 ) {
-  const created = await createProject(ctx.db, ctx.sealer, {
-    name: input.name,
-    currency: input.currency ?? 'usd',
-    ...(principal.developerId ? { ownerUserId: principal.developerId } : {}),
-  });
+  // the project, its first key and their audit entries: one transaction
+  const created = await createProject(
+    ctx.db,
+    ctx.sealer,
+    {
+      name: input.name,
+      currency: input.currency ?? 'usd',
+      ...(principal.developerId ? { ownerUserId: principal.developerId } : {}),
+    },
+    { actor: actorOf(principal) },
+  );
   return {
     project: projectView(created.project),
     apiKey: { id: created.apiKeyId, key: created.apiKey, prefix: created.apiKey.slice(0, 11) },
@@ -144,8 +160,20 @@ export async function updateOwnedProject(
   projectId: string,
   input: Pick<UpdateProjectInput, 'name' | 'settings'>,
 ): Promise<ProjectView> {
-  await ownedProject(ctx, principal, projectId);
-  const project = await updateProject(ctx.db, ctx.sealer, projectId, input);
+  const before = await ownedProject(ctx, principal, projectId);
+  const project = await ctx.db.transaction().execute(async (tx) => {
+    const updated = await updateProject(tx, ctx.sealer, projectId, input);
+    await recordAudit(tx, {
+      actor: actorOf(principal),
+      projectId,
+      action: 'project.update',
+      targetType: 'project',
+      targetId: projectId,
+      before: projectAudit(before),
+      after: projectAudit(updated),
+    });
+    return updated;
+  });
   await ctx.projects.changed(projectId);
   return projectView(project);
 }
@@ -258,16 +286,34 @@ const providerCheckFailed = (why: string) =>
  * Stores a project's provider connection (the key sealed at rest). The one place the admin code writes
  * the connection: when projects get several providers, this becomes an upsert of the `default` one.
  */
-async function saveProviderConnection(ctx: AppContext, projectId: string, input: ProviderInput) {
-  const project = await updateProject(ctx.db, ctx.sealer, projectId, {
-    upstreamUrl: input.baseUrl,
-    upstreamKey: input.apiKey ?? null,
-  });
-  // The kind lives on the provider `default` (the URL and key were mirrored there just now).
-  await upsertProvider(ctx.db, ctx.sealer, projectId, {
-    name: DEFAULT_PROVIDER,
-    baseUrl: input.baseUrl,
-    kind: input.kind ?? 'openai-compatible',
+async function saveProviderConnection(
+  ctx: AppContext,
+  principal: Principal,
+  before: Project,
+  input: ProviderInput,
+) {
+  const projectId = before.id;
+  const project = await ctx.db.transaction().execute(async (tx) => {
+    const updated = await updateProject(tx, ctx.sealer, projectId, {
+      upstreamUrl: input.baseUrl,
+      upstreamKey: input.apiKey ?? null,
+    });
+    // The kind lives on the provider `default` (the URL and key were mirrored there just now).
+    await upsertProvider(tx, ctx.sealer, projectId, {
+      name: DEFAULT_PROVIDER,
+      baseUrl: input.baseUrl,
+      kind: input.kind ?? 'openai-compatible',
+    });
+    await recordAudit(tx, {
+      actor: actorOf(principal),
+      projectId,
+      action: 'provider.connect',
+      targetType: 'provider',
+      targetId: DEFAULT_PROVIDER,
+      before: projectView(before).provider,
+      after: { ...projectView(updated).provider, kind: input.kind ?? 'openai-compatible' },
+    });
+    return updated;
   });
   await ctx.projects.changed(projectId);
   return project;
@@ -280,9 +326,9 @@ export async function connectProvider(
   projectId: string,
   input: ProviderInput,
 ) {
-  await ownedProject(ctx, principal, projectId);
+  const before = await ownedProject(ctx, principal, projectId);
   const { models } = await checkProvider(ctx, input);
-  const project = await saveProviderConnection(ctx, projectId, input);
+  const project = await saveProviderConnection(ctx, principal, before, input);
   return {
     object: 'provider' as const,
     ...projectView(project).provider,
@@ -295,7 +341,18 @@ export async function connectProvider(
 
 export async function createApiKey(ctx: AppContext, principal: Principal, projectId: string, name: string) {
   await ownedProject(ctx, principal, projectId);
-  const created = await createKey(ctx.db, projectId, name);
+  const created = await ctx.db.transaction().execute(async (tx) => {
+    const key = await createKey(tx, projectId, name);
+    await recordAudit(tx, {
+      actor: actorOf(principal),
+      projectId,
+      action: 'api_key.create',
+      targetType: 'api_key',
+      targetId: key.id,
+      after: { name, prefix: key.prefix },
+    });
+    return key;
+  });
   return { id: created.id, object: 'api_key' as const, name, prefix: created.prefix, key: created.key };
 }
 
@@ -320,12 +377,23 @@ export async function revokeApiKey(ctx: AppContext, principal: Principal, projec
   await ownedProject(ctx, principal, projectId);
   const key = await ctx.db
     .selectFrom('api_keys')
-    .select('id')
+    .select(['id', 'name', 'prefix', 'revoked_at'])
     .where('id', '=', keyId)
     .where('project_id', '=', projectId)
     .executeTakeFirst();
   if (!key) throw notFound(`No API key ${keyId} in this project.`, 'key_not_found', 'id');
   const { propagated } = await ctx.keys.revoke(keyId);
+  // The key directory revokes (and tells every proxy) on its own; the entry follows, once per revocation.
+  if (!key.revoked_at)
+    await recordAudit(ctx.db, {
+      actor: actorOf(principal),
+      projectId,
+      action: 'api_key.revoke',
+      targetType: 'api_key',
+      targetId: keyId,
+      before: { name: key.name, prefix: key.prefix, revoked: false },
+      after: { name: key.name, prefix: key.prefix, revoked: true },
+    });
   return { id: keyId, object: 'api_key' as const, revoked: true, propagated };
 }
 
@@ -359,8 +427,10 @@ export async function applyModels(
   projectId: string,
   file: PricingFile,
 ) {
-  await ownedProject(ctx, principal, projectId);
-  const result = await applyPricing(ctx.db, projectId, file);
+  const project = await ownedProject(ctx, principal, projectId);
+  const result = await applyPricing(ctx.db, projectId, file, {
+    audit: pricingAudit(actorOf(principal), project, 'pricing.apply', null),
+  });
   await ctx.projects.changed(projectId);
   return { object: 'pricing.applied' as const, ...result };
 }
@@ -377,27 +447,81 @@ export async function putModel(
   projectId: string,
   spec: Partial<ModelSpec> & Pick<ModelSpec, 'id' | 'pricing'>,
 ) {
-  await ownedProject(ctx, principal, projectId);
+  const project = await ownedProject(ctx, principal, projectId);
   const defined = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
-  const result = await editPricing(ctx.db, projectId, (current) => {
-    const existing = current.models.find((m) => m.id === spec.id);
-    const merged = { ...existing, ...defined } as ModelSpec;
-    return current.models.filter((m) => m.id !== spec.id).concat(merged);
-  });
+  const result = await editPricing(
+    ctx.db,
+    projectId,
+    (current) => {
+      const existing = current.models.find((m) => m.id === spec.id);
+      const merged = { ...existing, ...defined } as ModelSpec;
+      return current.models.filter((m) => m.id !== spec.id).concat(merged);
+    },
+    { audit: pricingAudit(actorOf(principal), project, 'model.put', spec.id) },
+  );
   await ctx.projects.changed(projectId);
   return { object: 'pricing.applied' as const, ...result };
 }
 
 /** Removes one model, keeping the others (with their routes) and the project's limits. */
 export async function deleteModel(ctx: AppContext, principal: Principal, projectId: string, modelId: string) {
-  await ownedProject(ctx, principal, projectId);
-  const result = await editPricing(ctx.db, projectId, (current) => {
-    if (!current.models.some((m) => m.id === modelId))
-      throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
-    return current.models.filter((m) => m.id !== modelId);
-  });
+  const project = await ownedProject(ctx, principal, projectId);
+  const result = await editPricing(
+    ctx.db,
+    projectId,
+    (current) => {
+      if (!current.models.some((m) => m.id === modelId))
+        throw notFound(`No model ${modelId}.`, 'model_not_found', 'id');
+      return current.models.filter((m) => m.id !== modelId);
+    },
+    { audit: pricingAudit(actorOf(principal), project, 'model.delete', modelId) },
+  );
   await ctx.projects.changed(projectId);
   return { object: 'pricing.applied' as const, ...result };
+}
+
+/**
+ * The audit of a pricing change, in its transaction: one entry for the models (the whole pricing for
+ * `pricing.apply`, the one model for `model.put` and `model.delete`) when they changed, and one
+ * `limits.update` when the limits changed.
+ */
+export function pricingAudit(
+  actor: Actor,
+  project: Pick<Project, 'id' | 'currency'>,
+  action: string,
+  modelId: string | null,
+) {
+  return async (tx: Transaction<DB>, result: ApplyResult, before: PricingFile) => {
+    const limitsRow = await tx
+      .selectFrom('projects')
+      .select('limits')
+      .where('id', '=', project.id)
+      .executeTakeFirstOrThrow();
+    const after = await readPricing(tx, project.id, { currency: project.currency, limits: limitsRow.limits });
+    const pick = (file: PricingFile) =>
+      modelId === null ? file.models : (file.models.find((m) => m.id === modelId) ?? null);
+    const changed = result.created.length + result.updated.length + result.deleted.length > 0;
+    if (changed || modelId !== null)
+      await recordAudit(tx, {
+        actor,
+        projectId: project.id,
+        action,
+        targetType: modelId === null ? 'pricing' : 'model',
+        targetId: modelId,
+        before: pick(before),
+        after: pick(after),
+      });
+    if (JSON.stringify(before.limits ?? null) !== JSON.stringify(after.limits ?? null))
+      await recordAudit(tx, {
+        actor,
+        projectId: project.id,
+        action: 'limits.update',
+        targetType: 'limits',
+        targetId: null,
+        before: before.limits ?? null,
+        after: after.limits ?? null,
+      });
+  };
 }
 
 // ---- end users ----
@@ -498,12 +622,13 @@ export async function moveMoney(
     ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
   };
   const trigger = triggerOf(principal);
+  const actor = actorOf(principal);
   const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) =>
     kind === 'deposit'
-      ? { status: 201, body: await depositFromApi(tx, ctx.billing, project, input, trigger) }
+      ? { status: 201, body: await depositFromApi(tx, ctx.billing, project, input, trigger, actor) }
       : {
           status: 200,
-          body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, trigger, links),
+          body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, trigger, links, actor),
         };
   const endpoint = `POST /admin/v1/projects/users/${kind}`;
   // The billing service runs the event wake-up and the money metrics after the commit (not for a replay).
@@ -527,7 +652,15 @@ export async function grantCredit(
   const project = await ownedProject(ctx, principal, projectId);
   const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) => ({
     status: 201,
-    body: await grantFromApi(tx, ctx.billing, project, input, 'admin', triggerOf(principal)),
+    body: await grantFromApi(
+      tx,
+      ctx.billing,
+      project,
+      input,
+      'admin',
+      triggerOf(principal),
+      actorOf(principal),
+    ),
   });
   return idempotencyKey === undefined
     ? { ...(await ctx.billing.transaction(run)), replayed: false }

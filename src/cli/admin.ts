@@ -1,5 +1,7 @@
 import { createInvite, inviteSchema, inviteUrl } from '../admin/accounts.ts';
+import { pricingAudit, projectAudit } from '../admin/service.ts';
 import { type AppContext, createContext } from '../app/context.ts';
+import { CLI_ACTOR, recordAudit } from '../audit/index.ts';
 import { createKey, listKeys } from '../auth/keys.ts';
 import type { Config } from '../config/index.ts';
 import { amountSchema } from '../core/money.ts';
@@ -46,13 +48,18 @@ export async function adminCommand(
   switch (key) {
     case 'project create':
       return withContext(config, async (ctx) => {
-        const created = await createProject(ctx.db, ctx.sealer, {
-          name: required(values, 'name'),
-          currency: optional(values, 'currency') ?? 'usd',
-          upstreamUrl: optional(values, 'upstream-url'),
-          upstreamKey: optional(values, 'upstream-key'),
-          settings: settingsFrom(values),
-        });
+        const created = await createProject(
+          ctx.db,
+          ctx.sealer,
+          {
+            name: required(values, 'name'),
+            currency: optional(values, 'currency') ?? 'usd',
+            upstreamUrl: optional(values, 'upstream-url'),
+            upstreamKey: optional(values, 'upstream-key'),
+            settings: settingsFrom(values),
+          },
+          { actor: CLI_ACTOR },
+        );
         out.result(
           {
             id: created.project.id,
@@ -104,11 +111,24 @@ export async function adminCommand(
         const upstreamUrl = optional(values, 'upstream-url');
         const upstreamKey = optional(values, 'upstream-key');
         const name = optional(values, 'name');
-        const project = await updateProject(ctx.db, ctx.sealer, id, {
-          ...(name ? { name } : {}),
-          ...(upstreamUrl !== undefined ? { upstreamUrl } : {}),
-          ...(upstreamKey !== undefined ? { upstreamKey } : {}),
-          settings: settingsFrom(values),
+        const before = await getProject(ctx.db, id);
+        const project = await ctx.db.transaction().execute(async (tx) => {
+          const updated = await updateProject(tx, ctx.sealer, id, {
+            ...(name ? { name } : {}),
+            ...(upstreamUrl !== undefined ? { upstreamUrl } : {}),
+            ...(upstreamKey !== undefined ? { upstreamKey } : {}),
+            settings: settingsFrom(values),
+          });
+          await recordAudit(tx, {
+            actor: CLI_ACTOR,
+            projectId: id,
+            action: 'project.update',
+            targetType: 'project',
+            targetId: id,
+            before: projectAudit(before),
+            after: { ...projectAudit(updated), upstreamKeyChanged: upstreamKey !== undefined },
+          });
+          return updated;
         });
         await ctx.projects.changed(id);
         out.result(
@@ -125,7 +145,19 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         await getProject(ctx.db, projectId);
-        const created = await createKey(ctx.db, projectId, optional(values, 'name') ?? 'default');
+        const name = optional(values, 'name') ?? 'default';
+        const created = await ctx.db.transaction().execute(async (tx) => {
+          const key = await createKey(tx, projectId, name);
+          await recordAudit(tx, {
+            actor: CLI_ACTOR,
+            projectId,
+            action: 'api_key.create',
+            targetType: 'api_key',
+            targetId: key.id,
+            after: { name, prefix: key.prefix },
+          });
+          return key;
+        });
         out.result({ id: created.id, apiKey: created.key, prefix: created.prefix }, [
           `Created key ${created.id} (${created.prefix}…)`,
           `API key (shown once, keep it safe): ${created.key}`,
@@ -150,7 +182,22 @@ export async function adminCommand(
     case 'key revoke':
       return withContext(config, async (ctx) => {
         const keyId = required(values, 'key');
+        const was = await ctx.db
+          .selectFrom('api_keys')
+          .select(['name', 'prefix', 'revoked_at'])
+          .where('id', '=', keyId)
+          .executeTakeFirst();
         const { projectId, propagated } = await ctx.keys.revoke(keyId);
+        if (was && !was.revoked_at)
+          await recordAudit(ctx.db, {
+            actor: CLI_ACTOR,
+            projectId,
+            action: 'api_key.revoke',
+            targetType: 'api_key',
+            targetId: keyId,
+            before: { name: was.name, prefix: was.prefix, revoked: false },
+            after: { name: was.name, prefix: was.prefix, revoked: true },
+          });
         out.result(
           { id: keyId, projectId, revoked: true, propagated },
           propagated
@@ -162,7 +209,10 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const file = pricingFileFrom(values);
-        const result = await applyPricing(ctx.db, projectId, file);
+        const project = await getProject(ctx.db, projectId);
+        const result = await applyPricing(ctx.db, projectId, file, {
+          audit: pricingAudit(CLI_ACTOR, project, 'pricing.apply', null),
+        });
         await ctx.projects.changed(projectId);
         out.result(result, [
           `Applied ${values.file} to ${projectId}:`,
@@ -201,12 +251,20 @@ export async function adminCommand(
         const project = await getProject(ctx.db, required(values, 'project'));
         const user = required(values, 'user');
         const amount = parseInput(amountSchema(project.currency), required(values, 'amount'), 'amount');
-        const result = await ctx.billing.deposit({
-          project,
-          externalId: user,
-          amount,
-          source: 'cli',
-          trigger: cliTrigger,
+        const result = await ctx.billing.transaction(async (tx) => {
+          const deposited = await ctx.billing.deposit(
+            { project, externalId: user, amount, source: 'cli', trigger: cliTrigger },
+            tx,
+          );
+          await recordAudit(tx, {
+            actor: CLI_ACTOR,
+            projectId: project.id,
+            action: 'money.deposit',
+            targetType: 'user',
+            targetId: user,
+            after: { entry: deposited.entry.id, amount, metadata: {} },
+          });
+          return deposited;
         });
         out.result(
           { id: result.entry.id, user, amount, currency: project.currency, balance: result.wallet.balance },
@@ -218,7 +276,7 @@ export async function adminCommand(
         const project = await getProject(ctx.db, required(values, 'project'));
         const input = grantInputFrom(values, project.currency);
         const result = await ctx.billing.transaction((tx) =>
-          grantFromApi(tx, ctx.billing, project, input, 'cli', cliTrigger),
+          grantFromApi(tx, ctx.billing, project, input, 'cli', cliTrigger, CLI_ACTOR),
         );
         out.result(result, grantSummary(result));
       });
@@ -229,16 +287,25 @@ export async function adminCommand(
         const responseMs = optional(values, 'response-timeout-ms');
         const key = optional(values, 'key');
         const kind = optional(values, 'kind');
-        const provider = await upsertProvider(ctx.db, ctx.sealer, projectId, {
-          name: required(values, 'name'),
-          baseUrl: required(values, 'base-url'),
-          ...(key !== undefined ? { key } : {}),
-          ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
-          timeouts: {
-            ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
-            ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
-          },
-        });
+        // the provider and its audit entry: one transaction
+        const provider = await ctx.db.transaction().execute((tx) =>
+          upsertProvider(
+            tx,
+            ctx.sealer,
+            projectId,
+            {
+              name: required(values, 'name'),
+              baseUrl: required(values, 'base-url'),
+              ...(key !== undefined ? { key } : {}),
+              ...(kind !== undefined ? { kind: kind as 'anthropic' } : {}),
+              timeouts: {
+                ...(connectMs !== undefined ? { connectMs: Number(connectMs) } : {}),
+                ...(responseMs !== undefined ? { responseMs: Number(responseMs) } : {}),
+              },
+            },
+            { actor: CLI_ACTOR },
+          ),
+        );
         await ctx.projects.changed(projectId);
         out.result(
           provider,
@@ -259,7 +326,9 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const name = required(values, 'name');
-        const removed = await removeProvider(ctx.db, projectId, name);
+        const removed = await ctx.db
+          .transaction()
+          .execute((tx) => removeProvider(tx, projectId, name, { actor: CLI_ACTOR }));
         await ctx.projects.changed(projectId);
         out.result({ name, removed }, removed ? `Removed provider ${name}` : `No provider ${name}`);
       });
@@ -267,10 +336,16 @@ export async function adminCommand(
       return withContext(config, async (ctx) => {
         const projectId = required(values, 'project');
         const user = required(values, 'user');
-        const caps = await setUserSpendCaps(ctx.db, projectId, user, {
-          daily: optional(values, 'daily') ?? null,
-          monthly: optional(values, 'monthly') ?? null,
-        });
+        const caps = await setUserSpendCaps(
+          ctx.db,
+          projectId,
+          user,
+          {
+            daily: optional(values, 'daily') ?? null,
+            monthly: optional(values, 'monthly') ?? null,
+          },
+          { actor: CLI_ACTOR },
+        );
         await ctx.projects.changed(projectId);
         out.result(
           { user, ...caps },

@@ -56,6 +56,7 @@ function nextRandom(now: number): number[] {
 
 export type IdPrefix =
   | 'pw'
+  | 'aud'
   | 'acct'
   | 'atk'
   | 'ses'

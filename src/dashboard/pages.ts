@@ -146,6 +146,7 @@ export function projectNav(project: { id: string; name: string }, current: strin
     ['Users', `${base}/users`],
     ['Webhooks', `${base}/webhooks`],
     ['Payments', `${base}/payments`],
+    ['Audit log', `${base}/audit`],
   ];
   return html`<p class="muted"><a href="/dashboard">Projects</a> / ${project.name} <code>${project.id}</code></p>
 <nav aria-label="Project" class="row" style="gap:1rem;margin-bottom:1rem">${items.map(

@@ -9,6 +9,7 @@ import { html, htmlHeaders } from './html.ts';
 import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
 import accountRoutes from './routes/accounts.ts';
 import adminTokenRoutes from './routes/admin-tokens.ts';
+import auditRoutes from './routes/audit.ts';
 import paymentRoutes from './routes/payments.ts';
 import pricingRoutes from './routes/pricing.ts';
 import projectRoutes from './routes/project.ts';
@@ -78,6 +79,11 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     request.session = {};
     const token = request.cookies[SESSION_COOKIE];
     const principal = token?.startsWith('tgs_') ? await resolveSession(ctx.db, token) : undefined;
+    if (principal) {
+      // for the audit log: the address (TOLLGATE_TRUSTED_PROXIES honoured by fastify) and the way in
+      principal.ip = request.ip;
+      principal.via = 'dashboard';
+    }
     request.dashboard =
       principal?.csrf && principal.email ? { principal, email: principal.email, csrf: principal.csrf } : null;
     request.session.csrf = request.dashboard?.csrf;
@@ -132,6 +138,7 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     await scope.register(adminTokenRoutes);
     await scope.register(projectRoutes);
     await scope.register(pricingRoutes);
+    await scope.register(auditRoutes);
     await scope.register(paymentRoutes);
     await scope.register(userRoutes);
     await scope.register(webhookRoutes);

@@ -471,7 +471,29 @@ export interface AdminTokensTable {
   revoked_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
 }
 
+/** The audit log (0020): append-only, the database refuses UPDATE, DELETE and TRUNCATE. */
+export interface AuditLogTable {
+  id: string;
+  created_at: Timestamp;
+  project_id: string | null;
+  /** `developer`, `admin_token`, `api_key`, `cli` or `operator`. */
+  actor_type: string;
+  actor_id: string;
+  actor_email: string | null;
+  /** The developer account that acted (a session, or a developer's admin token), if any. */
+  developer_id: string | null;
+  ip: string | null;
+  /** `admin_api`, `dashboard`, `v1`, `cli` or `operator`. */
+  via: string;
+  action: string;
+  target_type: string;
+  target_id: string | null;
+  before: ColumnType<unknown, unknown, never>;
+  after: ColumnType<unknown, unknown, never>;
+}
+
 export interface DB {
+  audit_log: AuditLogTable;
   developers: DevelopersTable;
   admin_sessions: AdminSessionsTable;
   admin_tokens: AdminTokensTable;

@@ -43,7 +43,9 @@ export async function spendCapRoutes(plain: FastifyInstance): Promise<void> {
 
   app.post('/user/spend-caps', { schema: { body: capsBody } }, async (request) => {
     const { user, ...caps } = request.body;
-    await setUserSpendCaps(ctx.db, request.project.id, user, caps);
+    await setUserSpendCaps(ctx.db, request.project.id, user, caps, {
+      actor: { type: 'api_key', id: request.apiKeyId, ip: request.ip, via: 'v1' },
+    });
     await ctx.projects.changed(request.project.id);
     return view(request.project.id, user);
   });

@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
+import { type Actor, recordAudit } from '../audit/index.ts';
 import { notFound } from '../core/errors.ts';
 import { Money, priceSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
@@ -81,12 +82,40 @@ export async function setUserSpendCaps(
   projectId: string,
   externalId: string,
   input: z.input<typeof spendCapsSchema>,
+  opts: { actor?: Actor } = {},
 ): Promise<SpendCaps> {
   const parsed = parseInput(spendCapsSchema, input, 'spend caps');
   const project = await db.selectFrom('projects').select('id').where('id', '=', projectId).executeTakeFirst();
   if (!project) throw notFound(`No project ${projectId}.`, 'project_not_found');
   const daily = parsed.daily ?? null;
   const monthly = parsed.monthly ?? null;
+  if (opts.actor) {
+    // One transaction: the caps and their audit entry (with the caps before) commit together.
+    const actor = opts.actor;
+    return db.transaction().execute(async (tx) => {
+      const was = await tx
+        .selectFrom('spend_caps')
+        .select(['daily', 'monthly'])
+        .where('project_id', '=', projectId)
+        .where('external_id', '=', externalId)
+        .forUpdate()
+        .executeTakeFirst();
+      const caps = await setUserSpendCaps(tx, projectId, externalId, input);
+      const before = { daily: was?.daily ?? null, monthly: was?.monthly ?? null };
+      const after = { daily, monthly };
+      if (JSON.stringify(before) !== JSON.stringify(after))
+        await recordAudit(tx, {
+          actor,
+          projectId,
+          action: 'limits.spend_caps',
+          targetType: 'user',
+          targetId: externalId,
+          before,
+          after,
+        });
+      return caps;
+    });
+  }
   if (daily === null && monthly === null) {
     await db
       .deleteFrom('spend_caps')

@@ -47,11 +47,12 @@ export async function applyPricing(
   db: Database,
   projectId: string,
   file: PricingFile,
-  opts: { managedBy?: string } = {},
+  opts: { managedBy?: string; audit?: PricingAudit } = {},
 ): Promise<ApplyResult> {
   return db.transaction().execute(async (tx) => {
     const project = await lockProject(tx, projectId);
     assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, opts.managedBy);
+    const before = opts.audit ? await readPricing(tx, projectId, project) : undefined;
     const writeLimits = !opts.managedBy && (file.limits !== undefined || !project.limits_managed_by);
     if (writeLimits) assertWritable(`The limits of ${projectId}`, project.limits_managed_by, undefined);
     if (project.currency !== file.currency) {
@@ -67,8 +68,31 @@ export async function applyPricing(
         .set({ pricing_managed_by: opts.managedBy })
         .where('id', '=', projectId)
         .execute();
+    if (opts.audit && before) await opts.audit(tx, result, before);
     return result;
   });
+}
+
+/**
+ * Called inside a pricing change's transaction, after the change, with what it did and the whole
+ * pricing before it (for the audit log, written in the same transaction).
+ */
+export type PricingAudit = (tx: Transaction<DB>, result: ApplyResult, before: PricingFile) => Promise<void>;
+
+/** The project's whole pricing document (models with their routes, and the limits), read in `tx`. */
+export async function readPricing(
+  tx: Transaction<DB>,
+  projectId: string,
+  project: { currency: string; limits: unknown },
+): Promise<PricingFile> {
+  const rows = await tx
+    .selectFrom('models')
+    .selectAll()
+    .where('project_id', '=', projectId)
+    .orderBy('id')
+    .execute();
+  const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
+  return { currency: project.currency, models: rows.map(listedModel), ...limits };
 }
 
 /**
@@ -113,27 +137,40 @@ export async function editPricing(
   db: Database,
   projectId: string,
   edit: (current: PricingFile) => ModelSpec[],
+  opts: { audit?: PricingAudit } = {},
 ): Promise<ApplyResult> {
   return db.transaction().execute(async (tx) => {
-    const project = await lockProject(tx, projectId);
-    assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, undefined);
-    const rows = await tx
-      .selectFrom('models')
-      .selectAll()
-      .where('project_id', '=', projectId)
-      .orderBy('id')
-      .execute();
-    const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
-    const current: PricingFile = { currency: project.currency, models: rows.map(specOf), ...limits };
-    const models = edit(current);
-    if (models.length === 0) {
-      await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
-      return { created: [], updated: [], deleted: rows.map((r) => r.id) };
-    }
-    const file = parseInput(pricingFileSchema, { currency: project.currency, models, ...limits }, 'pricing');
-    // the limits come back as they were: written only where nothing else manages them
-    return applyIn(tx, projectId, file, !project.limits_managed_by);
+    const result = await editIn(tx, projectId, edit);
+    if (opts.audit) await opts.audit(tx, result.applied, result.before);
+    return result.applied;
   });
+}
+
+/** The edit under the project's row lock, in `tx`: what it did, and the pricing before it. */
+async function editIn(
+  tx: Transaction<DB>,
+  projectId: string,
+  edit: (current: PricingFile) => ModelSpec[],
+): Promise<{ applied: ApplyResult; before: PricingFile }> {
+  const project = await lockProject(tx, projectId);
+  assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, undefined);
+  const rows = await tx
+    .selectFrom('models')
+    .selectAll()
+    .where('project_id', '=', projectId)
+    .orderBy('id')
+    .execute();
+  const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
+  const current: PricingFile = { currency: project.currency, models: rows.map(specOf), ...limits };
+  const models = edit(current);
+  const before = { ...current, models: rows.map(listedModel) };
+  if (models.length === 0) {
+    await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
+    return { applied: { created: [], updated: [], deleted: rows.map((r) => r.id) }, before };
+  }
+  const file = parseInput(pricingFileSchema, { currency: project.currency, models, ...limits }, 'pricing');
+  // the limits come back as they were: written only where nothing else manages them
+  return { applied: await applyIn(tx, projectId, file, !project.limits_managed_by), before };
 }
 
 async function lockProject(tx: Transaction<DB>, projectId: string) {

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { ownedProject } from '../admin/service.ts';
+import { actorOf, ownedProject } from '../admin/service.ts';
 import { textInput } from '../core/validation.ts';
 import {
   connectBody,
@@ -42,7 +42,7 @@ export async function paymentAdminRoutes(plain: FastifyInstance): Promise<void> 
     { schema: { params: projectParams, body: connectBody } },
     async (request) => {
       await ownedProject(ctx, request.principal, request.params.project);
-      return connectPayments(ctx, request.params.project, request.body);
+      return connectPayments(ctx, request.params.project, request.body, actorOf(request.principal));
     },
   );
   app.get('/projects/:project/payments', { schema: { params: projectParams } }, async (request) => {
@@ -54,12 +54,12 @@ export async function paymentAdminRoutes(plain: FastifyInstance): Promise<void> 
     { schema: { params: projectParams, body: paymentSettingsSchema } },
     async (request) => {
       await ownedProject(ctx, request.principal, request.params.project);
-      return updatePaymentSettings(ctx, request.params.project, request.body);
+      return updatePaymentSettings(ctx, request.params.project, request.body, actorOf(request.principal));
     },
   );
   app.delete('/projects/:project/payments', { schema: { params: projectParams } }, async (request) => {
     await ownedProject(ctx, request.principal, request.params.project);
-    return disconnectPayments(ctx, request.params.project);
+    return disconnectPayments(ctx, request.params.project, actorOf(request.principal));
   });
   app.get(
     '/projects/:project/payments/list',
@@ -78,7 +78,13 @@ export async function paymentAdminRoutes(plain: FastifyInstance): Promise<void> 
     { schema: { params: paymentParams, body: refundBody } },
     async (request) => {
       await ownedProject(ctx, request.principal, request.params.project);
-      return refundPayment(ctx, request.params.project, request.params.payment, request.body ?? {});
+      return refundPayment(
+        ctx,
+        request.params.project,
+        request.params.payment,
+        request.body ?? {},
+        actorOf(request.principal),
+      );
     },
   );
 }

@@ -1,4 +1,5 @@
 import type { AppContext } from '../app/context.ts';
+import { CLI_ACTOR } from '../audit/index.ts';
 import type { Output } from '../cli/output.ts';
 import { UsageError } from '../cli/output.ts';
 import type { AdminClient } from '../cli/remote.ts';
@@ -34,14 +35,14 @@ export function localPaymentsApi(ctx: AppContext): PaymentsApi {
   return {
     async connect(projectId, body) {
       await getProject(ctx.db, projectId);
-      return connectPayments(ctx, projectId, body as Parameters<typeof connectPayments>[2]);
+      return connectPayments(ctx, projectId, body as Parameters<typeof connectPayments>[2], CLI_ACTOR);
     },
     show: (projectId) => showPayments(ctx, projectId),
     settings: (projectId, body) =>
-      updatePaymentSettings(ctx, projectId, body as Parameters<typeof updatePaymentSettings>[2]),
-    disconnect: (projectId) => disconnectPayments(ctx, projectId),
+      updatePaymentSettings(ctx, projectId, body as Parameters<typeof updatePaymentSettings>[2], CLI_ACTOR),
+    disconnect: (projectId) => disconnectPayments(ctx, projectId, CLI_ACTOR),
     list: (projectId, user) => listPayments(ctx, projectId, { user, limit: 100 }),
-    refund: (projectId, paymentId, amount) => refundPayment(ctx, projectId, paymentId, { amount }),
+    refund: (projectId, paymentId, amount) => refundPayment(ctx, projectId, paymentId, { amount }, CLI_ACTOR),
   };
 }
 

@@ -1,6 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
+import { type Actor, recordAudit } from '../audit/index.ts';
 import { ensureUser, type LedgerProject, type Trigger } from '../billing/ledger.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
@@ -177,6 +178,23 @@ export function connectionView(
   };
 }
 
+/** A connection as the audit log keeps it: the view without timestamps (no key, no secret). */
+function auditedConnection(
+  ctx: Pick<PaymentsContext, 'publicBaseUrl'>,
+  projectId: string,
+  connection: NonNullable<Awaited<ReturnType<typeof connectionOf>>>,
+) {
+  const {
+    createdAt: _c,
+    updatedAt: _u,
+    ...view
+  } = connectionView(ctx, projectId, connection) as ReturnType<typeof connectionView> & {
+    createdAt?: string;
+    updatedAt?: string;
+  };
+  return view;
+}
+
 export async function showPayments(ctx: PaymentsContext, projectId: string) {
   return connectionView(ctx, projectId, await connectionOf(ctx, projectId));
 }
@@ -194,7 +212,12 @@ function checkFailed(err: unknown): ApiError {
  * developer's account (or takes the pasted signing secret), and stores both sealed. Connecting again
  * replaces the connection (and deletes the endpoint Tollgate had created).
  */
-export async function connectPayments(ctx: PaymentsContext, projectId: string, raw: ConnectInput) {
+export async function connectPayments(
+  ctx: PaymentsContext,
+  projectId: string,
+  raw: ConnectInput,
+  actor: Actor,
+) {
   const input = parseInput(connectBody, raw);
   const project = await ctx.db
     .selectFrom('projects')
@@ -229,12 +252,25 @@ export async function connectPayments(ctx: PaymentsContext, projectId: string, r
     webhook_secret_sealed: ctx.sealer.seal(endpoint.secret),
     settings: JSON.stringify(settings),
   };
-  const saved = await ctx.db
-    .insertInto('payment_connections')
-    .values({ project_id: projectId, ...values })
-    .onConflict((oc) => oc.column('project_id').doUpdateSet({ ...values, updated_at: sql`now()` }))
-    .returningAll()
-    .executeTakeFirstOrThrow();
+  const saved = await ctx.db.transaction().execute(async (tx) => {
+    const row = await tx
+      .insertInto('payment_connections')
+      .values({ project_id: projectId, ...values })
+      .onConflict((oc) => oc.column('project_id').doUpdateSet({ ...values, updated_at: sql`now()` }))
+      .returningAll()
+      .executeTakeFirstOrThrow();
+    // the key and the signing secret never reach the log: the view has only the key's hint
+    await recordAudit(tx, {
+      actor,
+      projectId,
+      action: 'payments.connect',
+      targetType: 'payments',
+      targetId: 'stripe',
+      before: previous ? auditedConnection(ctx, projectId, previous) : null,
+      after: auditedConnection(ctx, projectId, row),
+    });
+    return row;
+  });
   if (previous?.webhook_endpoint_id && previous.webhook_endpoint_id !== endpoint.id) {
     await removeEndpoint(ctx, previous);
   }
@@ -265,6 +301,7 @@ export async function updatePaymentSettings(
   ctx: PaymentsContext,
   projectId: string,
   input: PaymentSettingsInput,
+  actor: Actor,
 ) {
   const connection = await connectionOf(ctx, projectId);
   if (!connection) throw notConnected(projectId);
@@ -278,12 +315,24 @@ export async function updatePaymentSettings(
     ...input,
     autoRecharge: { ...connection.settings.autoRecharge, ...input.autoRecharge },
   });
-  const saved = await ctx.db
-    .updateTable('payment_connections')
-    .set({ settings: JSON.stringify(settings), updated_at: sql`now()` })
-    .where('project_id', '=', projectId)
-    .returningAll()
-    .executeTakeFirstOrThrow();
+  const saved = await ctx.db.transaction().execute(async (tx) => {
+    const row = await tx
+      .updateTable('payment_connections')
+      .set({ settings: JSON.stringify(settings), updated_at: sql`now()` })
+      .where('project_id', '=', projectId)
+      .returningAll()
+      .executeTakeFirstOrThrow();
+    await recordAudit(tx, {
+      actor,
+      projectId,
+      action: 'payments.update',
+      targetType: 'payments',
+      targetId: 'stripe',
+      before: { settings: connection.settings },
+      after: { settings: row.settings },
+    });
+    return row;
+  });
   // Offering auto-recharge needs the PaymentIntent events: an endpoint Tollgate created before they
   // existed is subscribed to them (one made by hand must be changed in Stripe's dashboard).
   if (
@@ -306,11 +355,26 @@ export async function updatePaymentSettings(
 }
 
 /** Disconnects: deletes the webhook endpoint Tollgate created, then the connection. */
-export async function disconnectPayments(ctx: PaymentsContext, projectId: string) {
+export async function disconnectPayments(ctx: PaymentsContext, projectId: string, actor: Actor) {
   const connection = await connectionOf(ctx, projectId);
   if (!connection) return { object: 'payments' as const, projectId, connected: false, deleted: false };
   const endpointDeleted = await removeEndpoint(ctx, connection);
-  await ctx.db.deleteFrom('payment_connections').where('project_id', '=', projectId).execute();
+  await ctx.db.transaction().execute(async (tx) => {
+    const deleted = await tx
+      .deleteFrom('payment_connections')
+      .where('project_id', '=', projectId)
+      .executeTakeFirst();
+    if (deleted.numDeletedRows > 0n)
+      await recordAudit(tx, {
+        actor,
+        projectId,
+        action: 'payments.disconnect',
+        targetType: 'payments',
+        targetId: 'stripe',
+        before: auditedConnection(ctx, projectId, connection),
+        after: null,
+      });
+  });
   return {
     object: 'payments' as const,
     projectId,
@@ -969,6 +1033,7 @@ export async function refundPayment(
   projectId: string,
   paymentId: string,
   input: { amount?: string | undefined },
+  actor: Actor,
 ) {
   const payments = await paymentsOf(ctx, projectId);
   if (!payments) throw notConnected(projectId);
@@ -1000,6 +1065,22 @@ export async function refundPayment(
       { code: 'payment_provider_error' },
     );
   }
+  // The refund is Stripe's; its webhook moves the money. The entry records who asked for it.
+  await recordAudit(ctx.db, {
+    actor,
+    projectId,
+    action: 'payments.refund',
+    targetType: 'payment',
+    targetId: payment.id,
+    before: { refunded: formatAmount(payment.refunded) },
+    after: {
+      refund: refund.id,
+      amount,
+      currency: payment.currency,
+      status: refund.status,
+      user: payment.external_id,
+    },
+  });
   return {
     object: 'refund' as const,
     id: refund.id,

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { type Actor, operatorActor, recordAudit } from '../audit/index.ts';
 import { createKey } from '../auth/keys.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
@@ -77,6 +78,7 @@ export async function createProject(
   db: Database,
   sealer: Sealer,
   input: CreateProjectInput,
+  opts: { actor?: Actor } = {},
 ): Promise<CreatedProject> {
   const parsed = parseInput(createProjectSchema, input, 'project');
   return db.transaction().execute(async (tx) => {
@@ -95,6 +97,24 @@ export async function createProject(
         .execute();
     }
     const key = await createKey(tx, id, 'default');
+    if (opts.actor) {
+      await recordAudit(tx, {
+        actor: opts.actor,
+        projectId: id,
+        action: 'project.create',
+        targetType: 'project',
+        targetId: id,
+        after: auditedProject(project),
+      });
+      await recordAudit(tx, {
+        actor: opts.actor,
+        projectId: id,
+        action: 'api_key.create',
+        targetType: 'api_key',
+        targetId: key.id,
+        after: { name: 'default', prefix: key.prefix },
+      });
+    }
     return { project, apiKey: key.key, apiKeyId: key.id };
   });
 }
@@ -131,7 +151,33 @@ export async function createManagedProject(
   input: Pick<CreateProjectInput, 'name' | 'currency' | 'ownerUserId' | 'settings'>,
   managedBy: string,
 ): Promise<Project> {
-  return insertProject(db, sealer, parseInput(createProjectSchema, input, 'project'), managedBy);
+  const parsed = parseInput(createProjectSchema, input, 'project');
+  return db.transaction().execute(async (tx) => {
+    const project = await insertProject(tx, sealer, parsed, managedBy);
+    await recordAudit(tx, {
+      actor: operatorActor(managedBy),
+      projectId: project.id,
+      action: 'project.create',
+      targetType: 'project',
+      targetId: project.id,
+      after: auditedProject(project),
+    });
+    return project;
+  });
+}
+
+/** A project as the audit log keeps it: name, currency, settings, the provider without its key. */
+export function auditedProject(p: Project) {
+  return {
+    name: p.name,
+    currency: p.currency,
+    provider: {
+      baseUrl: p.upstream_base_url,
+      keySet: p.upstream_key_sealed !== null,
+      connected: p.upstream_base_url !== null,
+    },
+    settings: p.settings,
+  };
 }
 
 /** The project a resource manages, if any. */

@@ -17,6 +17,8 @@ import type { DB } from '../db/schema.ts';
  * - idempotency keys that expired and are older than RETENTION_IDEMPOTENCY_HOURS;
  * - holds closed (settled, released, expired) more than RETENTION_HOLDS_DAYS ago. Ledger entries are
  *   never pruned: `ledger_entries.hold_id` keeps the id of the hold (no foreign key since 0008).
+ * The audit log (`audit_log`, src/audit) is never pruned either: it is append-only, and the database
+ * refuses deleting from it.
  * A setting of 0 keeps that kind of row forever.
  */
 

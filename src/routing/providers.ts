@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { type Actor, recordAudit } from '../audit/index.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { assertWritable } from '../core/managed.ts';
@@ -64,10 +65,18 @@ export async function upsertProvider(
   sealer: Sealer,
   projectId: string,
   input: ProviderInput,
-  opts: { managedBy?: string } = {},
+  opts: { managedBy?: string; actor?: Actor } = {},
 ): Promise<ProviderView> {
   const parsed = parseInput(providerInputSchema, input, 'provider');
   await assertProviderWritable(db, projectId, parsed.name, opts.managedBy);
+  const before = opts.actor
+    ? await db
+        .selectFrom('providers')
+        .selectAll()
+        .where('project_id', '=', projectId)
+        .where('name', '=', parsed.name)
+        .executeTakeFirst()
+    : undefined;
   const project = await db
     .selectFrom('projects')
     .select(['id', 'upstream_key_sealed'])
@@ -118,7 +127,28 @@ export async function upsertProvider(
       .where('id', '=', projectId)
       .execute();
   }
+  if (opts.actor) {
+    const was = before ? auditedView(before) : null;
+    const is = auditedView(row);
+    // A resource reconciled again with nothing changed is not a change; a key given always is one.
+    if (parsed.key !== undefined || JSON.stringify(was) !== JSON.stringify(is))
+      await recordAudit(db, {
+        actor: opts.actor,
+        projectId,
+        action: before ? 'provider.update' : 'provider.create',
+        targetType: 'provider',
+        targetId: parsed.name,
+        before: was,
+        after: { ...is, keyChanged: parsed.key !== undefined },
+      });
+  }
   return view(row);
+}
+
+/** A provider as the audit log keeps it: no key (only whether one is set), no timestamps. */
+function auditedView(row: Parameters<typeof view>[0]) {
+  const { updatedAt: _updated, ...rest } = view(row);
+  return rest;
 }
 
 export async function listProviders(db: Database, projectId: string): Promise<ProviderView[]> {
@@ -136,13 +166,14 @@ export async function removeProvider(
   db: Database,
   projectId: string,
   name: string,
-  opts: { managedBy?: string } = {},
+  opts: { managedBy?: string; actor?: Actor } = {},
 ): Promise<boolean> {
   await assertProviderWritable(db, projectId, name, opts.managedBy);
   const deleted = await db
     .deleteFrom('providers')
     .where('project_id', '=', projectId)
     .where('name', '=', name)
+    .returningAll()
     .executeTakeFirst();
   if (name === DEFAULT_PROVIDER) {
     await db
@@ -151,7 +182,17 @@ export async function removeProvider(
       .where('id', '=', projectId)
       .execute();
   }
-  return Number(deleted.numDeletedRows) > 0;
+  if (deleted && opts.actor)
+    await recordAudit(db, {
+      actor: opts.actor,
+      projectId,
+      action: 'provider.delete',
+      targetType: 'provider',
+      targetId: name,
+      before: auditedView(deleted),
+      after: null,
+    });
+  return deleted !== undefined;
 }
 
 /** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts). */

@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import type { Transaction } from 'kysely';
 import { z } from 'zod';
+import type { Actor } from '../audit/index.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import { amountInputSchema, amountSchema } from '../core/money.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput, textInput } from '../core/validation.ts';
@@ -119,6 +120,12 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     actorType: 'api_key',
     actorId: request.apiKeyId,
   });
+  const actorOf = (request: FastifyRequest): Actor => ({
+    type: 'api_key',
+    id: request.apiKeyId,
+    ip: request.ip,
+    via: 'v1',
+  });
 
   /** Runs a money move once per Idempotency-Key (when given), in one transaction with its response. */
   async function once(
@@ -154,7 +161,7 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     const input = request.body;
     const result = await once(request, 'POST /v1/user/balance/deposit', key, async (tx) => ({
       status: 201,
-      body: await depositFromApi(tx, ctx.billing, project, input, triggerOf(request)),
+      body: await depositFromApi(tx, ctx.billing, project, input, triggerOf(request), actorOf(request)),
     }));
     return send(reply, result);
   });
@@ -165,7 +172,16 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     const input = request.body;
     const result = await once(request, 'POST /v1/user/charge', key, async (tx) => ({
       status: 200,
-      body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, triggerOf(request), links()),
+      body: await chargeFromApi(
+        tx,
+        ctx.billing,
+        ctx.events,
+        project,
+        input,
+        triggerOf(request),
+        links(),
+        actorOf(request),
+      ),
     }));
     return send(reply, result);
   });
@@ -179,7 +195,15 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
       const input = request.body;
       const result = await once(request, 'POST /v1/user/credits', key, async (tx) => ({
         status: 201,
-        body: await grantFromApi(tx, ctx.billing, project, input, 'api', triggerOf(request)),
+        body: await grantFromApi(
+          tx,
+          ctx.billing,
+          project,
+          input,
+          'api',
+          triggerOf(request),
+          actorOf(request),
+        ),
       }));
       return send(reply, result);
     },

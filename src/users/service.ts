@@ -1,4 +1,5 @@
 import { type Kysely, sql, type Transaction } from 'kysely';
+import { type Actor, recordAudit } from '../audit/index.ts';
 import {
   ensureUser,
   findWallet,
@@ -200,6 +201,7 @@ export async function grantFromApi(
   input: GrantRequest,
   source: string,
   trigger: Trigger,
+  actor: Actor,
 ) {
   const result = await billing.grant(
     {
@@ -215,6 +217,21 @@ export async function grantFromApi(
     },
     tx,
   );
+  await recordAudit(tx, {
+    actor,
+    projectId: project.id,
+    action: 'credit.grant',
+    targetType: 'user',
+    targetId: input.user,
+    after: {
+      grant: result.grant.id,
+      amount: input.amount,
+      reason: input.reason,
+      priority: input.priority ?? 0,
+      expiresAt: input.expiresAt ?? null,
+      metadata: input.metadata ?? {},
+    },
+  });
   return {
     ...grantView(project, input.user, result.grant),
     balance: formatForCurrency(result.wallet.balance, project.currency),
@@ -341,6 +358,7 @@ export async function depositFromApi(
   project: ApiProject,
   input: MoneyRequest,
   trigger: Trigger,
+  actor: Actor,
 ) {
   const result = await billing.deposit(
     {
@@ -353,6 +371,14 @@ export async function depositFromApi(
     },
     tx,
   );
+  await recordAudit(tx, {
+    actor,
+    projectId: project.id,
+    action: 'money.deposit',
+    targetType: 'user',
+    targetId: input.user,
+    after: { entry: result.entry.id, amount: input.amount, metadata: input.metadata ?? {} },
+  });
   return {
     id: result.entry.id,
     object: 'deposit' as const,
@@ -385,6 +411,7 @@ export async function chargeFromApi(
   input: MoneyRequest,
   trigger: Trigger,
   links: LinkSettings,
+  actor: Actor,
 ) {
   const money = (v: string) => formatForCurrency(v, project.currency);
   const result = await billing.charge(
@@ -400,6 +427,14 @@ export async function chargeFromApi(
     tx,
   );
   if (result.ok) {
+    await recordAudit(tx, {
+      actor,
+      projectId: project.id,
+      action: 'money.charge',
+      targetType: 'user',
+      targetId: input.user,
+      after: { entry: result.entry.id, amount: input.amount, metadata: input.metadata ?? {} },
+    });
     return {
       success: true as const,
       charge: {

@@ -30,6 +30,7 @@ export async function webhookRoutes(plain: FastifyInstance): Promise<void> {
     async (request, reply) => {
       const { subscription, secret } = await createSubscription(ctx, request.project.id, request.body, {
         createdBy: `key:${request.apiKeyId}`,
+        actor: { type: 'api_key', id: request.apiKeyId, ip: request.ip, via: 'v1' },
       });
       reply.status(201);
       return { subscription: { ...subscription, secret } };
@@ -51,7 +52,9 @@ export async function webhookRoutes(plain: FastifyInstance): Promise<void> {
   }));
 
   app.delete('/webhooks/subscriptions/:id', byId, async (request) => ({
-    subscription: await setSubscriptionActive(ctx, request.project.id, request.params.id, false),
+    subscription: await setSubscriptionActive(ctx, request.project.id, request.params.id, false, {
+      actor: { type: 'api_key', id: request.apiKeyId, ip: request.ip, via: 'v1' },
+    }),
   }));
 
   app.post('/webhooks/subscriptions/:id/test', byId, async (request, reply) => {

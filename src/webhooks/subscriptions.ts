@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
+import { type Actor, CLI_ACTOR, operatorActor, recordAudit } from '../audit/index.ts';
 import { ApiError, badRequest, conflict, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput } from '../core/validation.ts';
@@ -231,6 +232,11 @@ function assertManager(row: { managed_by: string | null }, managedBy: string | u
   }
 }
 
+/** Who changes a subscription: the caller's actor; else its resource (the operator); else the CLI. */
+function auditActor(opts: { managedBy?: string | undefined; actor?: Actor | undefined }): Actor {
+  return opts.actor ?? (opts.managedBy ? operatorActor(opts.managedBy) : CLI_ACTOR);
+}
+
 /**
  * Refuses what createSubscription would refuse (shape, scheme, destination, headers) without writing
  * anything: the operator checks a spec before it generates a Secret for it.
@@ -244,30 +250,41 @@ export async function createSubscription(
   ctx: AppContext,
   projectId: string,
   input: SubscriptionInput,
-  opts: { createdBy: string; managedBy?: string },
+  opts: { createdBy: string; managedBy?: string; actor?: Actor },
 ): Promise<{ subscription: SubscriptionView; secret: string }> {
   const parsed = parseInput(subscriptionInputSchema, input);
   await checkUrl(ctx, parsed.url);
   const secret = parsed.secret ?? generateSecret();
   let row: Row;
   try {
-    row = (await ctx.db
-      .insertInto('webhook_subscriptions')
-      .values({
-        id: newId('whsub'),
-        project_id: projectId,
-        url: parsed.url,
-        events: JSON.stringify(parsed.events),
-        description: parsed.description,
-        custom_headers: JSON.stringify(parsed.customHeaders),
-        secret_sealed: ctx.sealer.seal(secret),
-        secret_suffix: suffixOf(secret),
-        is_active: true,
-        created_by: opts.createdBy,
-        managed_by: opts.managedBy ?? null,
-      })
-      .returningAll()
-      .executeTakeFirstOrThrow()) as Row;
+    row = await ctx.db.transaction().execute(async (tx) => {
+      const created = (await tx
+        .insertInto('webhook_subscriptions')
+        .values({
+          id: newId('whsub'),
+          project_id: projectId,
+          url: parsed.url,
+          events: JSON.stringify(parsed.events),
+          description: parsed.description,
+          custom_headers: JSON.stringify(parsed.customHeaders),
+          secret_sealed: ctx.sealer.seal(secret),
+          secret_suffix: suffixOf(secret),
+          is_active: true,
+          created_by: opts.createdBy,
+          managed_by: opts.managedBy ?? null,
+        })
+        .returningAll()
+        .executeTakeFirstOrThrow()) as Row;
+      await recordAudit(tx, {
+        actor: auditActor(opts),
+        projectId,
+        action: 'webhook_subscription.create',
+        targetType: 'webhook_subscription',
+        targetId: created.id,
+        after: toView(created),
+      });
+      return created;
+    });
   } catch (err) {
     if ((err as { code?: string }).code === '23505' && opts.managedBy)
       throw conflict(`A subscription managed by ${opts.managedBy} already exists.`, 'already_managed');
@@ -301,30 +318,42 @@ export async function updateSubscription(
   projectId: string,
   id: string,
   input: SubscriptionInput & { isActive?: boolean },
-  opts: { managedBy?: string },
+  opts: { managedBy?: string; actor?: Actor },
 ): Promise<SubscriptionView> {
   const parsed = parseInput(updateInputSchema, input);
   const current = await findRow(ctx, projectId, id);
   assertManager(current, opts.managedBy);
   await checkUrl(ctx, parsed.url);
-  const row = (await ctx.db
-    .updateTable('webhook_subscriptions')
-    .set({
-      url: parsed.url,
-      events: JSON.stringify(parsed.events),
-      description: parsed.description,
-      custom_headers: JSON.stringify(parsed.customHeaders),
-      ...(parsed.secret
-        ? { secret_sealed: ctx.sealer.seal(parsed.secret), secret_suffix: suffixOf(parsed.secret) }
-        : {}),
-      ...(parsed.isActive !== undefined ? { is_active: parsed.isActive } : {}),
-      ...(parsed.isActive === true && !current.is_active ? healthReset : {}),
-      updated_at: sql`now()`,
-    })
-    .where('id', '=', id)
-    .where('project_id', '=', projectId)
-    .returningAll()
-    .executeTakeFirstOrThrow()) as Row;
+  const row = await ctx.db.transaction().execute(async (tx) => {
+    const updated = (await tx
+      .updateTable('webhook_subscriptions')
+      .set({
+        url: parsed.url,
+        events: JSON.stringify(parsed.events),
+        description: parsed.description,
+        custom_headers: JSON.stringify(parsed.customHeaders),
+        ...(parsed.secret
+          ? { secret_sealed: ctx.sealer.seal(parsed.secret), secret_suffix: suffixOf(parsed.secret) }
+          : {}),
+        ...(parsed.isActive !== undefined ? { is_active: parsed.isActive } : {}),
+        ...(parsed.isActive === true && !current.is_active ? healthReset : {}),
+        updated_at: sql`now()`,
+      })
+      .where('id', '=', id)
+      .where('project_id', '=', projectId)
+      .returningAll()
+      .executeTakeFirstOrThrow()) as Row;
+    await recordAudit(tx, {
+      actor: auditActor(opts),
+      projectId,
+      action: 'webhook_subscription.update',
+      targetType: 'webhook_subscription',
+      targetId: id,
+      before: toView(current),
+      after: { ...toView(updated), secretChanged: parsed.secret !== undefined },
+    });
+    return updated;
+  });
   await subscriptionsChanged(ctx, projectId);
   return toView(row);
 }
@@ -334,22 +363,34 @@ export async function setSubscriptionActive(
   projectId: string,
   id: string,
   active: boolean,
-  opts: { managedBy?: string } = {},
+  opts: { managedBy?: string; actor?: Actor } = {},
 ): Promise<SubscriptionView> {
   const current = await findRow(ctx, projectId, id);
   assertManager(current, opts.managedBy);
   if (current.is_active === active) return toView(current);
-  const row = (await ctx.db
-    .updateTable('webhook_subscriptions')
-    .set({
-      is_active: active,
-      ...(active ? healthReset : { disabled_at: null, disabled_reason: null }),
-      updated_at: sql`now()`,
-    })
-    .where('id', '=', id)
-    .where('project_id', '=', projectId)
-    .returningAll()
-    .executeTakeFirstOrThrow()) as Row;
+  const row = await ctx.db.transaction().execute(async (tx) => {
+    const updated = (await tx
+      .updateTable('webhook_subscriptions')
+      .set({
+        is_active: active,
+        ...(active ? healthReset : { disabled_at: null, disabled_reason: null }),
+        updated_at: sql`now()`,
+      })
+      .where('id', '=', id)
+      .where('project_id', '=', projectId)
+      .returningAll()
+      .executeTakeFirstOrThrow()) as Row;
+    await recordAudit(tx, {
+      actor: auditActor(opts),
+      projectId,
+      action: active ? 'webhook_subscription.enable' : 'webhook_subscription.disable',
+      targetType: 'webhook_subscription',
+      targetId: id,
+      before: { isActive: current.is_active },
+      after: { isActive: updated.is_active },
+    });
+    return updated;
+  });
   await subscriptionsChanged(ctx, projectId);
   return toView(row);
 }

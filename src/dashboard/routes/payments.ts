@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { ownedProject } from '../../admin/service.ts';
+import { actorOf, ownedProject } from '../../admin/service.ts';
 import { textInput } from '../../core/validation.ts';
 import {
   connectPayments,
@@ -128,11 +128,16 @@ ${
         ...(minimum ? { minimum } : {}),
         ...(maximum ? { maximum } : {}),
       };
-      await connectPayments(ctx, request.params.id, {
-        stripeKey,
-        ...(webhookSecret ? { webhookSecret } : {}),
-        ...(Object.keys(settings).length ? { settings } : {}),
-      });
+      await connectPayments(
+        ctx,
+        request.params.id,
+        {
+          stripeKey,
+          ...(webhookSecret ? { webhookSecret } : {}),
+          ...(Object.keys(settings).length ? { settings } : {}),
+        },
+        actorOf(s.principal),
+      );
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
   );
@@ -144,14 +149,19 @@ ${
       const s = signedIn(request);
       await ownedProject(ctx, s.principal, request.params.id);
       const { offered, threshold, amount, monthlyCap } = request.body;
-      await updatePaymentSettings(ctx, request.params.id, {
-        autoRecharge: {
-          offered: offered === 'on',
-          ...(threshold ? { threshold } : {}),
-          ...(amount ? { amount } : {}),
-          ...(monthlyCap ? { monthlyCap } : {}),
+      await updatePaymentSettings(
+        ctx,
+        request.params.id,
+        {
+          autoRecharge: {
+            offered: offered === 'on',
+            ...(threshold ? { threshold } : {}),
+            ...(amount ? { amount } : {}),
+            ...(monthlyCap ? { monthlyCap } : {}),
+          },
         },
-      });
+        actorOf(s.principal),
+      );
       return reply.redirect(done(pathOf(request.params.id), 'auto_recharge_saved'), 303);
     },
   );
@@ -162,7 +172,7 @@ ${
     async (request, reply) => {
       const s = signedIn(request);
       await ownedProject(ctx, s.principal, request.params.id);
-      await disconnectPayments(ctx, request.params.id);
+      await disconnectPayments(ctx, request.params.id, actorOf(s.principal));
       return reply.redirect(done(pathOf(request.params.id), 'payments_disconnected'), 303);
     },
   );
@@ -178,7 +188,7 @@ ${
     async (request, reply) => {
       const s = signedIn(request);
       await ownedProject(ctx, s.principal, request.params.id);
-      await refundPayment(ctx, request.params.id, request.params.payment, {});
+      await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(s.principal));
       return reply.redirect(done(pathOf(request.params.id), 'refund_requested'), 303);
     },
   );

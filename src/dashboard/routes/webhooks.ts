@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { ownedProject, projectView } from '../../admin/service.ts';
+import { actorOf, ownedProject, projectView } from '../../admin/service.ts';
 import { isStorable, NOT_STORABLE, textInput } from '../../core/validation.ts';
 import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
 import {
@@ -97,7 +97,7 @@ ${logs.data.map(
           events: f.events.split(/[\s,]+/).filter(Boolean),
           ...(f.description ? { description: f.description } : {}),
         },
-        { createdBy: `developer:${s.principal.actorId}` },
+        { createdBy: `developer:${s.principal.actorId}`, actor: actorOf(s.principal) },
       );
       return page(
         request,
@@ -115,8 +115,11 @@ ${secretBox('webhook-secret', 'Signing secret', secret)}
     '/projects/:id/webhooks/:sub/deactivate',
     { schema: { params: projectParams.extend({ sub: textInput(255, 'an id') }), body: formBody({}) } },
     async (request, reply) => {
-      await ownedProject(ctx, signedIn(request).principal, request.params.id);
-      await setSubscriptionActive(ctx, request.params.id, request.params.sub, false);
+      const principal = signedIn(request).principal;
+      await ownedProject(ctx, principal, request.params.id);
+      await setSubscriptionActive(ctx, request.params.id, request.params.sub, false, {
+        actor: actorOf(principal),
+      });
       return reply.redirect(
         done(`${projectPath(request.params.id)}/webhooks`, 'subscription_deactivated'),
         303,

@@ -16,6 +16,7 @@ import * as holdMargin from './0016_hold_margin.ts';
 import * as managedBy from './0017_managed_by.ts';
 import * as creditGrants from './0018_credit_grants.ts';
 import * as recharges from './0019_recharges.ts';
+import * as auditLog from './0020_audit_log.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -39,4 +40,5 @@ export const migrations: Record<string, Migration> = {
   '0017_managed_by': managedBy,
   '0018_credit_grants': creditGrants,
   '0019_recharges': recharges,
+  '0020_audit_log': auditLog,
 };

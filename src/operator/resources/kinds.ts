@@ -1,5 +1,6 @@
 import type { V1Secret } from '@kubernetes/client-node';
-import { checkProvider } from '../../admin/service.ts';
+import { checkProvider, pricingAudit, projectAudit } from '../../admin/service.ts';
+import { type AuditEntry, operatorActor, recordAudit } from '../../audit/index.ts';
 import { createKey, findKeyByManager } from '../../auth/keys.ts';
 import { sha256Hex } from '../../core/crypto.ts';
 import { parseInput } from '../../core/validation.ts';
@@ -106,6 +107,7 @@ export const projectHandler: KindHandler<ProjectSpec> = {
         ...(canonical(row.settings) !== canonical(settings) ? ['settings'] : []),
       ];
       if (drift.length) {
+        const before = row;
         row = await updateProject(
           ctx.db,
           ctx.sealer,
@@ -113,6 +115,7 @@ export const projectHandler: KindHandler<ProjectSpec> = {
           { name, settings },
           { managedBy: h.managedBy, replaceSettings: true },
         );
+        await audit(h, row.id, 'project.update', 'project', row.id, projectAudit(before), projectAudit(row));
         events.push(updateEvent(r, `project ${row.id} (${drift.join(', ')})`));
       }
     }
@@ -126,10 +129,41 @@ export const projectHandler: KindHandler<ProjectSpec> = {
     const row = await findProjectByManager(h.ctx.db, h.managedBy);
     if (!row) return undefined;
     await releaseProject(h.ctx.db, row.id, h.managedBy);
+    await audit(
+      h,
+      row.id,
+      'project.release',
+      'project',
+      row.id,
+      { managedBy: h.managedBy },
+      { managedBy: null },
+    );
     await h.ctx.projects.changed(row.id);
     return `Released project ${row.id}: its balances and ledger stay; it is editable by hand again`;
   },
 };
+
+/** An audit entry of the operator: the actor is the resource (`Kind/namespace/name`) that changed it. */
+function audit(
+  h: Helpers,
+  projectId: string,
+  action: string,
+  targetType: string,
+  targetId: string | null,
+  before: unknown,
+  after: unknown,
+): Promise<string> {
+  const entry: AuditEntry = {
+    actor: operatorActor(h.managedBy),
+    projectId,
+    action,
+    targetType,
+    targetId,
+    before,
+    after,
+  };
+  return recordAudit(h.ctx.db, entry);
+}
 
 /** JSON with sorted keys, to compare settings and limits whatever their key order. */
 function canonical(value: unknown): string {
@@ -192,6 +226,18 @@ export const apiKeyHandler: KindHandler<ApiKeySpec> = {
       // written back, so it is revoked and a new one issued (as cert-manager re-issues a certificate).
       if (key) {
         await ctx.keys.revoke(key.id, { managedBy: h.managedBy });
+        await audit(
+          h,
+          project.id,
+          'api_key.revoke',
+          'api_key',
+          key.id,
+          { prefix: key.prefix, revoked: false },
+          {
+            prefix: key.prefix,
+            revoked: true,
+          },
+        );
         events.push(
           normal(
             'Revoked',
@@ -200,6 +246,10 @@ export const apiKeyHandler: KindHandler<ApiKeySpec> = {
         );
       }
       const created = await createKey(ctx.db, project.id, keyName, { managedBy: h.managedBy });
+      await audit(h, project.id, 'api_key.create', 'api_key', created.id, null, {
+        name: keyName,
+        prefix: created.prefix,
+      });
       await writeKeySecret(h, r, secretName, secret, {
         [API_KEY_SECRET_KEY]: created.key,
         projectId: project.id,
@@ -222,11 +272,34 @@ export const apiKeyHandler: KindHandler<ApiKeySpec> = {
     const key = await findKeyByManager(h.ctx.db, h.managedBy);
     if (!key) return undefined;
     await h.ctx.keys.revoke(key.id, { managedBy: h.managedBy });
+    await audit(
+      h,
+      key.project_id,
+      'api_key.revoke',
+      'api_key',
+      key.id,
+      { prefix: key.prefix, revoked: false },
+      {
+        prefix: key.prefix,
+        revoked: true,
+      },
+    );
     return `Revoked key ${key.prefix}… (${key.id})`;
   },
   async orphan(managedBy, h) {
     const key = await findKeyByManager(h.ctx.db, managedBy);
-    if (key) await h.ctx.keys.revoke(key.id, { managedBy });
+    if (key) {
+      await h.ctx.keys.revoke(key.id, { managedBy });
+      await recordAudit(h.ctx.db, {
+        actor: operatorActor(managedBy),
+        projectId: key.project_id,
+        action: 'api_key.revoke',
+        targetType: 'api_key',
+        targetId: key.id,
+        before: { prefix: key.prefix, revoked: false },
+        after: { prefix: key.prefix, revoked: true },
+      });
+    }
   },
 };
 
@@ -346,7 +419,7 @@ export const modelProviderHandler: KindHandler<ModelProviderSpec> = {
         ctx.sealer,
         project.id,
         { name, baseUrl, key: apiKey, ...(spec.timeouts ? { timeouts: spec.timeouts } : {}) },
-        { managedBy: h.managedBy },
+        { managedBy: h.managedBy, actor: operatorActor(h.managedBy) },
       );
       if (!current) events.push(normal('Created', `Created provider ${name} in ${project.id}`));
       else if (drift.length) events.push(updateEvent(r, `provider ${name} (${drift.join(', ')})`));
@@ -376,7 +449,10 @@ export const modelProviderHandler: KindHandler<ModelProviderSpec> = {
   async finalize(r, h) {
     const projectId = statusProject(r);
     if (!projectId) return undefined;
-    const removed = await removeProvider(h.ctx.db, projectId, providerNameOf(r), { managedBy: h.managedBy });
+    const removed = await removeProvider(h.ctx.db, projectId, providerNameOf(r), {
+      managedBy: h.managedBy,
+      actor: operatorActor(h.managedBy),
+    });
     await h.ctx.projects.changed(projectId);
     return removed ? `Removed provider ${providerNameOf(r)} from ${projectId}` : undefined;
   },
@@ -454,7 +530,10 @@ export const priceListHandler: KindHandler<PriceListSpec> = {
       row.pricing_managed_by !== h.managedBy ||
       normalModels(current as never) !== normalModels(file.models)
     ) {
-      const result = await applyPricing(ctx.db, project.id, file, { managedBy: h.managedBy });
+      const result = await applyPricing(ctx.db, project.id, file, {
+        managedBy: h.managedBy,
+        audit: pricingAudit(operatorActor(h.managedBy), project, 'pricing.apply', null),
+      });
       await ctx.projects.changed(project.id);
       const what = `the prices of ${project.id} (created ${result.created.length}, updated ${result.updated.length}, deleted ${result.deleted.length})`;
       events.push(
@@ -496,7 +575,14 @@ export const priceListHandler: KindHandler<PriceListSpec> = {
       .where('id', '=', projectId)
       .executeTakeFirst();
     if (row?.pricing_managed_by !== h.managedBy) return undefined;
+    const models = await h.ctx.db
+      .selectFrom('models')
+      .select('id')
+      .where('project_id', '=', projectId)
+      .orderBy('id')
+      .execute();
     await deleteAllModels(h.ctx.db, projectId, { managedBy: h.managedBy });
+    await audit(h, projectId, 'pricing.delete', 'pricing', null, { models: models.map((m) => m.id) }, null);
     await h.ctx.projects.changed(projectId);
     return `Deleted the models of ${projectId}`;
   },
@@ -530,6 +616,8 @@ export const limitPolicyHandler: KindHandler<LimitPolicySpec> = {
     const events = [];
     if (row.limits_managed_by !== h.managedBy || canonical(row.limits) !== canonical(limits)) {
       await setProjectLimits(ctx.db, project.id, limits, { managedBy: h.managedBy });
+      if (canonical(row.limits) !== canonical(limits))
+        await audit(h, project.id, 'limits.update', 'limits', null, row.limits ?? null, limits);
       await ctx.projects.changed(project.id);
       events.push(
         row.limits_managed_by !== h.managedBy
@@ -548,7 +636,13 @@ export const limitPolicyHandler: KindHandler<LimitPolicySpec> = {
       .where('id', '=', projectId)
       .executeTakeFirst();
     if (row?.limits_managed_by !== h.managedBy) return undefined;
+    const was = await h.ctx.db
+      .selectFrom('projects')
+      .select('limits')
+      .where('id', '=', projectId)
+      .executeTakeFirst();
     await setProjectLimits(h.ctx.db, projectId, null, { managedBy: h.managedBy, release: true });
+    if (was?.limits) await audit(h, projectId, 'limits.update', 'limits', null, was.limits, null);
     await h.ctx.projects.changed(projectId);
     return `Removed the limits of ${projectId}`;
   },
