@@ -12,13 +12,19 @@ let worker: DeliveryWorker;
 let receiver: Server;
 let receiverUrl: string;
 let hits = 0;
+/** The event types the receiver was sent. */
+const received: string[] = [];
 
 beforeAll(async () => {
   server = await startTestServer({ WEBHOOK_POLL_INTERVAL_MS: '100', WEBHOOK_BACKOFF_BASE_MS: '50' });
   receiver = createServer((req, res) => {
-    req.resume();
+    const parts: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => parts.push(chunk));
     req.on('end', () => {
       hits++;
+      try {
+        received.push(String(JSON.parse(Buffer.concat(parts).toString('utf8')).event.type));
+      } catch {}
       // The first delivery is refused for good (410: no retry); the resend is accepted.
       res.writeHead(hits === 1 ? 410 : 200).end('ok');
     });
@@ -154,5 +160,26 @@ describe('dashboard pages', () => {
     expect((await api(server, project.apiKey.key, 'GET', '/v1/models')).status).toBe(200);
     await post(`${path}/keys/${project.apiKey.id}/revoke`, {});
     expect((await api(server, project.apiKey.key, 'GET', '/v1/models')).status).toBe(401);
+
+    // Credit granted from the user page: the API's rules, shown on the page, and its event delivered.
+    const granted = await post(`${path}/users/credits`, {
+      user: 'u1',
+      amount: '1.50',
+      reason: 'goodwill',
+      priority: '2',
+      expiresAt: '2099-01-31',
+    });
+    expect(granted.location).toBe(`${path}/users/u1?done=credit_granted`);
+    const userPage = (await get(granted.location!)).text;
+    expect(userPage).toContain('Credit granted.');
+    expect(userPage).toMatch(
+      /<td>goodwill<\/td><td class="num">1.50<\/td><td class="num">1.50<\/td><td>2<\/td><td>2099-01-31 23:59<\/td>/,
+    );
+    expect(userPage).toContain('credits 1.50');
+    const badGrant = await post(`${path}/users/credits`, { user: 'u1', amount: '1', reason: 'Free Money' });
+    expect(badGrant.status).toBe(400);
+    await eventually(async () => received.includes('balance.credit.granted')).catch((err) => {
+      throw new Error(`${err.message}: received ${JSON.stringify(received)}`);
+    });
   }, 60_000);
 });

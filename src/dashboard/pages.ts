@@ -34,6 +34,7 @@ export const MESSAGES = {
     payments_disconnected: 'Stripe disconnected.',
     refund_requested: 'Refund asked of Stripe; the balance is debited when Stripe confirms it.',
     deposited: 'Deposited.',
+    credit_granted: 'Credit granted.',
     charged: 'Charged.',
     connected: 'Connected.',
     disconnected: 'Disconnected.',

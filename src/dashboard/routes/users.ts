@@ -2,12 +2,19 @@ import { randomUUID } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { moveMoney, ownedProject, projectView, searchUsers, setUserConnected } from '../../admin/service.ts';
+import {
+  grantCredit,
+  moveMoney,
+  ownedProject,
+  projectView,
+  searchUsers,
+  setUserConnected,
+} from '../../admin/service.ts';
 import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
-import { userIdSchema } from '../../users/routes.ts';
-import { getBalance, listActivity } from '../../users/service.ts';
+import { grantBody, userIdSchema } from '../../users/routes.ts';
+import { getBalance, listActivity, listGrants } from '../../users/service.ts';
 import { html, type Raw } from '../html.ts';
 import {
   csrfField,
@@ -31,6 +38,15 @@ const moneyForm = formBody({
   description: optionalField(z.string().max(200).refine(isStorable, { message: NOT_STORABLE })),
 });
 const userParams = projectParams.extend({ user: userIdSchema });
+/** A credit grant from the user page: the API's own rules (reason, priority, a future expiry). */
+const grantForm = formBody({
+  user: userIdSchema,
+  amount: z.string().trim().min(1, { message: 'is required' }).max(64),
+  reason: grantBody.shape.reason,
+  priority: optionalField(z.coerce.number().pipe(grantBody.shape.priority.unwrap())),
+  expiresAt: optionalField(z.string().trim().max(64)),
+  idem: optionalField(textInput(100)),
+});
 
 function depositForm(path: string, csrf: string, currency: string, user?: string): Raw {
   return html`<form method="post" action="${path}/users/deposit">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}">
@@ -109,6 +125,41 @@ ${depositForm(path, csrf, project.currency)}
     );
   }
 
+  app.post(
+    '/projects/:id/users/credits',
+    { schema: { params: projectParams, body: grantForm } },
+    async (request, reply) => {
+      const s = signedIn(request);
+      const input = request.body;
+      const project = await ownedProject(ctx, s.principal, request.params.id);
+      const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
+      // a date from the form's date field is the end of that day (UTC); a full ISO time as given
+      const expiresAt =
+        input.expiresAt === undefined
+          ? undefined
+          : /^\d{4}-\d{2}-\d{2}$/.test(input.expiresAt)
+            ? `${input.expiresAt}T23:59:59Z`
+            : input.expiresAt;
+      const grant = parseInput(grantBody, {
+        user: input.user,
+        amount,
+        reason: input.reason,
+        ...(input.priority === undefined ? {} : { priority: input.priority }),
+        ...(expiresAt === undefined ? {} : { expiresAt }),
+        metadata: { via: 'dashboard' },
+      });
+      await grantCredit(
+        ctx,
+        s.principal,
+        project.id,
+        grant,
+        input.idem ? `dashboard-${input.idem}` : undefined,
+      );
+      const userPath = `${projectPath(project.id)}/users/${encodeURIComponent(input.user)}`;
+      return reply.redirect(done(userPath, 'credit_granted'), 303);
+    },
+  );
+
   app.get(
     '/projects/:id/users/:user',
     { schema: { params: userParams, querystring: flashQuery } },
@@ -119,6 +170,7 @@ ${depositForm(path, csrf, project.currency)}
       const user = request.params.user;
       const balance = await getBalance(ctx.db, row, user);
       const activity = await listActivity(ctx.db, row, user, { limit: 50 });
+      const grants = await listGrants(ctx.db, row, user);
       const path = projectPath(project.id);
       const userPath = `${path}/users/${encodeURIComponent(user)}`;
       return page(
@@ -127,7 +179,7 @@ ${depositForm(path, csrf, project.currency)}
         `${user} · ${project.name}`,
         ({ csrf, flash }) => html`<h1>User ${user}</h1>${projectNav(project, 'Users')}${flash}
 <section class="card"><h2>Balance</h2>
-<p><strong id="balance">${balance.balance}</strong> ${project.currency} (held ${balance.held}, available ${balance.available}); ${balance.connected ? 'connected' : 'not connected'}.</p>
+<p><strong id="balance">${balance.balance}</strong> ${project.currency} (held ${balance.held}, available ${balance.available}; paid ${balance.paid}, credits ${balance.credits}); ${balance.connected ? 'connected' : 'not connected'}.</p>
 <form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
 </section>
 <section class="card"><h2>Deposit</h2>${depositForm(path, csrf, project.currency, user)}</section>
@@ -136,6 +188,23 @@ ${depositForm(path, csrf, project.currency)}
 <div class="row"><div><label for="chargeAmount">Amount (${project.currency})</label><input id="chargeAmount" name="amount" inputmode="decimal" required></div>
 <div><label for="chargeDescription">What for (optional)</label><input id="chargeDescription" name="description" maxlength="200"></div>
 <div><button type="submit">Charge</button></div></div></form></section>
+<section class="card"><h2>Credit</h2>
+<p class="muted">Credit that is not money (a promotion, a trial, goodwill): spent before the paid balance, highest priority first, then soonest expiry; what is left at its expiry leaves the balance.</p>
+${
+  grants.data.length
+    ? html`<table id="grants"><thead><tr><th>Grant</th><th>Reason</th><th class="num">Amount</th><th class="num">Left</th><th>Priority</th><th>Expires (UTC)</th></tr></thead><tbody>
+${grants.data.map(
+  (g) =>
+    html`<tr><td><code>${g.id}</code></td><td>${g.reason}</td><td class="num">${g.amount}</td><td class="num">${g.expired ? html`expired (${g.expiredAmount})` : g.remaining}</td><td>${g.priority}</td><td>${g.expiresAt ? g.expiresAt.replace('T', ' ').slice(0, 16) : 'never'}</td></tr>`,
+)}</tbody></table>`
+    : ''
+}
+<form method="post" action="${path}/users/credits">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
+<div class="row"><div><label for="grantAmount">Amount (${project.currency})</label><input id="grantAmount" name="amount" inputmode="decimal" required></div>
+<div><label for="grantReason">Reason</label><input id="grantReason" name="reason" value="goodwill" required maxlength="32" pattern="[a-z][a-z0-9_-]{0,31}"></div>
+<div><label for="grantPriority">Priority (optional)</label><input id="grantPriority" name="priority" inputmode="numeric"></div>
+<div><label for="grantExpires">Expires (optional)</label><input id="grantExpires" name="expiresAt" type="date"></div>
+<div><button type="submit">Grant credit</button></div></div></form></section>
 <section class="card"><h2>Activity</h2>
 <table id="activity"><thead><tr><th>When (UTC)</th><th>Type</th><th class="num">Amount</th><th class="num">Balance after</th><th>Source</th><th>Details</th></tr></thead><tbody>
 ${activity.data.map(
