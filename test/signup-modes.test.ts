@@ -30,8 +30,13 @@ const signUp = (server: TestServer, body: Record<string, unknown>, bearer?: stri
   api(server, bearer, 'POST', '/admin/v1/developers', { password: PASSWORD, ...body });
 
 /** A sign-up through the dashboard form (with its CSRF cookie); the redirect's location. */
-async function dashboardSignUp(server: TestServer, form: Record<string, string>, query = '') {
-  const page = await fetch(`${server.url}/dashboard/signup${query}`);
+async function dashboardSignUp(
+  server: TestServer,
+  form: Record<string, string>,
+  query = '',
+  formPage = '/dashboard/signup',
+) {
+  const page = await fetch(`${server.url}${formPage}${query}`);
   const text = await page.text();
   const csrf = /name="csrf" value="([^"]+)"/.exec(text)![1]!;
   const cookie = (page.headers.get('set-cookie') ?? '').split(';')[0]!;
@@ -161,7 +166,13 @@ describe('TOLLGATE_SIGNUP', () => {
     const res = await signUp(closed, { email: 'closed@example.com', invite: made.code });
     expect(res.status).toBe(403);
     expect(res.body.error.code).toBe('signup_closed');
-    const dash = await dashboardSignUp(closed, { email: 'closed@example.com' });
+    // the pages offer no sign-up at all
+    const signUpPage = await (await fetch(`${closed.url}/dashboard/signup`)).text();
+    expect(signUpPage).toContain('Sign-up is closed');
+    expect(signUpPage).not.toContain('name="password"');
+    expect(await (await fetch(`${closed.url}/dashboard/signin`)).text()).not.toContain('Create an account');
+    // and a sign-up posted anyway (with the sign-in form's CSRF token) is refused
+    const dash = await dashboardSignUp(closed, { email: 'closed@example.com' }, '', '/dashboard/signin');
     expect(dash.status).toBe(303);
     expect(dash.location).toBe('/dashboard/signup?error=signup_closed');
     expect(await (await fetch(`${closed.url}${dash.location}`)).text()).toContain('Sign-up is closed');

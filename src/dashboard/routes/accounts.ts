@@ -73,6 +73,20 @@ export default async function accountRoutes(plain: FastifyInstance): Promise<voi
   function credentialsPage(request: FastifyRequest, reply: FastifyReply, kind: 'signup' | 'signin') {
     if (request.dashboard) return reply.redirect('/dashboard', 303);
     const signup = kind === 'signup';
+    const closed = ctx.config.TOLLGATE_SIGNUP === 'closed';
+    if (signup && closed) {
+      // No form to fill in for nothing: an administrator creates accounts.
+      return page(
+        request,
+        reply,
+        'Sign up',
+        () => html`<section class="card" style="max-width:28rem;margin:2rem auto">
+<h1>Sign-up is closed</h1>
+<p>Sign-up is closed on this server; an administrator creates accounts.</p>
+<p class="muted">Already have an account? <a href="/dashboard/signin">Sign in</a>.</p>
+</section>`,
+      );
+    }
     return page(
       request,
       reply,
@@ -92,7 +106,9 @@ ${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">I
 <p class="muted">${
         signup
           ? html`Already have an account? <a href="/dashboard/signin">Sign in</a>.`
-          : html`New here? <a href="/dashboard/signup">Create an account</a>.`
+          : closed
+            ? ''
+            : html`New here? <a href="/dashboard/signup">Create an account</a>.`
       }</p>
 </section>`,
     );
