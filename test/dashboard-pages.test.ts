@@ -178,6 +178,25 @@ describe('dashboard pages', () => {
     expect(userPage).toContain('credits 1.50');
     const badGrant = await post(`${path}/users/credits`, { user: 'u1', amount: '1', reason: 'Free Money' });
     expect(badGrant.status).toBe(400);
+    // A pricing a Kubernetes PriceList declares is read-only here: a notice, no forms.
+    await server.ctx.db
+      .updateTable('projects')
+      .set({ pricing_managed_by: 'PriceList tollgate/pages-prices' })
+      .where('id', '=', projectId)
+      .execute();
+    const managedPage = (await get(`${path}/pricing`)).text;
+    expect(managedPage).toContain(
+      'declared by the Kubernetes resource <code>PriceList tollgate/pages-prices</code>',
+    );
+    expect(managedPage).not.toContain('Save the price');
+    expect(managedPage).not.toContain('Apply the pricing file');
+    expect(managedPage).not.toContain('aria-label="Delete model');
+    const refusedEdit = await post(`${path}/pricing`, {
+      model: 'x',
+      mode: 'per_request',
+      perRequest: '0.01',
+    });
+    expect(refusedEdit.status).toBe(409);
     await eventually(async () => received.includes('balance.credit.granted')).catch((err) => {
       throw new Error(`${err.message}: received ${JSON.stringify(received)}`);
     });

@@ -54,6 +54,7 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
       const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
       const pricing = await listModels(ctx, s.principal, project.id);
       const path = projectPath(project.id);
+      const managed = project.managedBy.pricing;
       const yaml = toYaml({
         currency: pricing.currency,
         models: pricing.models,
@@ -64,17 +65,25 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
         reply,
         `Pricing · ${project.name}`,
         ({ csrf, flash }) => html`<h1>Pricing</h1>${projectNav(project, 'Pricing')}${flash}
+${
+  managed
+    ? html`<section class="card" role="note"><p>This pricing is declared by the Kubernetes resource <code>${managed}</code>: change it there (a reviewed change in Git), not here.</p></section>`
+    : ''
+}
 <section class="card"><h2>Models</h2>
 ${
   pricing.models.length
     ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${project.currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${pricing.models.map(
   (m) =>
-    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td><form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form></td></tr>`,
+    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
 )}</tbody></table>`
     : html`<p>No models yet: clients can use only the models priced here.</p>`
 }</section>
-<section class="card"><h2>Set a price</h2>
+${
+  managed
+    ? ''
+    : html`<section class="card"><h2>Set a price</h2>
 <form method="post" action="${path}/pricing">${csrfField(csrf)}
 <div class="row">
 <div><label for="model">Model (what clients send)</label><input id="model" name="model" required maxlength="128" placeholder="gpt-4o-mini"></div>
@@ -95,7 +104,8 @@ ${pricing.models.map(
 <p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models, their routes and the limits exactly these.</p>
 <form method="post" action="${path}/pricing/file">${csrfField(csrf)}
 <label for="file">Pricing file (YAML)</label><textarea id="file" name="file" spellcheck="false">${yaml}</textarea>
-<button type="submit">Apply the pricing file</button></form></section>`,
+<button type="submit">Apply the pricing file</button></form></section>`
+}`,
       );
     },
   );
