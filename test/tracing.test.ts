@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config/index.ts';
 import { applyPricing } from '../src/models/service.ts';
 import { upsertProvider } from '../src/routing/providers.ts';
-import { startTracing, tracesUrl, tracingEnabled } from '../src/tracing/index.ts';
+import { logTraceIds, startTracing, tracesUrl, tracingEnabled } from '../src/tracing/index.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
 import { type DeliveryWorker, startDeliveryWorker } from '../src/webhooks/worker/index.ts';
 import { type ChatFixture, startChatFixture } from './helpers/chat-fixture.ts';
@@ -260,7 +260,13 @@ describe('tracing settings', () => {
     const receiver = await startReceiver();
     try {
       const tracing = startTracing(loadConfig({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url }));
-      await tracing.span('tollgate.protobuf.check', { 'tollgate.api': 'chat' }, async () => {});
+      // Log lines written inside a span carry its ids (the pino mixin); outside, nothing.
+      expect(logTraceIds()).toEqual({});
+      const ids = await tracing.span('tollgate.protobuf.check', { 'tollgate.api': 'chat' }, async (span) => ({
+        logged: logTraceIds(),
+        span: span!.spanContext(),
+      }));
+      expect(ids.logged).toEqual({ traceId: ids.span.traceId, spanId: ids.span.spanId });
       const arrived = receiver.next();
       await tracing.flush();
       await arrived;

@@ -185,14 +185,17 @@ export class MeteredFlow {
     }
     // ---- admission: limits, then the hold (one span with a child for each when tracing) ----
     const tracing = ctx.tracing;
-    const admissionSpan = tracing.start('tollgate.admission', { 'tollgate.amount.held': amount });
+    const admissionSpan = span
+      ? tracing.start('tollgate.admission', { 'tollgate.amount.held': amount })
+      : undefined;
     let admission: Awaited<ReturnType<typeof admit>>;
     try {
       // ---- limits (src/limits): rate limits and spend caps, checked before any money moves ----
       if (this.#limits.applies(project)) {
-        const limited = await tracing.run(admissionSpan, () =>
-          tracing.span('tollgate.limits', undefined, () => this.#checkLimits(x, request, reply, amount)),
-        );
+        const check = () => this.#checkLimits(x, request, reply, amount);
+        const limited = await (admissionSpan
+          ? tracing.run(admissionSpan, () => tracing.span('tollgate.limits', undefined, check))
+          : check());
         if (limited) return limited.answered;
       }
       const hold = () =>

@@ -156,15 +156,17 @@ export class Router {
         attempt.abort();
       }, deadline - Date.now());
       // Tracing: one client span per attempt; its `traceparent` goes to the provider.
-      const span = this.#tracing.start(
-        'tollgate.provider.attempt',
-        {
-          'tollgate.provider': candidate.route.provider,
-          'gen_ai.request.model': candidate.route.model,
-          'tollgate.attempt': attempts,
-        },
-        { kind: SpanKind.CLIENT },
-      );
+      const span = this.#tracing.enabled
+        ? this.#tracing.start(
+            'tollgate.provider.attempt',
+            {
+              'tollgate.provider': candidate.route.provider,
+              'gen_ai.request.model': candidate.route.model,
+              'tollgate.attempt': attempts,
+            },
+            { kind: SpanKind.CLIENT },
+          )
+        : undefined;
       try {
         if (!config) {
           throw new UpstreamError('connection', `The project has no provider '${candidate.route.provider}'.`);
