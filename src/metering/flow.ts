@@ -91,10 +91,12 @@ export class MeteredFlow {
     if (!tracing.enabled) return this.#handle(api, request, reply, body, undefined);
     // A server span per metered request, continuing the client's `traceparent`; never the end user or
     // the prompt in its attributes.
-    const span = tracing.startServer(`${api.name} ${body.model}`, request.headers, {
+    // (Named by the model only when the project has it: a span name is not for arbitrary client text.)
+    const known = request.project.models.has(body.model);
+    const span = tracing.startServer(known ? `${api.name} ${body.model}` : api.name, request.headers, {
       'tollgate.api': api.name,
       'tollgate.project.id': request.project.id,
-      'gen_ai.request.model': String(body.model),
+      'gen_ai.request.model': String(body.model).slice(0, 200),
       'tollgate.stream': body.stream === true,
     });
     try {
