@@ -227,6 +227,33 @@ describe('traces over OTLP/HTTP (http/json)', () => {
     expect(all).not.toContain(USER);
     expect(all).not.toContain(PROMPT);
   });
+
+  it('records the decision of a refused request, with no provider attempt', async () => {
+    const before = other.requests.length + f.mock.requests.length;
+    await f.client.chat.completions.create({
+      model: 'traced',
+      user: 'not-connected-user',
+      messages: [{ role: 'user', content: PROMPT }],
+    });
+    expect(other.requests.length + f.mock.requests.length).toBe(before);
+    let refused: OtlpSpan | undefined;
+    for (let i = 0; i < 50 && !refused; i++) {
+      await f.ctx.tracing.flush();
+      refused = spansOf(receiver.exports).find(
+        (s) => s.name === 'chat traced' && attr(s, 'tollgate.decision') === 'connect_required',
+      );
+      if (!refused) await Promise.race([receiver.next(), new Promise((r) => setTimeout(r, 100))]);
+    }
+    expect(refused).toBeDefined();
+    const spans = spansOf(receiver.exports);
+    const children = spans.filter((s) => s.parentSpanId === refused!.spanId).map((s) => s.name);
+    expect(children).toContain('tollgate.admission');
+    expect(children).not.toContain('tollgate.provider.attempt');
+    expect(children).not.toContain('tollgate.settle');
+    expect(receiver.exports.map((e) => e.body.toString('utf8')).join('\n')).not.toContain(
+      'not-connected-user',
+    );
+  });
 });
 
 describe('tracing settings', () => {

@@ -138,7 +138,11 @@ export function startTracing(config: Config, log?: Logger, options: TracingOptio
     ],
   });
   const tracer: Tracer = provider.getTracer('tollgate');
-  log?.info({ url, protocol: config.OTEL_EXPORTER_OTLP_PROTOCOL }, 'tracing: exporting spans over OTLP/HTTP');
+  // (debug: CLI commands build the same context and print to stdout)
+  log?.debug(
+    { url, protocol: config.OTEL_EXPORTER_OTLP_PROTOCOL },
+    'tracing: exporting spans over OTLP/HTTP',
+  );
   const parent = (): Context => {
     const span = active.getStore();
     return span ? trace.setSpan(ROOT_CONTEXT, span) : ROOT_CONTEXT;
