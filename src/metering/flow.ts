@@ -81,14 +81,24 @@ export class MeteredFlow {
     return this.#closed;
   }
 
-  async handle<B extends MeteredBody>(
+  handle<B extends MeteredBody>(
+    api: MeteredApi<B>,
+    request: FastifyRequest,
+    reply: FastifyReply,
+    body: B,
+  ): Promise<FastifyReply> {
+    // Tracing off: straight in, no span and no extra promise.
+    if (!this.#ctx.tracing.enabled) return this.#handle(api, request, reply, body, undefined);
+    return this.#traced(api, request, reply, body);
+  }
+
+  async #traced<B extends MeteredBody>(
     api: MeteredApi<B>,
     request: FastifyRequest,
     reply: FastifyReply,
     body: B,
   ): Promise<FastifyReply> {
     const tracing = this.#ctx.tracing;
-    if (!tracing.enabled) return this.#handle(api, request, reply, body, undefined);
     // A server span per metered request, continuing the client's `traceparent`; never the end user or
     // the prompt in its attributes.
     // (Named by the model only when the project has it: a span name is not for arbitrary client text.)
