@@ -1,5 +1,6 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -14,6 +15,9 @@ import { writeResultsBlock } from './report.ts';
  * through Tollgate with rate limits and spend caps on ("tollgate+limits", never refusing), at
  * concurrency 1, 16 and 64, non-streaming (whole response) and streaming (time to first byte). Then a
  * soak through Tollgate up to BENCH_SOAK total requests with its resident memory sampled along the way.
+ * BENCH_TRACES=1 adds "tollgate+traces": a second Tollgate process with OpenTelemetry traces on (every
+ * request sampled, exported over OTLP/HTTP protobuf to a receiver in this process that discards them),
+ * the tracing on/off comparison.
  * Writes the table to docs/benchmarks.md (between the proxy markers) and prints it.
  *
  * Every process (load generator, provider, passthrough, Tollgate, Postgres, Redis) shares this machine.
@@ -121,7 +125,7 @@ async function memoryOf(started: Started): Promise<{ rss: number; heap: number }
 }
 
 interface Target {
-  name: 'direct' | 'passthrough' | 'tollgate' | 'tollgate+limits';
+  name: 'direct' | 'passthrough' | 'tollgate' | 'tollgate+limits' | 'tollgate+traces';
   origin: string;
   path: string;
   headers: Record<string, string>;
@@ -308,6 +312,7 @@ async function main() {
     { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS) },
     ['--expose-gc'],
   );
+  const traced = process.env.BENCH_TRACES === '1' ? await startTraced(upstream.info.baseUrl!) : undefined;
   const upstreamUrl = new URL(upstream.info.baseUrl!);
   const targets: Target[] = [
     {
@@ -342,6 +347,18 @@ async function main() {
       model: 'bench-model',
       pid: tollgate.child.pid!,
     },
+    ...(traced
+      ? [
+          {
+            name: 'tollgate+traces' as const,
+            origin: traced.tollgate.info.url!,
+            path: '/v1/chat/completions',
+            headers: { authorization: `Bearer ${traced.tollgate.info.apiKey}` },
+            model: 'bench-model',
+            pid: traced.tollgate.child.pid!,
+          },
+        ]
+      : []),
   ];
   let tollgateRequests = 0;
   const memory: Array<[number, { rss: number; heap: number }]> = [];
@@ -397,6 +414,11 @@ async function main() {
     );
   }
 
+  if (traced) {
+    await stop(traced.tollgate);
+    traced.receiver.close();
+    console.log(`tollgate+traces exported ${traced.spans()} bytes of spans`);
+  }
   const ledgerLines = await stop(tollgate);
   await stop(passthrough);
   await stop(upstream);
@@ -405,6 +427,31 @@ async function main() {
   const report = render(cells, memory, machineLines, startedAt, ledger, batchLines);
   console.log(`\n${report}`);
   if (process.env.BENCH_WRITE !== '0') writeResultsBlock('proxy-benchmark', 'Proxy', report);
+}
+
+/** A Tollgate process with traces on, exporting to a receiver here that counts and discards them. */
+async function startTraced(upstream: string) {
+  let bytes = 0;
+  const receiver = createServer((req, res) => {
+    req.on('data', (c: Buffer) => {
+      bytes += c.length;
+    });
+    req.on('end', () => res.writeHead(200).end());
+  });
+  await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  const port = (receiver.address() as { port: number }).port;
+  const tollgate = await start(
+    'tollgate.ts',
+    {
+      UPSTREAM: upstream,
+      BENCH_USERS: String(USERS),
+      OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`,
+      OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf',
+      OTEL_TRACES_SAMPLER: 'always_on',
+    },
+    ['--expose-gc'],
+  );
+  return { tollgate, receiver, spans: () => bytes };
 }
 
 /** Sums of the billing batch histograms of a Tollgate process, by statement. */
@@ -438,8 +485,15 @@ function render(
       const pass = find('passthrough', c, stream);
       const toll = find('tollgate', c, stream);
       const limits = find('tollgate+limits', c, stream);
+      const traces = cells.find(
+        (x) => x.target === 'tollgate+traces' && x.concurrency === c && x.stream === stream,
+      );
       const share = Math.round((toll.rps / pass.rps) * 100);
-      for (const cell of [direct, pass, toll, limits]) {
+      if (traces)
+        verdicts.push(
+          `- ${stream ? 'Streaming' : 'Non-streaming'}, concurrency ${c}: traces on add ${ms(traces.p50 - toll.p50)} ms at p50, ${ms(traces.p99 - toll.p99)} ms at p99 and ${ms(traces.cpuProxy - toll.cpuProxy)} ms of CPU per request, at ${Math.round((traces.rps / toll.rps) * 100)} % of the throughput without.`,
+        );
+      for (const cell of [direct, pass, toll, limits, ...(traces ? [traces] : [])]) {
         const cellShare = Math.round((cell.rps / pass.rps) * 100);
         const added =
           cell.target === 'direct' ? '—' : `+${ms(cell.p50 - direct.p50)} / +${ms(cell.p99 - direct.p99)}`;
@@ -484,6 +538,12 @@ function render(
     ...machineLines,
     '',
     '"tollgate+limits" is the same Tollgate process serving a second project with rate limits (project, key and user; requests and tokens per minute) and spend caps (day, month), all high enough never to refuse: each request also runs the Redis scripts of src/limits.',
+    ...(cells.some((c) => c.target === 'tollgate+traces')
+      ? [
+          '',
+          '"tollgate+traces" (`BENCH_TRACES=1`) is a second Tollgate process with OpenTelemetry traces on, every request sampled and exported over OTLP/HTTP (protobuf) to a receiver in the load generator that discards them.',
+        ]
+      : []),
     '',
     'Latency is milliseconds for the whole response (non-streaming) or to the first byte of the body (streaming). "Added" is the p50 / p99 over going direct; "share" is Tollgate\'s throughput as a part of the passthrough\'s in the same run. "CPU ms/req" is the CPU time (user + system) the measured process spent per request: the provider for direct, the proxy process otherwise; "Postgres CPU" is that of every Postgres process during Tollgate\'s cells.',
     '',

@@ -32,6 +32,8 @@ const config = loadConfig({
   REDIS_URL: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379',
   TOLLGATE_ENCRYPTION_KEY: process.env.TOLLGATE_ENCRYPTION_KEY ?? 'b'.repeat(64),
   TOLLGATE_DATA_DIR: mkdtempSync(join(tmpdir(), 'tollgate-bench-')),
+  // The benchmark's provider listens on loopback.
+  TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
 });
 const ctx = await createContext(config, { schema, busPrefix: `${schema}:` });
 await ctx.migrate();

@@ -12,6 +12,7 @@ import { type Database, type DatabaseHandle, migrateToLatest, openDatabase } fro
 import { EventRecorder } from '../events/outbox.ts';
 import { Metrics } from '../metrics/registry.ts';
 import { ProjectDirectory } from '../projects/directory.ts';
+import { logTraceIds, startTracing, type Tracing } from '../tracing/index.ts';
 import { SubscriptionFilter } from '../webhooks/filter.ts';
 
 /**
@@ -31,6 +32,8 @@ export interface AppContext {
   keys: KeyDirectory;
   projects: ProjectDirectory;
   metrics: Metrics;
+  /** Traces (src/tracing): the no-op tracing unless the OTEL_* settings turn it on. */
+  tracing: Tracing;
   /**
    * Public address for links (PUBLIC_BASE_URL, else http://localhost:PORT; a server listening on an
    * ephemeral port sets it once bound).
@@ -47,12 +50,16 @@ export interface ContextOptions {
   /** Prefix of bus channels (tests sharing one Redis). */
   busPrefix?: string;
   log?: Logger;
+  /** Replaces the tracing the settings would start (tests, benchmarks). */
+  tracing?: Tracing;
 }
 
 export function createLogger(config: Config): Logger {
   return pino({
     level: config.LOG_LEVEL,
     base: undefined,
+    // The trace of the span active when a line is written (nothing when tracing is off).
+    mixin: logTraceIds,
     redact: {
       paths: ['req.headers.authorization', '*.apiKey', '*.secret', '*.upstreamKey'],
       censor: '[redacted]',
@@ -196,6 +203,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     throw err;
   }
   const metrics = new Metrics();
+  const tracing = options.tracing ?? startTracing(config, log);
   const billing = new BillingService({
     database,
     events,
@@ -215,6 +223,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     keys,
     projects,
     metrics,
+    tracing,
     publicBaseUrl: publicBaseUrl(config),
     async migrate() {
       const applied = await migrateToLatest(database);
@@ -227,6 +236,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
       await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
       await bus.close();
       await database.close();
+      await tracing.shutdown();
     },
   };
 }

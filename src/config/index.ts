@@ -144,6 +144,29 @@ export const configSchema = z.object({
     .enum(['open', 'invite', 'closed'], { message: "must be 'open', 'invite' or 'closed'" })
     .default('invite'),
   STRIPE_API_URL: url(['http:', 'https:']).optional(),
+  OTEL_TRACES_EXPORTER: z.enum(['otlp', 'none'], { message: "must be 'otlp' or 'none'" }).optional(),
+  OTEL_EXPORTER_OTLP_ENDPOINT: url(['http:', 'https:']).optional(),
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: url(['http:', 'https:']).optional(),
+  OTEL_EXPORTER_OTLP_PROTOCOL: z
+    .enum(['http/protobuf', 'http/json'], { message: "must be 'http/protobuf' or 'http/json'" })
+    .default('http/protobuf'),
+  OTEL_SERVICE_NAME: z.string().min(1).default('tollgate'),
+  OTEL_TRACES_SAMPLER: z
+    .enum([
+      'always_on',
+      'always_off',
+      'traceidratio',
+      'parentbased_always_on',
+      'parentbased_always_off',
+      'parentbased_traceidratio',
+    ])
+    .default('parentbased_always_on'),
+  OTEL_TRACES_SAMPLER_ARG: z.coerce
+    .number({ message: 'must be a number from 0 to 1' })
+    .min(0, { message: 'must be a number from 0 to 1' })
+    .max(1, { message: 'must be a number from 0 to 1' })
+    .optional(),
+  OTEL_SDK_DISABLED: bool.default(false),
 });
 
 export type Config = z.infer<typeof configSchema>;
@@ -232,6 +255,19 @@ export const configDocs: Record<keyof Config, string> = {
     'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
   STRIPE_API_URL:
     'Tests and stand-ins only: the address of a Stripe API stand-in (e.g. `http://127.0.0.1:12111`) that the `stripe` library calls instead of Stripe. Unset in production.',
+  OTEL_TRACES_EXPORTER:
+    '`otlp` turns traces on (to `http://localhost:4318` when no endpoint is set), `none` off whatever else is set. Unset: traces are on exactly when an OTLP endpoint is set. See [Traces (OpenTelemetry)](#traces-opentelemetry).',
+  OTEL_EXPORTER_OTLP_ENDPOINT:
+    'Base address of an OTLP/HTTP receiver (a collector, Jaeger, …); spans go to its `/v1/traces`. Setting it turns traces on.',
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:
+    'Full URL spans are posted to (used as is; wins over `OTEL_EXPORTER_OTLP_ENDPOINT`). Setting it turns traces on.',
+  OTEL_EXPORTER_OTLP_PROTOCOL:
+    '`http/protobuf` or `http/json` (gRPC is not supported). Headers (`OTEL_EXPORTER_OTLP_HEADERS`, e.g. an API key) are read by the exporter from the environment.',
+  OTEL_SERVICE_NAME: 'The `service.name` of the spans.',
+  OTEL_TRACES_SAMPLER:
+    'always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio (`parentbased_*`: a sampled client `traceparent` is followed).',
+  OTEL_TRACES_SAMPLER_ARG: 'The ratio (0 to 1) of the `traceidratio` samplers (default 1).',
+  OTEL_SDK_DISABLED: '`true` turns traces off whatever else is set.',
 };
 
 export class ConfigError extends Error {
@@ -254,7 +290,11 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     const issue = result.error.issues[0]!;
     const variable = String(issue.path[0] ?? 'configuration');
     const shown = input[variable];
-    const secret = variable.includes('KEY') || variable.includes('URL') || variable.includes('TOKEN');
+    const secret =
+      variable.includes('KEY') ||
+      variable.includes('URL') ||
+      variable.includes('TOKEN') ||
+      variable.includes('ENDPOINT');
     const suffix = shown !== undefined && !secret ? ` (got "${shown}")` : '';
     throw new ConfigError(variable, `${issue.message}${suffix}`);
   }

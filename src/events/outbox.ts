@@ -2,6 +2,7 @@ import type { Kysely } from 'kysely';
 import { type Bus, channels } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
 import type { DB } from '../db/schema.ts';
+import { activeTraceparent } from '../tracing/index.ts';
 import { type EventType, eventCatalog } from './catalog.ts';
 
 /** The spec's Event object. `status` is `pending` in every delivery payload. */
@@ -52,8 +53,13 @@ export class EventRecorder {
     this.#bus = bus;
   }
 
+  /**
+   * An event written while a traced request runs carries that trace's W3C `traceparent` in
+   * `metadata.traceparent`: its webhook delivery spans link to the request's trace (src/tracing).
+   */
   build(input: EventInput, now = new Date()): EventEnvelope {
     const info = eventCatalog[input.type];
+    const traceparent = activeTraceparent();
     return {
       id: newId('evt'),
       paywallId: input.project.id,
@@ -65,7 +71,7 @@ export class EventRecorder {
       trigger: input.trigger,
       subject: input.subject,
       data: input.data,
-      metadata: input.metadata ?? {},
+      metadata: traceparent ? { ...input.metadata, traceparent } : (input.metadata ?? {}),
     };
   }
 

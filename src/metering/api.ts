@@ -7,6 +7,7 @@ import type { TextCounter } from '../chat/tokens.ts';
 import type { ApiError } from '../core/errors.ts';
 import type { ModelEndpoint, ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import type { Span } from '../tracing/index.ts';
 import type { SseMessage } from '../upstream/types.ts';
 import type { MeteredPricing, TokenUsage } from './cost.ts';
 
@@ -111,6 +112,8 @@ export interface Exchange<B extends MeteredBody = MeteredBody> {
   startedEvent: Promise<unknown> | undefined;
   /** Client headers forwarded to the provider (`upstreamHeaders`). */
   upstreamHeaders?: Record<string, string> | undefined;
+  /** The request's server span, when tracing is on (src/tracing). */
+  span?: Span | undefined;
 }
 
 /**

@@ -13,6 +13,7 @@ import { type LimitRequest, Limits, rateLimitHeaders, spendCapMessage } from '..
 import { holdMarginOf } from '../models/hold-margin.ts';
 import { endpointsOf } from '../models/pricing.ts';
 import { Router, routingReported } from '../routing/router.ts';
+import { failed, type Span, SpanStatusCode } from '../tracing/index.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import { isAbort, type Provider, type SseMessage, UpstreamError } from '../upstream/types.ts';
 import { admit } from './admission.ts';
@@ -80,11 +81,54 @@ export class MeteredFlow {
     return this.#closed;
   }
 
-  async handle<B extends MeteredBody>(
+  handle<B extends MeteredBody>(
     api: MeteredApi<B>,
     request: FastifyRequest,
     reply: FastifyReply,
     body: B,
+  ): Promise<FastifyReply> {
+    // Tracing off: straight in, no span and no extra promise.
+    if (!this.#ctx.tracing.enabled) return this.#handle(api, request, reply, body, undefined);
+    return this.#traced(api, request, reply, body);
+  }
+
+  async #traced<B extends MeteredBody>(
+    api: MeteredApi<B>,
+    request: FastifyRequest,
+    reply: FastifyReply,
+    body: B,
+  ): Promise<FastifyReply> {
+    const tracing = this.#ctx.tracing;
+    // A server span per metered request, continuing the client's `traceparent`; never the end user or
+    // the prompt in its attributes.
+    // (Named by the model only when the project has it: a span name is not for arbitrary client text.)
+    const known = request.project.models.has(body.model);
+    const span = tracing.startServer(known ? `${api.name} ${body.model}` : api.name, request.headers, {
+      'tollgate.api': api.name,
+      'tollgate.project.id': request.project.id,
+      'gen_ai.request.model': String(body.model).slice(0, 200),
+      'tollgate.stream': body.stream === true,
+    });
+    try {
+      const answered = await tracing.run(span, () => this.#handle(api, request, reply, body, span));
+      if (reply.statusCode >= 500) span?.setStatus({ code: SpanStatusCode.ERROR });
+      span?.setAttribute('http.response.status_code', reply.statusCode);
+      return answered;
+    } catch (err) {
+      failed(span, err);
+      if (err instanceof ApiError) span?.setAttribute('http.response.status_code', err.status);
+      throw err;
+    } finally {
+      span?.end();
+    }
+  }
+
+  async #handle<B extends MeteredBody>(
+    api: MeteredApi<B>,
+    request: FastifyRequest,
+    reply: FastifyReply,
+    body: B,
+    span: Span | undefined,
   ): Promise<FastifyReply> {
     const started = performance.now();
     const ctx = this.#ctx;
@@ -131,7 +175,9 @@ export class MeteredFlow {
       bound: undefined,
       startedEvent: undefined,
       upstreamHeaders: api.upstreamHeaders?.(request),
+      span,
     };
+    span?.setAttribute('tollgate.request_id', x.requestId);
 
     // ---- the paywall decision ----
     let amount = '0';
@@ -149,23 +195,49 @@ export class MeteredFlow {
     } else if (pricing.mode === 'per_request') {
       amount = formatAmount(pricing.perRequest);
     }
-    // ---- limits (src/limits): rate limits and spend caps, checked before any money moves ----
-    if (this.#limits.applies(project)) {
-      const limited = await this.#checkLimits(x, request, reply, amount);
-      if (limited) return limited.answered;
-    }
-    const admission = await admit(ctx, {
-      project,
-      model,
-      pricing,
-      externalId,
-      amount,
-      purpose: api.name,
-      trigger: x.trigger,
-    }).catch((err) => {
-      this.#limits.released(x); // limits: give the reservation back
+    // ---- admission: limits, then the hold (one span with a child for each when tracing) ----
+    const tracing = ctx.tracing;
+    const admissionSpan = span
+      ? tracing.start('tollgate.admission', { 'tollgate.amount.held': amount })
+      : undefined;
+    let admission: Awaited<ReturnType<typeof admit>>;
+    try {
+      // ---- limits (src/limits): rate limits and spend caps, checked before any money moves ----
+      if (this.#limits.applies(project)) {
+        const check = () => this.#checkLimits(x, request, reply, amount);
+        const limited = await (admissionSpan
+          ? tracing.run(admissionSpan, () => tracing.span('tollgate.limits', undefined, check))
+          : check());
+        if (limited) return limited.answered;
+      }
+      const hold = () =>
+        admit(ctx, {
+          project,
+          model,
+          pricing,
+          externalId,
+          amount,
+          purpose: api.name,
+          trigger: x.trigger,
+        });
+      admission = await (admissionSpan
+        ? tracing.run(admissionSpan, () => tracing.span('tollgate.hold', undefined, hold))
+        : hold()
+      ).catch((err) => {
+        this.#limits.released(x); // limits: give the reservation back
+        throw err;
+      });
+      if (span) {
+        const decision = admission.ok ? 'allowed' : linkDecision(admission);
+        span.setAttribute('tollgate.decision', decision);
+        admissionSpan?.setAttribute('tollgate.decision', decision);
+      }
+    } catch (err) {
+      failed(admissionSpan, err);
       throw err;
-    });
+    } finally {
+      admissionSpan?.end();
+    }
     if (!admission.ok) {
       this.#limits.released(x); // limits: a refused request uses and spends nothing
       return this.#refuse(x, admission, reply);
@@ -372,6 +444,7 @@ export class MeteredFlow {
     for (const [name, value] of Object.entries(decision.headers)) reply.header(name, value);
     if (decision.ok) return undefined;
     const { rate, spend } = decision;
+    x.span?.setAttribute('tollgate.decision', rate ? 'rate_limited' : 'spend_cap_reached');
     if (rate) {
       ctx.metrics.requests.inc({
         project: x.project.id,
@@ -562,6 +635,12 @@ export class MeteredFlow {
     ctx.metrics.inputTokens.inc(labels, usage.input);
     ctx.metrics.outputTokens.inc(labels, usage.output);
     const cost = requestCost(x.pricing, usage);
+    x.span?.setAttributes({
+      'gen_ai.usage.input_tokens': usage.input,
+      'gen_ai.usage.output_tokens': usage.output,
+      'tollgate.outcome': end.outcome,
+      'tollgate.currency': x.project.currency,
+    });
     this.#limits.tokensUsed(x, usage.input + usage.output); // limits: the estimate becomes the real count
     const hold = x.hold;
     x.hold = undefined;
@@ -585,34 +664,56 @@ export class MeteredFlow {
         if (wantsCompleted) await this.#record(x, 'proxy.request.completed', completed('0'));
         return;
       }
-      const { charged } = await ctx.billing.settle({
-        project: x.project,
-        hold,
-        cost,
-        source: x.api.name,
-        model: x.model.id,
-        trigger: x.trigger,
-        externalId: x.externalId,
-        lowBalanceThreshold: x.project.settings.lowBalanceThreshold,
-        metadata: {
-          requestId: x.requestId,
-          model: x.model.id,
-          api: x.api.name,
-          inputTokens: usage.input,
-          cachedInputTokens: usage.cachedInput,
-          outputTokens: usage.output,
-          reasoningTokens: usage.reasoning,
-          usageSource: source,
-          outcome: end.outcome,
-        },
-        description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
-        ...(wantsCompleted
-          ? { completed: { type: 'proxy.request.completed' as const, data: completed } }
-          : {}),
+      const { charged } = await ctx.tracing.span('tollgate.settle', undefined, async (settleSpan) => {
+        const settled = await this.#settle(x, hold, cost, usage, source, end, wantsCompleted, completed);
+        if (settleSpan) {
+          const attributes = {
+            'tollgate.amount.charged': settled.charged,
+            'tollgate.currency': x.project.currency,
+          };
+          settleSpan.setAttributes(attributes);
+          x.span?.setAttributes(attributes);
+        }
+        return settled;
       });
       this.#limits.charged(x, charged); // limits: the reservation becomes the charge
     };
     return this.#track(work(), x, 'settle');
+  }
+
+  #settle<B extends MeteredBody>(
+    x: Exchange<B>,
+    hold: NonNullable<Exchange<B>['hold']>,
+    cost: string,
+    usage: TokenUsage,
+    source: UsageSource,
+    end: Ending,
+    wantsCompleted: boolean,
+    completed: (amount: string) => Record<string, unknown>,
+  ) {
+    return this.#ctx.billing.settle({
+      project: x.project,
+      hold,
+      cost,
+      source: x.api.name,
+      model: x.model.id,
+      trigger: x.trigger,
+      externalId: x.externalId,
+      lowBalanceThreshold: x.project.settings.lowBalanceThreshold,
+      metadata: {
+        requestId: x.requestId,
+        model: x.model.id,
+        api: x.api.name,
+        inputTokens: usage.input,
+        cachedInputTokens: usage.cachedInput,
+        outputTokens: usage.output,
+        reasoningTokens: usage.reasoning,
+        usageSource: source,
+        outcome: end.outcome,
+      },
+      description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
+      ...(wantsCompleted ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
+    });
   }
 
   #observe<B extends MeteredBody>(x: Exchange<B>, upstreamMs: number, stream = false): void {
@@ -711,6 +812,11 @@ export function usageSourceOf(usage: ReportedUsage | undefined): UsageSource {
   if (usage?.input === undefined && usage?.output === undefined) return 'tollgate';
   if (usage.input !== undefined && usage.output !== undefined) return 'provider';
   return 'mixed';
+}
+
+/** The paywall decision of a refused admission, as the metrics and `x-tollgate-paywall` name it. */
+function linkDecision(refusal: PaywallRefusal): string {
+  return refusal.reason === 'not_connected' ? 'connect_required' : 'topup_required';
 }
 
 /** The metered flow of an app context, shared by every metered API's routes. */

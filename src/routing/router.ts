@@ -6,6 +6,7 @@ import { ChatOverMessages } from '../messages/from-chat.ts';
 import { MessagesOverChat } from '../messages/translate.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { ECHO_UPSTREAM } from '../projects/service.ts';
+import { failed, SpanKind, type Tracing, withTraceHeaders } from '../tracing/index.ts';
 import { EchoProvider } from '../upstream/echo.ts';
 import {
   anthropicProvider,
@@ -70,9 +71,11 @@ export class Router {
   readonly #providers = new WeakMap<object, Provider>();
   /** Route key → time before which a 429's Retry-After keeps the route aside. */
   readonly #blocked = new Map<string, number>();
+  readonly #tracing: Tracing;
 
   constructor(ctx: AppContext, agent: Agent) {
     const c = ctx.config;
+    this.#tracing = ctx.tracing;
     this.#settings = {
       maxAttempts: c.ROUTING_MAX_ATTEMPTS,
       deadlineMs: c.ROUTING_DEADLINE_MS,
@@ -152,17 +155,35 @@ export class Router {
         expired = true;
         attempt.abort();
       }, deadline - Date.now());
+      // Tracing: one client span per attempt; its `traceparent` goes to the provider.
+      const span = this.#tracing.enabled
+        ? this.#tracing.start(
+            'tollgate.provider.attempt',
+            {
+              'tollgate.provider': candidate.route.provider,
+              'gen_ai.request.model': candidate.route.model,
+              'tollgate.attempt': attempts,
+            },
+            { kind: SpanKind.CLIENT },
+          )
+        : undefined;
       try {
         if (!config) {
           throw new UpstreamError('connection', `The project has no provider '${candidate.route.provider}'.`);
         }
-        const answer = await op(this.#client(config), {
+        const client = this.#client(config);
+        const upstreamCall: UpstreamCall = {
           path: call.path,
           body: { ...call.body, model: candidate.route.model },
           signal: attempt.signal,
-          headers: call.headers,
-        });
+          headers: withTraceHeaders(span, call.headers),
+        };
+        const answer = await (span
+          ? this.#tracing.run(span, () => op(client, upstreamCall))
+          : op(client, upstreamCall));
         clearTimeout(timer);
+        span?.setAttribute('tollgate.outcome', 'success');
+        span?.end();
         if (this.breakers.success(candidate.key)) {
           report('routing.circuit.closed', circuitData(model, candidate));
         }
@@ -179,6 +200,16 @@ export class Router {
       } catch (caught) {
         clearTimeout(timer);
         call.signal.removeEventListener('abort', onAbort);
+        if (span) {
+          span.setAttribute(
+            'tollgate.outcome',
+            call.signal.aborted ? 'aborted' : caught instanceof UpstreamError ? caught.kind : 'error',
+          );
+          if (caught instanceof UpstreamError && caught.upstreamStatus !== undefined)
+            span.setAttribute('http.response.status_code', caught.upstreamStatus);
+          failed(span, caught);
+          span.end();
+        }
         let err = caught;
         if (call.signal.aborted) {
           // The client left (or the flow stopped the request): no verdict on the route.

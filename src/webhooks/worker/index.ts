@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { AppContext } from '../../app/context.ts';
 import { channels } from '../../bus/index.ts';
+import { failed, linkTo, SpanKind } from '../../tracing/index.ts';
 import { Sender } from '../deliver.ts';
 import { fanOut } from '../fanout.ts';
 import { disableFailingSubscriptions } from '../health.ts';
@@ -120,9 +121,45 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     },
   });
 
+  /**
+   * One attempt; with tracing, in a span of its own trace, linked to the trace of the request that caused
+   * the event (the event's `metadata.traceparent`).
+   */
+  function attempt(d: ClaimedDelivery): Promise<Completed> {
+    const tracing = ctx.tracing;
+    if (!tracing.enabled) return runAttempt(attemptDeps, d);
+    const span = tracing.start(
+      'tollgate.webhook.delivery',
+      {
+        'tollgate.event.id': d.envelope.id,
+        'tollgate.event.type': d.envelope.type,
+        'tollgate.project.id': d.envelope.paywallId,
+        'tollgate.webhook.subscription_id': d.subscription_id,
+        'tollgate.webhook.delivery_id': d.id,
+        'tollgate.webhook.attempt': d.attempts,
+      },
+      { kind: SpanKind.CLIENT, root: true, links: linkTo(d.envelope.metadata?.traceparent) },
+    )!;
+    return runAttempt(attemptDeps, d).then(
+      (completed) => {
+        span.setAttribute('tollgate.outcome', completed.result.outcome);
+        if (completed.result.status !== undefined)
+          span.setAttribute('http.response.status_code', completed.result.status);
+        if (completed.state === 'failed') failed(span, completed.result.error ?? 'delivery failed');
+        span.end();
+        return completed;
+      },
+      (err) => {
+        failed(span, err);
+        span.end();
+        throw err;
+      },
+    );
+  }
+
   /** Sends one held delivery; its slot is given back as soon as the answer is in, the result written after. */
   function send(d: ClaimedDelivery): void {
-    const task: Promise<void> = runAttempt(attemptDeps, d)
+    const task: Promise<void> = attempt(d)
       .then(
         (completed) => {
           freeSlot(d);
