@@ -136,16 +136,7 @@ export async function deposit(
   events: EventRecorder,
   input: DepositInput,
 ): Promise<DepositResult> {
-  const amount = new Money(input.amount);
-  if (!amount.isFinite() || amount.lte(0))
-    throw new Error(`deposit amount must be positive, got ${input.amount}`);
-  const userId = await ensureUser(tx, input.project.id, input.externalId);
-  const user = await tx
-    .updateTable('end_users')
-    .set({ balance: sql`balance + ${input.amount}::numeric`, updated_at: sql`now()` })
-    .where('id', '=', userId)
-    .returning([...WALLET_COLUMNS, 'low_balance_threshold'])
-    .executeTakeFirstOrThrow();
+  const { amount, user } = await credit(tx, input, 'deposit');
   const entry = await writeEntry(tx, input, user, 'deposit', input.amount);
   const wallet = walletOf(user);
   const subject = { type: 'user', id: user.id, externalId: user.external_id };
@@ -174,6 +165,32 @@ export async function deposit(
         })
       : undefined;
   return { entry, wallet, event: event ?? cleared };
+}
+
+/**
+ * Adds a positive amount to a wallet (creating the user when unknown): to the balance, and for a grant to
+ * its granted part too. The one credit step of deposits and grants.
+ */
+async function credit(
+  tx: Transaction<DB>,
+  input: Pick<DepositInput, 'project' | 'externalId' | 'amount'>,
+  kind: 'deposit' | 'grant',
+) {
+  const amount = new Money(input.amount);
+  if (!amount.isFinite() || amount.lte(0))
+    throw new Error(`${kind} amount must be positive, got ${input.amount}`);
+  const userId = await ensureUser(tx, input.project.id, input.externalId);
+  const user = await tx
+    .updateTable('end_users')
+    .set({
+      balance: sql`balance + ${input.amount}::numeric`,
+      ...(kind === 'grant' ? { granted: sql`granted + ${input.amount}::numeric` } : {}),
+      updated_at: sql`now()`,
+    })
+    .where('id', '=', userId)
+    .returning(WALLET_COLUMNS)
+    .executeTakeFirstOrThrow();
+  return { amount, user };
 }
 
 export interface ChargeInput {
@@ -332,20 +349,8 @@ export async function grant(
   events: EventRecorder,
   input: GrantInput,
 ): Promise<GrantResult> {
-  const amount = new Money(input.amount);
-  if (!amount.isFinite() || amount.lte(0))
-    throw new Error(`grant amount must be positive, got ${input.amount}`);
-  const userId = await ensureUser(tx, input.project.id, input.externalId);
-  const user = await tx
-    .updateTable('end_users')
-    .set({
-      balance: sql`balance + ${input.amount}::numeric`,
-      granted: sql`granted + ${input.amount}::numeric`,
-      updated_at: sql`now()`,
-    })
-    .where('id', '=', userId)
-    .returning(WALLET_COLUMNS)
-    .executeTakeFirstOrThrow();
+  const { amount, user } = await credit(tx, input, 'grant');
+  const userId = user.id;
   const grantId = newId('grant');
   const entry = await writeEntry(
     tx,
