@@ -32,7 +32,10 @@ export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> 
   app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: 1024 * 1024 }, (_request, body, done) => {
     done(null, body);
   });
-  app.post<{ Params: { project: string } }>('/payments/stripe/:project/webhook', async (request, reply) => {
+  const routes = app.withTypeProvider<ZodTypeProvider>();
+  // The project id is checked like every id in a path (no control characters: 400, not a database error).
+  const params = z.object({ project: textInput(255, 'a project id') });
+  routes.post('/payments/stripe/:project/webhook', { schema: { params } }, async (request, reply) => {
     const body = Buffer.isBuffer(request.body) ? request.body : Buffer.alloc(0);
     const signature = request.headers['stripe-signature'];
     const outcome = await handleWebhook(
