@@ -87,6 +87,9 @@ describe('admin API names and settings', () => {
         ['PATCH', p, { settings: { checkoutUrl: `https://shop.example.com/${bad}` } }],
         ['PATCH', p, { settings: { returnUrl: `https://shop.example.com/${bad}` } }],
         ['POST', `${p}/keys`, { name: bad }],
+        ['POST', `${p}/users/u1/credits`, { amount: '1', reason: bad }],
+        ['POST', `${p}/users/u1/credits`, { amount: '1', reason: 'promo', metadata: { note: bad } }],
+        ['PATCH', p, { settings: { lowBalanceThreshold: `1${bad}` } }],
         ['PUT', `${p}/models/m2`, { upstreamModel: bad, pricing: { mode: 'per_request', perRequest: '1' } }],
         [
           'PUT',
@@ -161,11 +164,28 @@ function forms(): Form[] {
     },
     { path: `${p}/users/deposit`, fields: { user: 'u2', amount: '1', idem: 'i1', description: 'gift' } },
     { path: `${p}/users/charge`, fields: { user: 'u1', amount: '1', idem: 'i2', description: 'fee' } },
+    {
+      path: `${p}/users/credits`,
+      fields: {
+        user: 'u1',
+        amount: '1',
+        reason: 'promo',
+        priority: '1',
+        expiresAt: '2099-01-31',
+        idem: 'i3',
+      },
+    },
     { path: `${p}/users/u1/connect`, fields: {} },
     { path: `${p}/users/u1/disconnect`, fields: {} },
     { path: `${p}/webhooks`, fields: { url: 'http://127.0.0.1:9/h', events: '*', description: 'd' } },
     { path: `${p}/webhooks/${subscriptionId}x/deactivate`, fields: {} },
     { path: `${p}/webhooks/deliveries/dlv_missing/resend`, fields: {} },
+    {
+      path: `${p}/payments`,
+      fields: { stripeKey: 'sk_test_x', presets: '5, 10', minimum: '5', maximum: '50' },
+    },
+    { path: `${p}/payments/disconnect`, fields: {} },
+    { path: `${p}/payments/pay_missing/refund`, fields: {} },
   ];
 }
 
@@ -249,6 +269,11 @@ describe('dashboard forms and path parameters', () => {
         `/dashboard/projects/${bad}/pricing`,
         `/dashboard/projects/${bad}/users`,
         `/dashboard/projects/${bad}/webhooks`,
+        `/dashboard/projects/${bad}/payments`,
+        `/dashboard/projects/${bad}/audit`,
+        `/dashboard/projects/${bad}/reconciliation.csv`,
+        `${p}/payments?user=${bad}`,
+        `${p}/audit?action=${bad}`,
         `${p}/users/${bad}`,
         `${p}/users?q=${bad}`,
         `/dashboard/signin?error=${bad}`,
@@ -267,6 +292,7 @@ describe('dashboard forms and path parameters', () => {
         `${p}/users/${bad}/connect`,
         `${p}/webhooks/${bad}/deactivate`,
         `${p}/webhooks/deliveries/${bad}/resend`,
+        `${p}/payments/${bad}/refund`,
       ];
       for (const path of posts) {
         const status = await postForm({ path, fields: {} }, `csrf=${encodeURIComponent(csrf)}&name=x`);
