@@ -7,7 +7,8 @@ import { type ChatFixture, chargedTotal, startChatFixture } from './helpers/chat
 /**
  * No overspend, ever: a balance that covers exactly N requests, 5×N concurrent requests → at most N are
  * served, the rest get the top-up link, and the ledger adds up to the balance to the last decimal. The
- * requests meet in group-commit batches; on Postgres and on the embedded database.
+ * requests meet in group-commit batches; on Postgres and on the embedded database, with a hold per request
+ * and with escrow's slices (src/billing/escrow.ts).
  */
 let f: ChatFixture;
 const N = 5;
@@ -64,6 +65,7 @@ async function race(model: string, user: string, perRequestCost: string) {
   expect(served).toBeGreaterThan(0);
   expect(f.mock.requests.length - before).toBe(served);
 
+  await f.giveBack(user); // escrow: the rest of the pod's slice comes back (as when idle)
   const entries = await f.ledger(user); // checks balance = Σ entries and held = Σ open holds
   const wallet = (await f.wallet(user))!;
   expect(wallet.held).toBe('0');
@@ -73,9 +75,13 @@ async function race(model: string, user: string, perRequestCost: string) {
   return { served, wallet };
 }
 
+const escrow = { ESCROW_IDLE_MS: '30000', ESCROW_SLICE_REQUESTS: '16' };
+
 describe.each([
   ['Postgres', {}],
+  ['Postgres with escrow (slices of 16 requests, given back when idle)', escrow],
   ['the embedded database', { DATABASE_URL: '' }],
+  ['the embedded database with escrow', { ...escrow, DATABASE_URL: '' }],
 ])('no overspend under concurrency, on %s', (_name, env: Record<string, string>) => {
   beforeAll(() => start(env));
   afterAll(() => f.close());

@@ -631,14 +631,17 @@ export async function moveMoney(
           body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, trigger, links, actor),
         };
   const endpoint = `POST /admin/v1/projects/users/${kind}`;
-  // The billing service runs the event wake-up and the money metrics after the commit (not for a replay).
-  return idempotencyKey === undefined
-    ? { ...(await ctx.billing.transaction(run)), replayed: false }
-    : withIdempotency(
-        ctx,
-        { projectId, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
-        run,
-      );
+  // The billing service runs the event wake-up and the money metrics after the commit (not for a replay);
+  // withRoom: pods give their slices of the wallet back when they stand in a charge's way (escrow).
+  return ctx.billing.withRoom(async () =>
+    idempotencyKey === undefined
+      ? { ...(await ctx.billing.transaction(run)), replayed: false }
+      : withIdempotency(
+          ctx,
+          { projectId, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
+          run,
+        ),
+  );
 }
 
 /** Grants credit to a user (`POST /admin/v1/projects/{p}/users/{u}/credits`), once per Idempotency-Key. */

@@ -209,8 +209,21 @@ export async function createContext(config: Config, options: ContextOptions = {}
     events,
     metrics,
     log,
-    holdTtlSeconds: config.HOLD_TTL_SECONDS,
+    bus,
+    escrow: {
+      ttlSeconds: config.HOLD_TTL_SECONDS,
+      idleMs: config.ESCROW_IDLE_MS,
+      sliceRequests: config.ESCROW_SLICE_REQUESTS,
+    },
   });
+  try {
+    await billing.start();
+  } catch (err) {
+    await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
+    await bus.close();
+    await database.close();
+    throw err;
+  }
   return {
     config,
     log,
@@ -232,7 +245,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
       return applied;
     },
     async close() {
-      await billing.idle();
+      await billing.close();
       await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
       await bus.close();
       await database.close();

@@ -1,5 +1,7 @@
-import type { Transaction } from 'kysely';
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { sql, type Transaction } from 'kysely';
 import type { Logger } from 'pino';
+import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount, Money } from '../core/money.ts';
 import type { Database, DatabaseHandle } from '../db/index.ts';
@@ -7,7 +9,7 @@ import type { DB, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
 import type { Metrics } from '../metrics/registry.ts';
-import { GroupCommit } from './group-commit.ts';
+import { Escrow, type Reservation } from './escrow.ts';
 import {
   type ChargeInput,
   type ChargeResult,
@@ -30,7 +32,6 @@ import {
   type WalletState,
   walletOf,
 } from './ledger.ts';
-import { closeHolds, placeHolds } from './statements.ts';
 import { type SubscriptionAccess, subscriptionAccess } from './subscriptions.ts';
 
 /**
@@ -49,9 +50,10 @@ export class BillingService {
   readonly #events: EventRecorder;
   readonly #metrics: Metrics;
   readonly #log: Logger;
-  readonly #holdTtlSeconds: number;
-  readonly #holdQueues = new Map<string, GroupCommit<HoldItem, HoldRow | undefined>>();
-  readonly #closeQueues = new Map<string, GroupCommit<CloseItem, CloseRow | undefined>>();
+  /** The pod's slices of wallets, from which it admits requests (escrow.ts). */
+  readonly escrow: Escrow;
+  /** Holds settled or released: a second settle of one hold changes nothing. */
+  readonly #closedHolds = new WeakSet<Hold>();
   /** Effects waiting for the commit of a transaction opened by `transaction()`. */
   readonly #afterCommit = new WeakMap<Transaction<DB>, Array<() => void>>();
   /** Told of every committed debit (settle or charge): auto-recharge watches balances this way. */
@@ -62,13 +64,32 @@ export class BillingService {
     events: EventRecorder;
     metrics: Metrics;
     log: Logger;
-    holdTtlSeconds: number;
+    bus: Bus;
+    escrow: { ttlSeconds: number; idleMs: number; sliceRequests: number };
   }) {
     this.#database = options.database;
     this.#events = options.events;
     this.#metrics = options.metrics;
     this.#log = options.log;
-    this.#holdTtlSeconds = options.holdTtlSeconds;
+    this.escrow = new Escrow({
+      database: options.database,
+      bus: options.bus,
+      metrics: options.metrics,
+      log: options.log,
+      ...options.escrow,
+    });
+  }
+
+  /** Starts the escrow's upkeep (reclaims from other pods, renewals, idle slices given back). */
+  start(): Promise<void> {
+    return this.escrow.start();
+  }
+
+  /** Gives this pod's slices back (shutdown, once no request is in flight). */
+  async close(): Promise<void> {
+    await this.idle();
+    await this.escrow.close();
+    await this.idle();
   }
 
   get #db(): Database {
@@ -79,22 +100,17 @@ export class BillingService {
 
   /**
    * Reserves `amount` of a connected wallet's available balance for one request, or says why not (not
-   * connected, or cannot pay). Joins the project's next hold batch.
+   * connected, or cannot pay): from this pod's slice of the wallet when it covers the amount (no
+   * statement), else by taking more of it (escrow.ts).
    */
   async hold(input: HoldInput): Promise<HoldResult> {
     const amount = formatAmount(input.amount);
-    const row = await this.#holdQueue(input.project.id).submit({
-      externalId: input.externalId,
-      amount,
-      holdId: newId('hold'),
-      purpose: input.purpose,
-    });
-    if (!row) return refusal(this.#db, input.project.id, input.externalId, amount);
+    const reserved = await this.escrow.reserve(input.project.id, input.externalId, amount, input.purpose);
+    if (!reserved) return refusal(this.#db, input.project.id, input.externalId, amount);
     this.#metrics.holdsOpen.inc({ project: input.project.id });
     return {
       ok: true,
-      hold: { id: row.hold_id, amount, userId: row.user_id, projectId: input.project.id },
-      wallet: walletOf({ id: row.user_id, external_id: input.externalId, connected: true, ...row }),
+      hold: { id: reserved.sliceId, amount, userId: reserved.userId, projectId: input.project.id },
     };
   }
 
@@ -196,27 +212,26 @@ export class BillingService {
         }),
       );
     }
-    const row = await retrying(() =>
-      this.#closeQueue(project.id).submit({
-        holdId: hold.id,
-        userId: hold.userId,
-        charged,
-        entryId,
-        source: input.source,
-        description: input.description,
-        metadata: JSON.stringify({ ...input.metadata, holdAmount: hold.amount }),
-        events: envelopes.length ? JSON.stringify(envelopes) : null,
-        zeroStatus: 'released',
-        threshold: input.lowBalanceThreshold ?? null,
-      }),
-    );
-    if (!row) return { charged: '0', shortfall: '0', wallet: undefined };
+    if (this.#closedHolds.has(hold)) return { charged: '0', shortfall: '0', wallet: undefined };
+    this.#closedHolds.add(hold);
     this.#metrics.holdsOpen.dec({ project: project.id });
+    const row = await this.escrow.settle(reservationOf(hold), {
+      charged,
+      entryId,
+      source: input.source,
+      description: input.description,
+      metadata: JSON.stringify({ ...input.metadata, holdAmount: hold.amount }),
+      events: envelopes.length ? JSON.stringify(envelopes) : null,
+      threshold: input.lowBalanceThreshold ?? null,
+    });
+    if (!row || row.charged === null || row.balance === null || row.held === null) {
+      return { charged: '0', shortfall: '0', wallet: undefined };
+    }
     if (new Money(row.charged).gt(0))
       this.#debited({
         projectId: project.id,
-        userId: row.user_id,
-        externalId: row.external_id,
+        userId: hold.userId,
+        externalId: input.externalId,
         available: formatAmount(new Money(row.balance).minus(row.held)),
       });
     if (envelopes.length) this.#events.wake();
@@ -240,46 +255,33 @@ export class BillingService {
     return {
       charged: formatAmount(row.charged),
       shortfall: formatAmount(shortfall),
-      wallet: walletOf({ ...row, id: row.user_id, connected: true }),
+      wallet: walletOf({
+        id: hold.userId,
+        external_id: input.externalId,
+        connected: true,
+        balance: row.balance,
+        held: row.held,
+        granted: row.granted ?? '0',
+      }),
     };
   }
 
   /** Releases a hold in full (nothing was served, or the provider failed). */
   async release(hold: Hold): Promise<void> {
-    const row = await retrying(() => this.#closeQueue(hold.projectId).submit(zeroClose(hold, 'released')));
-    if (row) this.#metrics.holdsOpen.dec({ project: hold.projectId });
+    if (this.#closedHolds.has(hold)) return;
+    this.#closedHolds.add(hold);
+    this.#metrics.holdsOpen.dec({ project: hold.projectId });
+    await this.escrow.settle(reservationOf(hold), undefined);
   }
 
-  /** Releases every open hold past its expiry (its request's process died). Returns how many. */
-  async sweep(limit = 500): Promise<number> {
-    const expired = await this.#db
-      .selectFrom('holds')
-      .select(['id', 'project_id', 'user_id', 'amount'])
-      .where('status', '=', 'open')
-      .where('expires_at', '<', new Date())
-      .orderBy('expires_at')
-      .limit(limit)
-      .execute();
-    const closed = await Promise.all(
-      expired.map((h) =>
-        this.#closeQueue(h.project_id).submit(
-          zeroClose({ id: h.id, amount: h.amount, userId: h.user_id, projectId: h.project_id }, 'expired'),
-        ),
-      ),
-    );
-    let released = 0;
-    for (const [i, row] of closed.entries()) {
-      if (!row) continue;
-      released++;
-      this.#metrics.holdsOpen.dec({ project: expired[i]!.project_id });
-    }
-    return released;
+  /** Releases every slice past its expiry (its pod died). Returns how many. */
+  sweep(limit = 500): Promise<number> {
+    return this.escrow.sweep(limit);
   }
 
-  /** Resolves when no batch is queued or in flight (tests, shutdown). */
+  /** Resolves when no statement of the hot path is queued or in flight (tests, shutdown). */
   async idle(): Promise<void> {
-    const queues = () => [...this.#holdQueues.values(), ...this.#closeQueues.values()];
-    while (!queues().every((q) => q.idle)) await new Promise((resolve) => setImmediate(resolve));
+    while (!this.escrow.idle) await new Promise((resolve) => setImmediate(resolve));
   }
 
   // ---- deposits, charges, subscription fees ----
@@ -314,10 +316,19 @@ export class BillingService {
     });
   }
 
-  /** Debits a connected wallet that can pay, or says why not; in `within` when given. */
+  /**
+   * Debits a connected wallet that can pay, or says why not; in `within` when given. A wallet that
+   * cannot pay only because pods hold slices of it (escrow.ts) gets them back first: inside `withRoom`
+   * (and always without `within`) the refusal rolls the transaction back, the slices are asked back,
+   * and the work runs once more.
+   */
   async charge(input: ChargeInput & { model?: string }, within?: Transaction<DB>): Promise<ChargeResult> {
+    if (!within && !room.getStore()) return this.withRoom(() => this.charge(input));
     return this.#moving(within, async (tx, after) => {
       const result = await charge(tx, this.#events, input);
+      if (room.getStore()?.retried === false && slicesInTheWay(result, input.amount)) {
+        throw new SlicesInTheWay(input.project.id, result.wallet.userId);
+      }
       if (result.ok) {
         after(() => {
           if (result.event) this.#events.wake();
@@ -363,6 +374,20 @@ export class BillingService {
    */
   async expireGrants(batch = 500): Promise<number> {
     const trigger = { source: 'job', actorType: 'system', actorId: 'grant-expiry' };
+    // A wallet expires once nothing is held: pods give their slices of wallets with grants due back first.
+    const held = await this.#db
+      .selectFrom('credit_grants as g')
+      .innerJoin('end_users as e', 'e.id', 'g.user_id')
+      .select(['e.project_id', 'e.id'])
+      .distinct()
+      .where('g.remaining', '>', '0')
+      .where('g.expires_at', '<=', sql<Date>`now()`)
+      .where('e.held', '>', '0')
+      .limit(batch)
+      .execute();
+    const byProject = new Map<string, string[]>();
+    for (const w of held) byProject.set(w.project_id, [...(byProject.get(w.project_id) ?? []), w.id]);
+    for (const [projectId, userIds] of byProject) await this.escrow.reclaim(projectId, userIds);
     let total = 0;
     for (;;) {
       const expired = await this.transaction((tx) => expireGrants(tx, this.#events, batch, trigger));
@@ -398,6 +423,21 @@ export class BillingService {
     trigger: Trigger;
   }): Promise<SubscriptionAccess> {
     return subscriptionAccess(this, this.#db, input);
+  }
+
+  /**
+   * Runs `work` (a transaction that may charge); when a charge in it was refused only because pods hold
+   * slices of the wallet, `work` has rolled back: the slices are asked back (outside any transaction:
+   * the pods giving back lock the wallet) and `work` runs once more, refusing for real this time.
+   */
+  async withRoom<T>(work: () => Promise<T>): Promise<T> {
+    try {
+      return await room.run({ retried: false }, work);
+    } catch (err) {
+      if (!(err instanceof SlicesInTheWay)) throw err;
+      await this.escrow.reclaim(err.projectId, [err.userId]);
+      return room.run({ retried: true }, work);
+    }
   }
 
   /**
@@ -446,68 +486,6 @@ export class BillingService {
       }
     }
   }
-
-  // ---- the batches ----
-
-  /** Observes a batch's size now and its duration when the returned function is called. */
-  #batchStarted(statement: 'hold' | 'close', size: number): () => void {
-    this.#metrics.billingBatchSize.observe({ statement }, size);
-    return this.#metrics.billingBatchDuration.startTimer({ statement });
-  }
-
-  #holdQueue(projectId: string): GroupCommit<HoldItem, HoldRow | undefined> {
-    let queue = this.#holdQueues.get(projectId);
-    if (!queue) {
-      queue = new GroupCommit(
-        async (items) => {
-          const done = this.#batchStarted('hold', items.length);
-          const rows = await this.#database.run<HoldRow>(placeHolds, [
-            projectId,
-            items.map((i) => i.externalId),
-            items.map((i) => i.amount),
-            items.map((i) => i.holdId),
-            items.map((i) => i.purpose),
-            this.#holdTtlSeconds,
-          ]);
-          done();
-          const byId = new Map(rows.map((r) => [r.hold_id, r]));
-          return items.map((i) => byId.get(i.holdId));
-        },
-        (item) => item.externalId,
-      );
-      this.#holdQueues.set(projectId, queue);
-    }
-    return queue;
-  }
-
-  #closeQueue(projectId: string): GroupCommit<CloseItem, CloseRow | undefined> {
-    let queue = this.#closeQueues.get(projectId);
-    if (!queue) {
-      queue = new GroupCommit(
-        async (items) => {
-          const done = this.#batchStarted('close', items.length);
-          const rows = await this.#database.run<CloseRow>(closeHolds, [
-            projectId,
-            items.map((i) => i.holdId),
-            items.map((i) => i.charged),
-            items.map((i) => i.entryId),
-            items.map((i) => i.source),
-            items.map((i) => i.description),
-            items.map((i) => i.metadata),
-            items.map((i) => i.events),
-            items.map((i) => i.zeroStatus),
-            items.map((i) => i.threshold),
-          ]);
-          done();
-          const byId = new Map(rows.map((r) => [r.hold_id, r]));
-          return items.map((i) => byId.get(i.holdId));
-        },
-        (item) => item.userId,
-      );
-      this.#closeQueues.set(projectId, queue);
-    }
-    return queue;
-  }
 }
 
 /** A committed debit of a wallet, and the wallet's available balance after it. */
@@ -534,7 +512,7 @@ export interface HoldInput {
   purpose: string;
 }
 
-export type HoldResult = { ok: true; hold: Hold; wallet: WalletState } | PaywallRefusal;
+export type HoldResult = { ok: true; hold: Hold } | PaywallRefusal;
 
 export interface SettleInput {
   project: LedgerProject;
@@ -564,71 +542,34 @@ export interface SettleResult {
   wallet: WalletState | undefined;
 }
 
-interface HoldItem {
-  externalId: string;
-  amount: string;
-  holdId: string;
-  purpose: string;
-}
+/** Inside `withRoom`: whether the work already ran once (a charge then refuses for real). */
+const room = new AsyncLocalStorage<{ retried: boolean }>();
 
-interface HoldRow {
-  hold_id: string;
-  user_id: string;
-  balance: string;
-  held: string;
-  granted: string;
-}
-
-interface CloseItem {
-  holdId: string;
-  userId: string;
-  charged: string;
-  entryId: string;
-  source: string;
-  description: string | null;
-  metadata: string;
-  events: string | null;
-  zeroStatus: 'released' | 'expired';
-  /** The project's low-balance threshold, or null. */
-  threshold: string | null;
-}
-
-interface CloseRow {
-  hold_id: string;
-  user_id: string;
-  external_id: string;
-  charged: string;
-  balance: string;
-  held: string;
-  granted: string;
-}
-
-function zeroClose(hold: Hold, status: 'released' | 'expired'): CloseItem {
-  return {
-    holdId: hold.id,
-    userId: hold.userId,
-    charged: '0',
-    entryId: newId('act'),
-    source: '',
-    description: null,
-    metadata: '{}',
-    events: null,
-    zeroStatus: status,
-    threshold: null,
-  };
-}
-
-/**
- * Retries a close after a transient database failure. A close that still fails leaves the hold to the
- * sweeper: the request is then not charged (never charged twice).
- */
-async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await work();
-    } catch (err) {
-      if (attempt >= attempts) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 200 * attempt * attempt));
-    }
+/** A charge refused only because pods' slices hold the wallet's balance (see `withRoom`). */
+class SlicesInTheWay extends Error {
+  readonly projectId: string;
+  readonly userId: string;
+  constructor(projectId: string, userId: string) {
+    super('pods hold slices of the wallet');
+    this.projectId = projectId;
+    this.userId = userId;
   }
+}
+
+/** A refusal that the wallet's slices (its held amount) explain: the balance itself covers the amount. */
+function slicesInTheWay(
+  result: ChargeResult,
+  amount: string,
+): result is PaywallRefusal & { wallet: WalletState; reason: 'insufficient_balance' } {
+  return (
+    !result.ok &&
+    result.reason === 'insufficient_balance' &&
+    result.wallet !== undefined &&
+    new Money(result.wallet.held).gt(0) &&
+    new Money(result.wallet.balance).gte(amount)
+  );
+}
+
+function reservationOf(hold: Hold): Reservation {
+  return { sliceId: hold.id, projectId: hold.projectId, userId: hold.userId, amount: hold.amount };
 }

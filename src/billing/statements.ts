@@ -1,10 +1,11 @@
 import type { Statement } from '../db/index.ts';
 
 /**
- * The two statements of the metered hot path. Each serves a whole batch (group commit: every request
- * that arrived while the previous batch was in flight) of one project in one round trip, over arrays
- * with a per-row condition. A batch never names one wallet twice (the queue defers a second request of
- * a wallet to the next batch), so a row's condition sees the wallet as every earlier hold left it.
+ * The statements of the metered hot path (escrow.ts): taking a slice and applying changes to slices.
+ * Each serves a whole batch (group commit: every request that arrived while the previous batch was in
+ * flight) of one project in one round trip, over arrays with a per-row condition. A batch never names
+ * one wallet twice (the queue defers a second request of a wallet to the next batch), so a row's
+ * condition sees the wallet as every earlier change left it.
  *
  * Wallets are locked in id order before they are changed, so batches of several pods never deadlock.
  * Every statement names its project: on a database distributed by project (Citus) each stays on one
@@ -12,49 +13,64 @@ import type { Statement } from '../db/index.ts';
  */
 
 /**
- * Places holds: reserves each amount of a connected wallet whose available balance (balance − held)
- * covers it, and writes the hold rows. A hold moves no money, so it is no ledger entry; the `holds`
- * row is its record (open, then settled, released or expired). Returns one row per hold placed; a
- * request without a row was refused.
+ * Takes (more of) a slice for each request (escrow.ts): grows the pod's slice of a connected wallet by
+ * `want`, or by what the available balance (balance − held) allows when that is less — refused when it
+ * is less than `need`. A slice's first take writes its `holds` row (owned by the pod); a slice the
+ * sweeper closed is `gone` and grows no more. Commits durably: a pod admits requests from a slice only
+ * once the database has it. One row per request: `take` is null when refused, and `held` (the wallet's
+ * held amount before this statement) then tells whether slices stand in the way.
  *
- * Its transaction commits asynchronously (`synchronous_commit` off for this transaction only, set by the
- * statement itself, so it holds behind PgBouncer in transaction mode too): a hold lost in a database
- * crash is a lost reservation only — its settle then finds no open hold and charges nothing.
+ * Locks the slices, then the wallets (in id order), as every statement changing both.
  *
- * $1 project id · $2 external ids · $3 amounts · $4 hold ids · $5 purposes · $6 time to live (s)
+ * $1 project id · $2 external ids · $3 needs · $4 wants · $5 slice ids · $6 the pod · $7 time to live (s)
+ * $8 purposes (the API of the request that first takes the slice)
  */
-export const placeHolds: Statement = {
-  name: 'tollgate_place_holds_v2',
+export const takeSlices: Statement = {
+  name: 'tollgate_take_slices_v1',
   text: `
     WITH r AS (
-      SELECT r.* FROM unnest($2::text[], $3::numeric[], $4::text[], $5::text[])
-        AS r(external_id, amount, hold_id, purpose)
-      -- this statement's transaction commits without waiting for the WAL flush
-      CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+      SELECT * FROM unnest($2::text[], $3::numeric[], $4::numeric[], $5::text[], $8::text[])
+        AS r(external_id, need, want, slice_id, purpose)
+    ), s AS (
+      SELECT h.id, h.status FROM holds h
+      WHERE h.project_id = $1 AND h.id = ANY($5::text[])
+      ORDER BY h.id FOR NO KEY UPDATE
     ), w AS (
-      SELECT e.id FROM end_users e
-      WHERE e.project_id = $1 AND e.external_id = ANY($2::text[])
+      -- locked after the slices (the scalar subquery runs s first); FOR NO KEY UPDATE returns the row's
+      -- latest version, so the take below is computed from the balance as it is now
+      SELECT e.id, e.external_id, e.balance, e.held, e.connected FROM end_users e
+      WHERE e.project_id = $1 AND e.external_id = ANY($2::text[]) AND (SELECT count(*) FROM s) >= 0
       ORDER BY e.id FOR NO KEY UPDATE
+    ), t AS (
+      SELECT w.id, r.slice_id, r.purpose, least(w.balance - w.held, r.want) AS take
+      FROM r JOIN w ON w.external_id = r.external_id LEFT JOIN s ON s.id = r.slice_id
+      WHERE w.connected AND w.balance - w.held >= r.need AND coalesce(s.status, 'open') = 'open'
     ), u AS (
-      UPDATE end_users e SET held = e.held + r.amount, updated_at = now()
-      FROM r, w
-      WHERE w.id = e.id AND e.project_id = $1 AND e.external_id = r.external_id
-        AND e.connected AND e.balance - e.held >= r.amount
-      RETURNING e.id, e.balance, e.held, e.granted, r.hold_id, r.amount, r.purpose
+      UPDATE end_users e SET held = e.held + t.take, updated_at = now()
+      FROM t WHERE e.id = t.id
+      RETURNING e.id, t.slice_id, t.take, t.purpose
     ), h AS (
-      INSERT INTO holds (id, project_id, user_id, amount, status, purpose, expires_at)
-      SELECT hold_id, $1, id, amount, 'open', purpose, now() + make_interval(secs => $6::int) FROM u
+      INSERT INTO holds (id, project_id, user_id, amount, status, purpose, owner, expires_at)
+      SELECT slice_id, $1, id, take, 'open', purpose, $6, now() + make_interval(secs => $7::int) FROM u
+      ON CONFLICT (id) DO UPDATE SET amount = holds.amount + excluded.amount, expires_at = excluded.expires_at
     )
-    SELECT hold_id, id AS user_id, balance, held, granted FROM u`,
+    SELECT r.slice_id, w.id AS user_id, u.take, w.held, coalesce(s.status, 'open') <> 'open' AS gone
+    FROM r LEFT JOIN w ON w.external_id = r.external_id LEFT JOIN s ON s.id = r.slice_id
+         LEFT JOIN u ON u.slice_id = r.slice_id`,
 };
 
 /**
- * Closes holds: charges each its amount — the provider's usage × the price, which may exceed the hold:
- * the excess comes from the balance in this same statement, and when even the balance does not cover it
- * the wallet goes below zero (a debt); zero releases the hold — and gives back the hold, writes one
- * `charge` ledger entry per non-zero charge and the events that describe it — all in one transaction, so
- * an event exists exactly when its charge does. A hold that is no longer open (closed by a retry, or
- * expired by the sweeper) is left alone and returns no row.
+ * Applies one change to each slice (escrow.ts) — the settle of a request, or a slice given back — all in
+ * one transaction, durably:
+ * - `released` comes off the slice and off the wallet's `held`; `close` closes the slice (its rest is in
+ *   `released`); an open slice is renewed;
+ * - `charged` (the provider's usage × the price, which may exceed the request's reservation) comes off
+ *   the balance, below zero when the balance does not cover it (a debt), with one `charge` ledger entry
+ *   and the events that describe it — so an event exists exactly when its charge does.
+ *
+ * Each change is applied once: on an open slice only when its `seq` is above the slice's (a retry after
+ * an ambiguous failure is skipped); a charge whose slice is no longer open (the sweeper took it back, or
+ * `seq` 0: the pod lost track of it) still charges the wallet, unless its entry already exists.
  *
  * Credit grants are spent first: for a wallet with grants, `tollgate_draw_grants` (migration 0018) draws
  * the charge from them — highest priority, then soonest expiry — after the wallet's row is locked, and
@@ -63,83 +79,143 @@ export const placeHolds: Statement = {
  * `balance.charge.created` envelopes get the wallet's balance after the charge in `data.balance`;
  * a `balance.debt.created` envelope is written only when the charge left the balance below zero, with
  * `data.balance`, `data.debt` (the whole debt) and `data.amount` (the part of this charge not covered);
- * `balance.low` only when the balance crossed below the threshold (the user's own, else $10's) and
- * `balance.depleted` only when it reached zero from above, each with `data.balance` and `data.available`.
+ * `balance.low` only when the balance crossed below the threshold (the user's own, else the project's)
+ * and `balance.depleted` only when it reached zero from above, each with `data.balance` and
+ * `data.available`.
  *
- * $1 project id · $2 hold ids · $3 charged amounts · $4 entry ids · $5 sources · $6 descriptions
- * $7 metadata (JSON text) · $8 events (a JSON array of envelopes, or null)
- * $9 the status a zero charge leaves (`released` by its request, `expired` by the sweeper)
- * $10 the project's low-balance thresholds (or null)
+ * One row per change: `open` (the slice was open), and the wallet after it when the wallet changed.
+ *
+ * $1 project id · $2 slice ids · $3 user ids · $4 seqs · $5 charged · $6 released · $7 close
+ * $8 entry ids · $9 sources · $10 descriptions · $11 metadata (JSON text) · $12 events (JSON arrays or
+ * null) · $13 the project's low-balance thresholds (or null) · $14 time to live (s)
  */
-export const closeHolds: Statement = {
-  name: 'tollgate_close_holds_v3',
+export const applySlices: Statement = {
+  name: 'tollgate_apply_slices_v1',
   text: `
     WITH r AS (
-      SELECT * FROM unnest($2::text[], $3::numeric[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-                           $9::text[], $10::numeric[])
-        AS r(hold_id, charged, entry_id, source, description, metadata, events, zero_status, threshold)
+      SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::numeric[], $6::numeric[], $7::boolean[],
+                           $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::numeric[])
+        AS r(slice_id, user_id, seq, charged, released, close, entry_id, source, description, metadata, events,
+             threshold)
     ), hl AS (
-      SELECT h.id FROM holds h
-      WHERE h.project_id = $1 AND h.id = ANY($2::text[]) AND h.status = 'open'
+      SELECT h.id, h.status, h.seq FROM holds h
+      WHERE h.project_id = $1 AND h.id = ANY($2::text[])
       ORDER BY h.id FOR NO KEY UPDATE
     ), h AS (
-      UPDATE holds SET status = CASE WHEN r.charged > 0 THEN 'settled' ELSE r.zero_status END, closed_at = now()
+      -- a closed slice keeps its last amount as its record (status: settled when its last change charged)
+      UPDATE holds SET amount = CASE WHEN r.close THEN holds.amount ELSE holds.amount - r.released END,
+                       seq = r.seq,
+                       status = CASE WHEN NOT r.close THEN 'open' WHEN r.charged > 0 THEN 'settled' ELSE 'released' END,
+                       closed_at = CASE WHEN r.close THEN now() END,
+                       expires_at = now() + make_interval(secs => $14::int)
       FROM r, hl
-      WHERE holds.id = hl.id AND r.hold_id = hl.id AND holds.status = 'open'
-      RETURNING holds.id, holds.user_id, holds.amount, r.charged,
-                r.entry_id, r.source, r.description, r.metadata, r.events, r.threshold
+      WHERE holds.id = hl.id AND r.slice_id = hl.id AND hl.status = 'open' AND r.seq > 0 AND hl.seq < r.seq
+      RETURNING holds.id
+    ), x AS (
+      SELECT r.*, (h.id IS NOT NULL) AS on_slice FROM r LEFT JOIN h ON h.id = r.slice_id
+      WHERE h.id IS NOT NULL
+         OR (r.charged > 0
+             AND (r.seq = 0 OR NOT EXISTS (SELECT 1 FROM hl WHERE hl.id = r.slice_id AND hl.status = 'open'))
+             AND NOT EXISTS (SELECT 1 FROM ledger_entries le WHERE le.id = r.entry_id))
     ), w AS (
       SELECT e.id, e.granted FROM end_users e
-      WHERE e.project_id = $1 AND e.id IN (SELECT user_id FROM h)
+      WHERE e.project_id = $1 AND e.id IN (SELECT user_id FROM x)
       ORDER BY e.id FOR NO KEY UPDATE
     ), g AS (
       -- credit grants first: drawn once the wallet's row is locked (w), for wallets that have any
-      SELECT h.user_id, d.draws,
-             (SELECT coalesce(sum((x->>'amount')::numeric), 0) FROM jsonb_array_elements(d.draws) AS x) AS drawn
-      FROM h JOIN w ON w.id = h.user_id
-      CROSS JOIN LATERAL (SELECT tollgate_draw_grants(h.user_id, h.charged) AS draws) AS d
-      WHERE h.charged > 0 AND w.granted > 0
+      SELECT x.user_id, d.draws,
+             (SELECT coalesce(sum((j->>'amount')::numeric), 0) FROM jsonb_array_elements(d.draws) AS j) AS drawn
+      FROM x JOIN w ON w.id = x.user_id
+      CROSS JOIN LATERAL (SELECT tollgate_draw_grants(x.user_id, x.charged) AS draws) AS d
+      WHERE x.charged > 0 AND w.granted > 0
     ), u AS (
-      UPDATE end_users e SET balance = e.balance - h.charged, held = e.held - h.amount,
+      UPDATE end_users e SET balance = e.balance - x.charged,
+                             held = e.held - CASE WHEN x.on_slice THEN x.released ELSE 0 END,
                              granted = e.granted - coalesce(g.drawn, 0), updated_at = now()
-      FROM h JOIN w ON w.id = h.user_id LEFT JOIN g ON g.user_id = h.user_id
-      WHERE e.id = h.user_id
-      RETURNING e.id, e.external_id, e.balance, e.held, e.granted, h.id AS hold_id, h.charged, h.entry_id,
-                h.source, h.description, h.metadata, h.events, g.draws,
-                coalesce(e.low_balance_threshold, h.threshold) AS threshold
+      FROM x JOIN w ON w.id = x.user_id LEFT JOIN g ON g.user_id = x.user_id
+      WHERE e.id = x.user_id
+      RETURNING e.id, e.external_id, e.balance, e.held, e.granted, x.slice_id, x.charged, x.entry_id,
+                x.source, x.description, x.metadata, x.events, g.draws,
+                coalesce(e.low_balance_threshold, x.threshold) AS threshold
     ), l AS (
       INSERT INTO ledger_entries (id, project_id, user_id, kind, amount, held_delta, balance_after, held_after,
                                   hold_id, source, description, metadata)
-      SELECT entry_id, $1, id, 'charge', -charged, 0, balance, held, hold_id, source, description,
+      SELECT entry_id, $1, id, 'charge', -charged, 0, balance, held, slice_id, source, description,
              CASE WHEN jsonb_array_length(coalesce(draws, '[]'::jsonb)) > 0
                   THEN metadata::jsonb || jsonb_build_object('grants', draws)
                   ELSE metadata::jsonb END
       FROM u WHERE charged > 0
     ), ev AS (
       INSERT INTO events (id, project_id, type, version, envelope, created_at)
-      SELECT x->>'id', $1, x->>'type', x->>'version',
-             CASE x->>'type'
+      SELECT j->>'id', $1, j->>'type', j->>'version',
+             CASE j->>'type'
                WHEN 'balance.charge.created'
-                 THEN jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text))
+                 THEN jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text))
                WHEN 'balance.debt.created'
-                 THEN jsonb_set(jsonb_set(jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
+                 THEN jsonb_set(jsonb_set(jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
                                           '{data,debt}', to_jsonb(trim_scale(-u.balance)::text)),
                                 '{data,amount}', to_jsonb(trim_scale(least(u.charged, -u.balance))::text))
                WHEN 'balance.low'
-                 THEN jsonb_set(jsonb_set(jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
+                 THEN jsonb_set(jsonb_set(jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
                                           '{data,available}', to_jsonb(trim_scale(u.balance - u.held)::text)),
                                 '{data,threshold}', to_jsonb(trim_scale(u.threshold)::text))
                WHEN 'balance.depleted'
-                 THEN jsonb_set(jsonb_set(x, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
+                 THEN jsonb_set(jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
                                 '{data,available}', to_jsonb(trim_scale(u.balance - u.held)::text))
-               ELSE x END,
-             (x->>'createdAt')::timestamptz
-      FROM u CROSS JOIN LATERAL jsonb_array_elements(u.events::jsonb) AS x
-      WHERE u.events IS NOT NULL AND (u.charged > 0 OR x->>'type' <> 'balance.charge.created')
-        AND (x->>'type' <> 'balance.debt.created' OR (u.charged > 0 AND u.balance < 0))
-        AND (x->>'type' <> 'balance.low'
+               ELSE j END,
+             (j->>'createdAt')::timestamptz
+      FROM u CROSS JOIN LATERAL jsonb_array_elements(u.events::jsonb) AS j
+      WHERE u.events IS NOT NULL AND (u.charged > 0 OR j->>'type' <> 'balance.charge.created')
+        AND (j->>'type' <> 'balance.debt.created' OR (u.charged > 0 AND u.balance < 0))
+        AND (j->>'type' <> 'balance.low'
              OR (u.threshold IS NOT NULL AND u.balance < u.threshold AND u.balance + u.charged >= u.threshold))
-        AND (x->>'type' <> 'balance.depleted' OR (u.balance <= 0 AND u.balance + u.charged > 0))
+        AND (j->>'type' <> 'balance.depleted' OR (u.balance <= 0 AND u.balance + u.charged > 0))
     )
-    SELECT hold_id, id AS user_id, external_id, charged, balance, held, granted FROM u`,
+    SELECT r.slice_id, coalesce(hl.status = 'open', false) AS open, u.id AS user_id, u.external_id, u.charged,
+           u.balance, u.held, u.granted
+    FROM r LEFT JOIN hl ON hl.id = r.slice_id LEFT JOIN u ON u.slice_id = r.slice_id`,
+};
+
+/**
+ * Renews a pod's open slices (their pod is alive); returns the ids still open.
+ *
+ * $1 project id · $2 slice ids · $3 time to live (s)
+ */
+export const renewSlices: Statement = {
+  name: 'tollgate_renew_slices_v1',
+  text: `
+    UPDATE holds SET expires_at = now() + make_interval(secs => $3::int)
+    WHERE project_id = $1 AND id = ANY($2::text[]) AND status = 'open'
+    RETURNING id`,
+};
+
+/**
+ * The sweeper: closes the given slices that are still open and past their expiry (their pod died) as
+ * `expired`, and gives their amounts back to the wallets' available balance. Returns the ids closed.
+ *
+ * $1 project id · $2 slice ids
+ */
+export const expireSlices: Statement = {
+  name: 'tollgate_expire_slices_v1',
+  text: `
+    WITH hl AS (
+      SELECT h.id FROM holds h
+      WHERE h.project_id = $1 AND h.id = ANY($2::text[]) AND h.status = 'open' AND h.expires_at < now()
+      ORDER BY h.id FOR NO KEY UPDATE
+    ), h AS (
+      UPDATE holds SET status = 'expired', closed_at = now()
+      FROM hl WHERE holds.id = hl.id
+      RETURNING holds.id, holds.user_id, holds.amount
+    ), s AS (
+      SELECT user_id, sum(amount) AS amount FROM h GROUP BY user_id
+    ), w AS (
+      SELECT e.id FROM end_users e
+      WHERE e.project_id = $1 AND e.id IN (SELECT user_id FROM s)
+      ORDER BY e.id FOR NO KEY UPDATE
+    ), u AS (
+      UPDATE end_users e SET held = e.held - s.amount, updated_at = now()
+      FROM s JOIN w ON w.id = s.user_id WHERE e.id = s.user_id
+      RETURNING e.id
+    )
+    SELECT h.id FROM h`,
 };

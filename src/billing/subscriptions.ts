@@ -38,67 +38,70 @@ export async function subscriptionAccess(
   if (!current?.connected) return { ok: false, reason: 'not_connected', wallet: undefined };
   if (current.active) return { ok: true, userId: current.id };
 
-  return billing.transaction(async (tx): Promise<SubscriptionAccess> => {
-    const user = await tx
-      .selectFrom('end_users')
-      .select(['id', 'connected'])
-      .where('id', '=', current.id)
-      .forUpdate()
-      .executeTakeFirstOrThrow();
-    if (!user.connected) return { ok: false, reason: 'not_connected', wallet: undefined };
-    const period = await tx
-      .selectFrom('model_subscriptions')
-      .select(sql<boolean>`period_end > now()`.as('active'))
-      .where('user_id', '=', user.id)
-      .where('model_id', '=', model.id)
-      .executeTakeFirst();
-    if (period?.active) return { ok: true, userId: user.id }; // renewed meanwhile by a concurrent request
-    let entryId: string | undefined;
-    if (new Money(pricing.fee).gt(0)) {
-      const charged = await billing.charge(
-        {
-          project,
-          externalId,
-          amount: pricing.fee,
-          source: 'subscription',
-          trigger,
-          description: `subscription to ${model.id} (${model.period ?? `${pricing.periodSeconds}s`})`,
-          metadata: { model: model.id, period: model.period },
-          model: model.id,
-        },
-        tx,
-      );
-      if (!charged.ok) return charged;
-      entryId = charged.entry.id;
-    }
-    const interval = sql`make_interval(secs => ${pricing.periodSeconds})`;
-    const row = await tx
-      .insertInto('model_subscriptions')
-      .values({
-        project_id: project.id,
-        user_id: user.id,
-        model_id: model.id,
-        fee: pricing.fee,
-        period_start: sql`now()`,
-        period_end: sql`now() + ${interval}`,
-        charge_entry_id: entryId ?? null,
-      })
-      .onConflict((oc) =>
-        oc.columns(['user_id', 'model_id']).doUpdateSet({
+  // (withRoom: pods give their slices of the wallet back when they stand in the fee's way)
+  return billing.withRoom(() =>
+    billing.transaction(async (tx): Promise<SubscriptionAccess> => {
+      const user = await tx
+        .selectFrom('end_users')
+        .select(['id', 'connected'])
+        .where('id', '=', current.id)
+        .forUpdate()
+        .executeTakeFirstOrThrow();
+      if (!user.connected) return { ok: false, reason: 'not_connected', wallet: undefined };
+      const period = await tx
+        .selectFrom('model_subscriptions')
+        .select(sql<boolean>`period_end > now()`.as('active'))
+        .where('user_id', '=', user.id)
+        .where('model_id', '=', model.id)
+        .executeTakeFirst();
+      if (period?.active) return { ok: true, userId: user.id }; // renewed meanwhile by a concurrent request
+      let entryId: string | undefined;
+      if (new Money(pricing.fee).gt(0)) {
+        const charged = await billing.charge(
+          {
+            project,
+            externalId,
+            amount: pricing.fee,
+            source: 'subscription',
+            trigger,
+            description: `subscription to ${model.id} (${model.period ?? `${pricing.periodSeconds}s`})`,
+            metadata: { model: model.id, period: model.period },
+            model: model.id,
+          },
+          tx,
+        );
+        if (!charged.ok) return charged;
+        entryId = charged.entry.id;
+      }
+      const interval = sql`make_interval(secs => ${pricing.periodSeconds})`;
+      const row = await tx
+        .insertInto('model_subscriptions')
+        .values({
+          project_id: project.id,
+          user_id: user.id,
+          model_id: model.id,
           fee: pricing.fee,
           period_start: sql`now()`,
           period_end: sql`now() + ${interval}`,
           charge_entry_id: entryId ?? null,
-          periods: sql`model_subscriptions.periods + 1`,
-          updated_at: sql`now()`,
-        }),
-      )
-      .returning('period_end')
-      .executeTakeFirstOrThrow();
-    return {
-      ok: true,
-      userId: user.id,
-      renewal: { charged: formatAmount(pricing.fee), entryId, periodEnd: row.period_end },
-    };
-  });
+        })
+        .onConflict((oc) =>
+          oc.columns(['user_id', 'model_id']).doUpdateSet({
+            fee: pricing.fee,
+            period_start: sql`now()`,
+            period_end: sql`now() + ${interval}`,
+            charge_entry_id: entryId ?? null,
+            periods: sql`model_subscriptions.periods + 1`,
+            updated_at: sql`now()`,
+          }),
+        )
+        .returning('period_end')
+        .executeTakeFirstOrThrow();
+      return {
+        ok: true,
+        userId: user.id,
+        renewal: { charged: formatAmount(pricing.fee), entryId, periodEnd: row.period_end },
+      };
+    }),
+  );
 }

@@ -94,7 +94,9 @@ export const configSchema = z.object({
   BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(4 * 1024 * 1024),
   JSON_MAX_DEPTH: int(2, 1000).default(64),
   LINK_TOKEN_TTL_SECONDS: int(60, 30 * 24 * 3600).default(24 * 3600),
-  HOLD_TTL_SECONDS: int(10, 24 * 3600).default(15 * 60),
+  HOLD_TTL_SECONDS: int(10, 24 * 3600).default(60),
+  ESCROW_IDLE_MS: int(0, 3_600_000).default(30_000),
+  ESCROW_SLICE_REQUESTS: int(1, 10_000).default(16),
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
   UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),
   UPSTREAM_RESPONSE_TIMEOUT_MS: int(100, 3_600_000).default(120_000),
@@ -192,7 +194,12 @@ export const configDocs: Record<keyof Config, string> = {
   JSON_MAX_DEPTH:
     'Deepest nesting of objects and arrays accepted in a JSON body (the body itself is level 1); deeper bodies get 400 `json_too_deep` before any work.',
   LINK_TOKEN_TTL_SECONDS: 'Lifetime of connect and top-up links.',
-  HOLD_TTL_SECONDS: 'A hold not settled within this time is released by the sweeper (a crashed pod).',
+  HOLD_TTL_SECONDS:
+    'A hold (a pod’s slice of a wallet, renewed while the pod lives) not renewed within this time is released by the sweeper: its pod died.',
+  ESCROW_IDLE_MS:
+    'A pod gives a wallet’s slice back after this long without a request of that wallet (0: as soon as its last request settles, a hold per request). See [Escrow](#escrow-admission-without-a-round-trip).',
+  ESCROW_SLICE_REQUESTS:
+    'A pod takes a slice of a wallet this many times the reservation of the request that needs it (at most the available balance); its next requests are admitted from memory.',
   DEFAULT_MAX_COMPLETION_TOKENS:
     'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',

@@ -56,6 +56,7 @@ function nextRandom(now: number): number[] {
 
 export type IdPrefix =
   | 'pw'
+  | 'rcl'
   | 'aud'
   | 'acct'
   | 'atk'

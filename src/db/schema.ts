@@ -316,6 +316,10 @@ export interface HoldsTable {
   expires_at: Timestamp;
   created_at: Timestamp;
   closed_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  /** The pod whose slice this is (escrow, 0021). */
+  owner: string | null;
+  /** The number of the last change its pod applied (escrow, 0021). */
+  seq: Default<string>;
 }
 
 export interface IdempotencyKeysTable {

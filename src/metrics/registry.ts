@@ -89,16 +89,22 @@ export class Metrics {
     labelNames: ['project'] as const,
     registers: [this.registry],
   });
+  readonly escrowAdmissions = new Counter({
+    name: 'tollgate_escrow_admissions_total',
+    help: "Metered requests admitted, by where their reservation came from (from: memory — this pod's slice of the wallet — or database — a slice taken for it).",
+    labelNames: ['project', 'from'] as const,
+    registers: [this.registry],
+  });
   readonly billingBatchSize = new Histogram({
     name: 'tollgate_billing_batch_size',
-    help: 'Requests per group-committed billing statement (statement: hold, close).',
+    help: 'Requests per group-committed billing statement (statement: take — a slice — or apply — a settle or a slice given back).',
     labelNames: ['statement'] as const,
     buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
     registers: [this.registry],
   });
   readonly billingBatchDuration = new Histogram({
     name: 'tollgate_billing_batch_duration_seconds',
-    help: 'Time of one group-committed billing statement, round trip and commit included (statement: hold, close).',
+    help: 'Time of one group-committed billing statement, round trip and commit included (statement: take, apply).',
     labelNames: ['statement'] as const,
     buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
     registers: [this.registry],

@@ -28,6 +28,8 @@ export interface ChatFixture {
   wallet(user: string): Promise<WalletState | undefined>;
   /** Waits until every settle and event write after a response has finished. */
   settled(): Promise<void>;
+  /** The pod gives its slice of the user's wallet back (escrow), as when idle: `held` is then 0. */
+  giveBack(user: string): Promise<void>;
   /** Checks the ledger invariants (balance = Σ amounts, held = Σ open holds); returns the entries. */
   ledger(user: string): Promise<Array<{ kind: string; amount: string; source: string; held_delta: string }>>;
   /** The user's holds, oldest first. */
@@ -76,6 +78,10 @@ export async function startChatFixture(options: {
     async settled() {
       await chatServiceOf(ctx)?.idle();
       await ctx.billing.idle();
+    },
+    async giveBack(user) {
+      const wallet = (await findWallet(ctx.db, project.id, user))!;
+      await ctx.billing.escrow.reclaim(project.id, [wallet.userId]);
     },
     async ledger(user) {
       const wallet = (await findWallet(ctx.db, project.id, user))!;

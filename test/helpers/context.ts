@@ -40,6 +40,12 @@ export async function createTestContext(
     // The mock providers listen on loopback; the SSRF tests turn this off.
     TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
     TOLLGATE_SIGNUP: 'open',
+    // A hold per request: a pod's slice of a wallet is what its request reserves and comes back as soon
+    // as its last request settles, so tests read each request's hold in \`holds\` and \`held\` as 0 once
+    // their requests are done. test/billing-escrow.test.ts (and the billing property, read-your-writes
+    // and 5×N tests) run escrow's defaults.
+    ESCROW_IDLE_MS: '0',
+    ESCROW_SLICE_REQUESTS: '1',
     ...env,
   });
   const ctx = await createContext(config, { schema: `tgt_${id}`, busPrefix: `t${id}:` });

@@ -17,6 +17,7 @@ import * as managedBy from './0017_managed_by.ts';
 import * as creditGrants from './0018_credit_grants.ts';
 import * as recharges from './0019_recharges.ts';
 import * as auditLog from './0020_audit_log.ts';
+import * as escrow from './0021_escrow.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -41,4 +42,5 @@ export const migrations: Record<string, Migration> = {
   '0018_credit_grants': creditGrants,
   '0019_recharges': recharges,
   '0020_audit_log': auditLog,
+  '0021_escrow': escrow,
 };

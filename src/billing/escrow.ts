@@ -1,0 +1,677 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import type { Logger } from 'pino';
+import type { Bus } from '../bus/index.ts';
+import { newId } from '../core/ids.ts';
+import { formatAmount, Money } from '../core/money.ts';
+import type { DatabaseHandle } from '../db/index.ts';
+import type { Metrics } from '../metrics/registry.ts';
+import { GroupCommit } from './group-commit.ts';
+import { applySlices, expireSlices, renewSlices, takeSlices } from './statements.ts';
+
+/**
+ * Escrow: how a pod admits a busy wallet's requests without a database round trip.
+ *
+ * A hold is a pod's *slice* of a wallet's available balance: one `holds` row, owned by the pod, reserved
+ * (`end_users.held`) in one conditional statement (`takeSlices`) like any hold. The pod then admits that
+ * wallet's requests from memory while the slice's free part (its amount less what its requests in
+ * flight reserved) covers them, as a bank pre-authorises a card or TigerBeetle-style ledgers escrow.
+ * Every request still pays exactly: its settle (`applySlices`, durable, before the response's last byte)
+ * charges the provider's usage × the price and takes that much off the slice. A request that costs
+ * nothing (a refusal upstream, a free answer) needs no statement at all.
+ *
+ * Nothing is overspent: requests in flight never reserve more than the slice, and the slice never more
+ * than the wallet's available balance when it was taken; a charge above its request's reservation comes
+ * from the balance in the same statement, as it did with a hold per request.
+ *
+ * A slice comes back (its rest returns to the available balance):
+ * - when idle (`idleMs` without a request and none in flight; 0: as soon as its last request settles —
+ *   then a slice is exactly a hold per request, shared by the wallet's concurrent requests);
+ * - when another pod (or a charge, a grant expiry) needs the balance: it asks on the bus (`reclaim`), and
+ *   every pod holding a slice of that wallet gives back its free part at once;
+ * - on shutdown;
+ * - when its pod died: a slice is renewed while its pod lives; the sweeper releases one not renewed
+ *   within `ttlSeconds`.
+ *
+ * Every change of a slice carries the slice's next sequence number, and the changes of one wallet leave
+ * in order (one group-commit queue keyed by wallet), so a statement retried after an ambiguous failure
+ * applies each change once; a charge whose slice the sweeper took back still charges the wallet, once
+ * (its ledger entry id).
+ */
+export class Escrow {
+  /** This pod, as slices name it (`holds.owner`). */
+  readonly owner = `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  readonly #database: DatabaseHandle;
+  readonly #bus: Bus;
+  readonly #metrics: Metrics;
+  readonly #log: Logger;
+  readonly #ttlSeconds: number;
+  readonly #idleMs: number;
+  readonly #sliceRequests: number;
+  readonly #reclaimTimeoutMs: number;
+  /** The slice admitting each wallet's next requests, by project and external user id. */
+  readonly #current = new Map<string, Slice>();
+  /** Every slice this pod holds (current, suspended or being given back), by id. */
+  readonly #slices = new Map<string, Slice>();
+  readonly #takeQueues = new Map<string, GroupCommit<TakeItem, TakeRow>>();
+  readonly #applyQueues = new Map<string, GroupCommit<ApplyItem, ApplyRow>>();
+  /** Reclaims this pod asked for, waiting for the owners' answers. */
+  readonly #asked = new Map<string, { owners: Set<string>; done: () => void }>();
+  readonly #timers: NodeJS.Timeout[] = [];
+  #unsubscribe: Array<() => Promise<void>> = [];
+  #closed = false;
+
+  constructor(options: {
+    database: DatabaseHandle;
+    bus: Bus;
+    metrics: Metrics;
+    log: Logger;
+    /** A slice not renewed within this time (its pod died) is released by the sweeper. */
+    ttlSeconds: number;
+    /** A slice without requests this long comes back (0: when its last request settles). */
+    idleMs: number;
+    /** A slice is this many times the request that takes it (at most the available balance). */
+    sliceRequests: number;
+    reclaimTimeoutMs?: number;
+  }) {
+    this.#database = options.database;
+    this.#bus = options.bus;
+    this.#metrics = options.metrics;
+    this.#log = options.log;
+    this.#ttlSeconds = options.ttlSeconds;
+    this.#idleMs = options.idleMs;
+    this.#sliceRequests = Math.max(1, options.sliceRequests);
+    this.#reclaimTimeoutMs = options.reclaimTimeoutMs ?? 1000;
+  }
+
+  /** Listens for other pods' reclaims and starts the renew and idle timers. */
+  async start(): Promise<void> {
+    this.#unsubscribe = await Promise.all([
+      this.#bus.subscribe(RECLAIM, (message) => this.#onReclaim(message)),
+      this.#bus.subscribe(RETURNED, (message) => this.#onReturned(message)),
+    ]);
+    const renewEvery = Math.max(1000, (this.#ttlSeconds * 1000) / 3);
+    this.#timers.push(setInterval(() => this.#tick(() => this.#renew()), renewEvery).unref());
+    if (this.#idleMs > 0) {
+      const idleEvery = Math.max(250, Math.min(this.#idleMs / 2, 5000));
+      this.#timers.push(setInterval(() => this.#tick(() => this.#giveBackIdle()), idleEvery).unref());
+    }
+  }
+
+  /** Gives every slice back (shutdown): call once no request is in flight. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const timer of this.#timers) clearInterval(timer);
+    await Promise.allSettled(this.#unsubscribe.map((off) => off()));
+    await this.#giveBack([...this.#slices.values()].filter((s) => s.inFlight === 0));
+  }
+
+  /** Resolves when no statement of the escrow is queued or in flight. */
+  get idle(): boolean {
+    for (const q of this.#takeQueues.values()) if (!q.idle) return false;
+    for (const q of this.#applyQueues.values()) if (!q.idle) return false;
+    return true;
+  }
+
+  /**
+   * Reserves `amount` for one request of the wallet: from this pod's slice when it covers it, else by
+   * taking (more of) a slice in the database; asks the other pods to give their slices of the wallet
+   * back before refusing. Resolves `undefined` when the wallet cannot pay (or is not connected).
+   */
+  async reserve(
+    projectId: string,
+    externalId: string,
+    amount: string,
+    purpose: string,
+  ): Promise<Reservation | undefined> {
+    const key = `${projectId}\u0000${externalId}`;
+    const need = new Money(amount);
+    let asked = false;
+    for (let attempt = 0; attempt < 8; attempt++) {
+      let slice = this.#current.get(key);
+      while (slice?.taking) {
+        await slice.taking;
+        slice = this.#current.get(key);
+      }
+      if (slice?.free.gte(need)) {
+        this.#metrics.escrowAdmissions.inc({ project: projectId, from: 'memory' });
+        return slice.admit(need);
+      }
+      if (!slice) {
+        slice = new Slice(newId('hold'), projectId, externalId);
+        this.#current.set(key, slice);
+        this.#slices.set(slice.id, slice);
+      }
+      const short = need.minus(slice.free);
+      const want = Money.max(need.times(this.#sliceRequests).minus(slice.free), short);
+      let settled!: () => void;
+      slice.taking = new Promise<void>((resolve) => {
+        settled = resolve;
+      });
+      let row: TakeRow;
+      try {
+        row = await this.#takeQueue(projectId).submit({
+          externalId,
+          need: formatAmount(short),
+          want: formatAmount(want),
+          sliceId: slice.id,
+          purpose,
+        });
+      } catch (err) {
+        this.#forget(slice);
+        throw err;
+      } finally {
+        slice.taking = undefined;
+        settled();
+      }
+      if (row.gone) {
+        // The sweeper took this slice back (this pod looked dead): start a new one.
+        this.#forget(slice);
+        continue;
+      }
+      if (row.take !== null) {
+        slice.taken = true;
+        slice.userId = row.user_id ?? slice.userId;
+        slice.amount = slice.amount.plus(row.take);
+        if (slice.free.gte(need)) {
+          this.#metrics.escrowAdmissions.inc({ project: projectId, from: 'database' });
+          return slice.admit(need);
+        }
+        // a charge above its reservation used the free part meanwhile, or the slice was given back
+        await this.#closeIfDone(slice);
+        continue;
+      }
+      await this.#closeIfDone(slice);
+      // Refused: when more is held than this pod's slice, other pods' slices stand in the way — they
+      // are asked back (found by a fresh query: the statement's snapshot may predate them), and once.
+      if (asked || !row.user_id || new Money(row.held ?? 0).lte(slice.amount)) return undefined;
+      asked = true;
+      await this.reclaim(projectId, [row.user_id], { others: true });
+    }
+    return undefined;
+  }
+
+  /**
+   * The request that reserved `reservation` is done: `charge` (the provider's usage × the price, '0' for
+   * none) comes off the slice and the balance. Resolves with the statement's row when one was needed,
+   * once committed. `charge` carries what the settle statement records with a charge.
+   */
+  async settle(reservation: Reservation, charge: ChargeRecord | undefined): Promise<ApplyRow | undefined> {
+    const slice = this.#slices.get(reservation.sliceId);
+    const cost = charge ? new Money(charge.charged) : new Money(0);
+    if (!slice) {
+      // Forgotten (a failed statement or the sweeper): the charge goes straight to the balance.
+      if (!charge || cost.lte(0)) return undefined;
+      return this.#apply(reservation.projectId, {
+        sliceId: reservation.sliceId,
+        userId: reservation.userId,
+        seq: '0',
+        released: '0',
+        close: false,
+        ...charge,
+      });
+    }
+    slice.inFlight--;
+    slice.reserved = slice.reserved.minus(reservation.amount);
+    slice.lastUsed = Date.now();
+    // The charge comes off the slice's free part (this request's reservation is free again), never off
+    // the reservations of the slice's other requests in flight; above that it comes from the balance.
+    let released = Money.min(cost, Money.max(slice.amount.minus(slice.reserved), 0));
+    slice.amount = slice.amount.minus(released);
+    const close = slice.inFlight === 0 && !slice.taking && this.#closesWhenDone(slice);
+    if (close) {
+      released = released.plus(slice.amount);
+      slice.amount = new Money(0);
+      this.#forget(slice);
+    }
+    if (cost.lte(0) && !close) return undefined;
+    return this.#apply(
+      slice.projectId,
+      {
+        sliceId: slice.id,
+        userId: slice.userId,
+        seq: String(++slice.seq),
+        released: formatAmount(released),
+        close,
+        ...(charge && cost.gt(0) ? charge : NO_CHARGE),
+      },
+      slice,
+    );
+  }
+
+  /** A slice without requests closes at once: no idle time, given back, or shutting down. */
+  #closesWhenDone(slice: Slice): boolean {
+    return this.#idleMs === 0 || slice.suspended || this.#closed;
+  }
+
+  /** Closes a slice left without requests or a take in flight when it closes when done. */
+  async #closeIfDone(slice: Slice): Promise<void> {
+    if (slice.inFlight > 0 || slice.taking) return;
+    if (!slice.taken) this.#forget(slice);
+    else if (this.#closesWhenDone(slice)) await this.#giveBack([slice]);
+  }
+
+  /**
+   * Asks every pod holding a slice of these wallets to give its free part back, and waits for their
+   * answers (at most the reclaim timeout): a charge, a grant expiry or another pod's request then sees
+   * the wallet's whole available balance.
+   */
+  async reclaim(projectId: string, userIds: string[], options: { others?: boolean } = {}): Promise<void> {
+    if (!userIds.length) return;
+    const owners = await this.#database.db
+      .selectFrom('holds')
+      .select('owner')
+      .distinct()
+      .where('user_id', 'in', userIds)
+      .where('status', '=', 'open')
+      .where('amount', '>', '0')
+      .execute();
+    const list = owners
+      .map((o) => o.owner)
+      .filter((o): o is string => o !== null && !(options.others && o === this.owner));
+    if (!list.length) return;
+    await this.#reclaimFrom(projectId, userIds, list);
+  }
+
+  async #reclaimFrom(projectId: string, userIds: string[], owners: string[]): Promise<void> {
+    const others = owners.filter((o) => o !== this.owner);
+    if (owners.includes(this.owner)) await this.#shrink(projectId, new Set(userIds));
+    if (!others.length) return;
+    const id = newId('rcl');
+    const waiting = new Set(others);
+    const answered = new Promise<void>((resolve) => {
+      this.#asked.set(id, { owners: waiting, done: resolve });
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, this.#reclaimTimeoutMs);
+    });
+    try {
+      await this.#bus.publish(RECLAIM, JSON.stringify({ id, projectId, userIds, from: this.owner }));
+      await Promise.race([answered, timeout]);
+    } catch (err) {
+      this.#log.warn({ err }, 'could not ask the other pods to give their slices back');
+    } finally {
+      clearTimeout(timer);
+      this.#asked.delete(id);
+    }
+    if (waiting.size) {
+      this.#log.info(
+        { project: projectId, owners: [...waiting] },
+        'pods holding slices of a wallet did not answer a reclaim (their slices come back through the sweeper)',
+      );
+    }
+  }
+
+  #onReclaim(message: string): void {
+    let ask: { id: string; projectId: string; userIds: string[]; from: string };
+    try {
+      ask = JSON.parse(message);
+    } catch {
+      return;
+    }
+    if (ask.from === this.owner) return;
+    // Answered even when this pod holds nothing of those wallets (any more): the asker stops waiting.
+    void this.#shrink(ask.projectId, new Set(ask.userIds))
+      .catch((err) => this.#log.error({ err }, 'giving slices back on a reclaim failed'))
+      .finally(() => {
+        void this.#bus.publish(RETURNED, JSON.stringify({ id: ask.id, by: this.owner })).catch(() => {});
+      });
+  }
+
+  #onReturned(message: string): void {
+    let answer: { id: string; by: string };
+    try {
+      answer = JSON.parse(message);
+    } catch {
+      return;
+    }
+    const asked = this.#asked.get(answer.id);
+    if (!asked) return;
+    asked.owners.delete(answer.by);
+    if (!asked.owners.size) asked.done();
+  }
+
+  /** Gives back the free part of this pod's slices of these wallets (all of a slice without requests). */
+  async #shrink(projectId: string, userIds: Set<string>): Promise<void> {
+    // (a slice whose first take is still in flight does not know its wallet yet: it is waited for)
+    const slices = [...this.#slices.values()].filter(
+      (s) => s.projectId === projectId && (userIds.has(s.userId) || (s.userId === '' && s.taking)),
+    );
+    await this.#giveBack(slices);
+  }
+
+  /** Gives back the free part of each slice (the whole slice, closed, when nothing is in flight). */
+  async #giveBack(slices: Slice[]): Promise<void> {
+    await Promise.all(
+      slices.map(async (slice) => {
+        while (slice.taking) await slice.taking;
+        if (!slice.taken || !this.#slices.has(slice.id)) return;
+        const close = slice.inFlight === 0;
+        const released = close ? slice.amount : Money.max(slice.free, 0);
+        if (!close && released.lte(0)) {
+          await slice.applied; // what an earlier give-back released is back once this resolves
+          return;
+        }
+        slice.amount = slice.amount.minus(released);
+        if (close) this.#forget(slice);
+        await this.#apply(
+          slice.projectId,
+          {
+            sliceId: slice.id,
+            userId: slice.userId,
+            seq: String(++slice.seq),
+            released: formatAmount(released),
+            close,
+            ...NO_CHARGE,
+          },
+          slice,
+        );
+      }),
+    );
+  }
+
+  async #giveBackIdle(): Promise<void> {
+    const before = Date.now() - this.#idleMs;
+    const idle = [...this.#slices.values()].filter(
+      (s) => s.inFlight === 0 && !s.taking && (s.lastUsed <= before || s.suspended),
+    );
+    if (idle.length) await this.#giveBack(idle);
+  }
+
+  /** Renews this pod's open slices; forgets those the sweeper took back. */
+  async #renew(): Promise<void> {
+    const byProject = new Map<string, string[]>();
+    for (const slice of this.#slices.values()) {
+      if (slice.amount.isZero() && slice.inFlight === 0) continue;
+      const ids = byProject.get(slice.projectId) ?? [];
+      ids.push(slice.id);
+      byProject.set(slice.projectId, ids);
+    }
+    for (const [projectId, ids] of byProject) {
+      const rows = await this.#database.run<{ id: string }>(renewSlices, [projectId, ids, this.#ttlSeconds]);
+      const open = new Set(rows.map((r) => r.id));
+      for (const id of ids) {
+        const slice = this.#slices.get(id);
+        if (slice && !open.has(id) && !slice.taking) this.#forget(slice);
+      }
+    }
+  }
+
+  /**
+   * Releases every slice past its expiry (its pod died or lost the database for longer than the time
+   * to live). Returns how many.
+   */
+  async sweep(limit: number): Promise<number> {
+    const expired = await this.#database.db
+      .selectFrom('holds')
+      .select(['id', 'project_id'])
+      .where('status', '=', 'open')
+      .where('expires_at', '<', new Date())
+      .orderBy('expires_at')
+      .limit(limit)
+      .execute();
+    const byProject = new Map<string, string[]>();
+    for (const h of expired) byProject.set(h.project_id, [...(byProject.get(h.project_id) ?? []), h.id]);
+    let released = 0;
+    for (const [projectId, ids] of byProject) {
+      released += (await this.#database.run(expireSlices, [projectId, ids])).length;
+    }
+    return released;
+  }
+
+  #tick(work: () => Promise<void>): void {
+    if (this.#closed) return;
+    work().catch((err) => this.#log.warn({ err }, 'escrow upkeep failed (retried at the next tick)'));
+  }
+
+  #forget(slice: Slice): void {
+    const key = `${slice.projectId}\u0000${slice.externalId}`;
+    if (this.#current.get(key) === slice) this.#current.delete(key);
+    if (slice.inFlight === 0) this.#slices.delete(slice.id);
+    else slice.suspended = true;
+  }
+
+  /**
+   * The database failed under a slice change: stop admitting from memory (this pod's slices may no
+   * longer be what it thinks), so the next requests ask the database (and get a 503 while it is down).
+   */
+  #suspendAll(): void {
+    for (const slice of [...this.#slices.values()]) {
+      slice.suspended = true;
+      const key = `${slice.projectId}\u0000${slice.externalId}`;
+      if (this.#current.get(key) === slice) this.#current.delete(key);
+    }
+  }
+
+  async #apply(projectId: string, item: ApplyItem, slice?: Slice): Promise<ApplyRow | undefined> {
+    try {
+      const submitted = this.#applyQueue(projectId).submit(item);
+      if (slice) slice.applied = submitted.catch(() => {});
+      const row = await submitted;
+      if (!row.open) {
+        const slice = this.#slices.get(item.sliceId);
+        if (slice) this.#forget(slice);
+      }
+      return row.balance === null ? undefined : row;
+    } catch (err) {
+      this.#suspendAll();
+      throw err;
+    }
+  }
+
+  #batchStarted(statement: 'take' | 'apply', size: number): () => void {
+    this.#metrics.billingBatchSize.observe({ statement }, size);
+    return this.#metrics.billingBatchDuration.startTimer({ statement });
+  }
+
+  #takeQueue(projectId: string): GroupCommit<TakeItem, TakeRow> {
+    let queue = this.#takeQueues.get(projectId);
+    if (!queue) {
+      queue = new GroupCommit(
+        async (items) => {
+          const done = this.#batchStarted('take', items.length);
+          const rows = await this.#database.run<TakeRow>(takeSlices, [
+            projectId,
+            items.map((i) => i.externalId),
+            items.map((i) => i.need),
+            items.map((i) => i.want),
+            items.map((i) => i.sliceId),
+            this.owner,
+            this.#ttlSeconds,
+            items.map((i) => i.purpose),
+          ]);
+          done();
+          const byId = new Map(rows.map((r) => [r.slice_id, r]));
+          return items.map((i) => byId.get(i.sliceId) ?? NOT_FOUND);
+        },
+        (item) => item.externalId,
+      );
+      this.#takeQueues.set(projectId, queue);
+    }
+    return queue;
+  }
+
+  #applyQueue(projectId: string): GroupCommit<ApplyItem, ApplyRow> {
+    let queue = this.#applyQueues.get(projectId);
+    if (!queue) {
+      queue = new GroupCommit(
+        async (items) => {
+          const done = this.#batchStarted('apply', items.length);
+          // Retried here, inside the batch, so a wallet's later changes never overtake a retried one.
+          const rows = await retrying(() =>
+            this.#database.run<ApplyRow>(applySlices, [
+              projectId,
+              items.map((i) => i.sliceId),
+              items.map((i) => i.userId),
+              items.map((i) => i.seq),
+              items.map((i) => i.charged),
+              items.map((i) => i.released),
+              items.map((i) => i.close),
+              items.map((i) => i.entryId),
+              items.map((i) => i.source),
+              items.map((i) => i.description),
+              items.map((i) => i.metadata),
+              items.map((i) => i.events),
+              items.map((i) => i.threshold),
+              this.#ttlSeconds,
+            ]),
+          );
+          done();
+          const byId = new Map(rows.map((r) => [r.slice_id, r]));
+          return items.map((i) => byId.get(i.sliceId) ?? { ...NO_ROW, slice_id: i.sliceId });
+        },
+        (item) => item.userId,
+      );
+      this.#applyQueues.set(projectId, queue);
+    }
+    return queue;
+  }
+}
+
+/** What one request reserved of a slice. */
+export interface Reservation {
+  sliceId: string;
+  projectId: string;
+  userId: string;
+  amount: string;
+}
+
+/** What a settle statement records with a non-zero charge (see `applySlices`). */
+export interface ChargeRecord {
+  charged: string;
+  entryId: string;
+  source: string;
+  description: string | null;
+  /** JSON text. */
+  metadata: string;
+  /** A JSON array of event envelopes, or null. */
+  events: string | null;
+  /** The project's low-balance threshold, or null. */
+  threshold: string | null;
+}
+
+/** A wallet after a settle statement changed it. */
+export interface ApplyRow {
+  slice_id: string;
+  /** Whether the slice was open when the change was applied. */
+  open: boolean;
+  user_id: string | null;
+  external_id: string | null;
+  charged: string | null;
+  balance: string | null;
+  held: string | null;
+  granted: string | null;
+}
+
+const RECLAIM = 'escrow.reclaim';
+const RETURNED = 'escrow.returned';
+
+const NO_CHARGE: ChargeRecord = {
+  charged: '0',
+  entryId: '',
+  source: '',
+  description: null,
+  metadata: '{}',
+  events: null,
+  threshold: null,
+};
+
+const NO_ROW: Omit<ApplyRow, 'slice_id'> = {
+  open: true,
+  user_id: null,
+  external_id: null,
+  charged: null,
+  balance: null,
+  held: null,
+  granted: null,
+};
+
+/** One pod's slice of one wallet, as the pod knows it. */
+class Slice {
+  readonly id: string;
+  readonly projectId: string;
+  readonly externalId: string;
+  userId = '';
+  /** The slice's amount (`holds.amount` once this pod's changes are applied). */
+  amount = new Money(0);
+  /** Reserved by this pod's requests in flight. */
+  reserved = new Money(0);
+  inFlight = 0;
+  /** The number of this pod's last change to the slice. */
+  seq = 0;
+  lastUsed = Date.now();
+  /** No longer admits requests (given back, swept, or its database state unknown). */
+  suspended = false;
+  /** The last change of this slice submitted by this pod: resolves once it is applied (or failed). */
+  applied: Promise<unknown> = Promise.resolve();
+  /** A take of this slice succeeded (its `holds` row exists). */
+  taken = false;
+  /** A take of this slice in flight. */
+  taking: Promise<void> | undefined;
+
+  constructor(id: string, projectId: string, externalId: string) {
+    this.id = id;
+    this.projectId = projectId;
+    this.externalId = externalId;
+  }
+
+  get free(): Money {
+    return this.suspended ? new Money(0) : this.amount.minus(this.reserved);
+  }
+
+  admit(amount: Money): Reservation {
+    this.reserved = this.reserved.plus(amount);
+    this.inFlight++;
+    this.lastUsed = Date.now();
+    return { sliceId: this.id, projectId: this.projectId, userId: this.userId, amount: formatAmount(amount) };
+  }
+}
+
+interface TakeItem {
+  externalId: string;
+  /** The least the slice must grow by to admit the request. */
+  need: string;
+  /** What it grows by when the available balance allows. */
+  want: string;
+  sliceId: string;
+  /** The API of the request. */
+  purpose: string;
+}
+
+interface TakeRow {
+  slice_id: string;
+  user_id: string | null;
+  /** What the slice grew by; null when the wallet could not pay (or is not connected or unknown). */
+  take: string | null;
+  /** The wallet's held amount before the statement (all pods' slices). */
+  held: string | null;
+  /** The slice was closed (by the sweeper): take a new one. */
+  gone: boolean;
+}
+
+const NOT_FOUND: TakeRow = { slice_id: '', user_id: null, take: null, held: null, gone: false };
+
+interface ApplyItem extends ChargeRecord {
+  sliceId: string;
+  userId: string;
+  /** The slice's change number ('0' for a charge only, on a slice this pod no longer holds). */
+  seq: string;
+  /** What comes off the slice (and the wallet's `held`). */
+  released: string;
+  /** The slice closes (its rest is in `released`). */
+  close: boolean;
+}
+
+/** Retries a statement after a transient database failure (it is idempotent). */
+async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await work();
+    } catch (err) {
+      if (attempt >= attempts) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 200 * attempt * attempt));
+    }
+  }
+}
