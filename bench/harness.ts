@@ -142,7 +142,7 @@ export function sampleRss(pids: Record<string, number>, everyMs = 100) {
 export async function memoryOf(started: Started): Promise<{ rss: number; heap: number }> {
   const seen = started.lines.length;
   started.child.kill('SIGUSR2');
-  for (let i = 0; i < 100; i++) {
+  for (let i = 0; i < 600; i++) {
     const line = started.lines.slice(seen).find((l) => l.includes('"memory"'));
     if (line) {
       const { memory } = JSON.parse(line) as { memory: { rss: number; heapUsed: number } };
@@ -150,7 +150,10 @@ export async function memoryOf(started: Started): Promise<{ rss: number; heap: n
     }
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
-  throw new Error('the Tollgate process did not report its memory');
+  const { exitCode, signalCode } = started.child;
+  throw new Error(
+    `the Tollgate process did not report its memory${exitCode !== null || signalCode ? ` (it exited: ${exitCode ?? signalCode})` : ''}`,
+  );
 }
 
 /**

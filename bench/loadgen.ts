@@ -37,6 +37,8 @@ export interface LoadJob {
 }
 
 export interface LoadResult {
+  /** Requests of the warm-up that were sent (fewer than asked when its time ran out). */
+  warmed: number;
   requests: number;
   seconds: number;
   rps: number;
@@ -118,7 +120,7 @@ export async function runJob(job: LoadJob, beforeMeasured: () => Promise<void> =
     return done;
   };
   try {
-    await run(warmup, false, (job.maxSeconds ?? Number.POSITIVE_INFINITY) / 5);
+    const warmed = await run(warmup, false, (job.maxSeconds ?? Number.POSITIVE_INFINITY) / 5);
     await beforeMeasured();
     const cpuBefore = process.cpuUsage();
     const began = performance.now();
@@ -131,6 +133,7 @@ export async function runJob(job: LoadJob, beforeMeasured: () => Promise<void> =
     let sum = 0;
     for (const v of measured) sum += v;
     const result: LoadResult = {
+      warmed,
       requests: measured.length,
       seconds,
       rps: Math.round(measured.length / seconds),

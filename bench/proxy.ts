@@ -88,6 +88,8 @@ interface Cell {
 
 /** One stretch of load on one target: its latencies and what each process spent on it. */
 interface Part {
+  /** Requests of the warm-up sent before the measured ones. */
+  warmed: number;
   latencies: number[];
   seconds: number;
   errors: number;
@@ -129,6 +131,7 @@ async function measure(
   );
   if (result.firstError) console.error(`${target.name}: first error: ${result.firstError}`);
   return {
+    warmed: result.warmed,
     latencies: result.latencies!,
     seconds: result.seconds,
     errors: result.errors,
@@ -195,6 +198,8 @@ function machine(): string[] {
 }
 
 const ms = (v: number) => v.toFixed(2);
+/** A difference with its sign: +0.42, -0.10. */
+const signed = (v: number) => (v < 0 ? ms(v) : `+${ms(v)}`);
 
 /**
  * What one database round trip and one durable commit cost on this machine right now: the floor under
@@ -229,6 +234,7 @@ async function probeDatabase(): Promise<string> {
 
 async function main() {
   const startedAt = new Date();
+  const loadAtStart = os.loadavg()[0]!;
   const machineLines = machine();
   machineLines.push(await probeDatabase());
   console.log(machineLines.join('\n'));
@@ -366,7 +372,7 @@ async function main() {
             upstream.child.pid!,
           );
           parts.get(target.name)!.push(part);
-          if (target.name.startsWith('tollgate')) tollgateRequests += part.latencies.length + warmup;
+          if (target.name.startsWith('tollgate')) tollgateRequests += part.warmed + part.latencies.length;
           if (before) {
             const after = await batchStats(tollgate.info.url!);
             for (const statement of ['hold', 'close'] as const)
@@ -436,6 +442,7 @@ async function main() {
     peak,
     machineLines,
     startedAt,
+    loadAtStart,
     loadAtEnd,
     ledger,
     batchLines,
@@ -491,6 +498,8 @@ interface Report {
   peak: Record<string, number>;
   machineLines: string[];
   startedAt: Date;
+  /** The one-minute load average when the run started; all three when it ended. */
+  loadAtStart: number;
   loadAtEnd: string;
   ledger: Record<string, string> | undefined;
   batchLines: string[];
@@ -505,11 +514,11 @@ function targetLines(find: (target: string, c: number, stream: boolean) => Cell,
   const addedP50 = toll1.p50 - direct1.p50;
   const addedP99 = toll1.p99 - direct1.p99;
   out.push(
-    `- Non-streaming, concurrency 1, added over direct: p50 +${ms(addedP50)} ms (target ≤ 1.0 ms: ${verdict(addedP50 <= 1)}), p99 +${ms(addedP99)} ms (target ≤ 3 ms: ${verdict(addedP99 <= 3)}).`,
+    `- Non-streaming, concurrency 1, added over direct: p50 ${signed(addedP50)} ms (target ≤ 1.0 ms: ${verdict(addedP50 <= 1)}), p99 ${signed(addedP99)} ms (target ≤ 3 ms: ${verdict(addedP99 <= 3)}).`,
   );
   const ttfb = find('tollgate', 1, true).p50 - find('direct', 1, true).p50;
   out.push(
-    `- Streaming, concurrency 1, time to first byte added over direct: p50 +${ms(ttfb)} ms (target ≤ 0.5 ms: ${verdict(ttfb <= 0.5)}).`,
+    `- Streaming, concurrency 1, time to first byte added over direct: p50 ${signed(ttfb)} ms (target ≤ 0.5 ms: ${verdict(ttfb <= 0.5)}).`,
   );
   const vsPortkey: string[] = [];
   let fasterEverywhere = true;
@@ -548,7 +557,7 @@ function targetLines(find: (target: string, c: number, stream: boolean) => Cell,
   const idle = r.memory[0]![1].rss;
   const peak = Math.round(r.peak.tollgate!);
   out.push(
-    `- Tollgate resident set: ${idle} MB idle, after start and a full GC before any request (target ≤ 120 MB: ${verdict(idle <= 120)}); ${peak} MB at its peak under load, sampled every 100 ms through the cells and the soak (target ≤ 250 MB: ${verdict(peak <= 250)}).`,
+    `- Tollgate resident set: ${idle} MB idle, after start and a full GC before any request (target ≤ 120 MB: ${verdict(idle <= 120)}); ${peak} MB at its peak under load, sampled every 100 ms from the warm-up to the end of the soak (target ≤ 250 MB: ${verdict(peak <= 250)}).`,
   );
   return out;
 }
@@ -574,7 +583,9 @@ function render(r: Report): string {
       for (const cell of cells.filter((x) => x.concurrency === c && x.stream === stream)) {
         const charged = cell.target.startsWith('tollgate');
         const added =
-          cell.target === 'direct' ? '—' : `+${ms(cell.p50 - direct.p50)} / +${ms(cell.p99 - direct.p99)}`;
+          cell.target === 'direct'
+            ? '—'
+            : `${signed(cell.p50 - direct.p50)} / ${signed(cell.p99 - direct.p99)}`;
         const share =
           cell.target === 'direct' || cell.target === 'passthrough'
             ? ''
@@ -627,9 +638,14 @@ function render(r: Report): string {
     '',
     "Issue 27's targets:",
     '',
+    ...(Math.max(r.loadAtStart, Number.parseFloat(r.loadAtEnd)) > 1
+      ? [
+          `- **Not a quiet machine** (load average ${r.loadAtStart.toFixed(2)} at the start, ${r.loadAtEnd.split(',')[0]} at the end): other processes shared the two cores, and the concurrency-1 figures through Tollgate move most with that (see "Concurrency 1: what a sequential client sees" below the table).`,
+        ]
+      : []),
     ...targetLines(find, r),
     '',
-    `A fresh Tollgate, before any warm-up: its first ${r.cold.tollgate.requests} requests at concurrency 1 (non-streaming) took p50 ${ms(r.cold.tollgate.p50)} ms, p99 ${ms(r.cold.tollgate.p99)} ms, mean ${ms(r.cold.tollgate.mean)} ms — +${ms(r.cold.tollgate.p50 - r.cold.direct.p50)} ms at p50 over direct then (${ms(r.cold.direct.p50)} ms), against +${ms(find('tollgate', 1, false).p50 - find('direct', 1, false).p50)} ms once warm (the table): what a client sees in the first seconds after a start.`,
+    `A fresh Tollgate, before any warm-up: its first ${r.cold.tollgate.requests} requests at concurrency 1 (non-streaming) took p50 ${ms(r.cold.tollgate.p50)} ms, p99 ${ms(r.cold.tollgate.p99)} ms, mean ${ms(r.cold.tollgate.mean)} ms — ${signed(r.cold.tollgate.p50 - r.cold.direct.p50)} ms at p50 over direct then (${ms(r.cold.direct.p50)} ms), against ${signed(find('tollgate', 1, false).p50 - find('direct', 1, false).p50)} ms once warm (the table): what a client sees in the first seconds after a start.`,
     ...(notes.length ? ['', ...notes] : []),
     '',
     cpuLine,
