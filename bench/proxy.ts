@@ -1,241 +1,176 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import { createServer } from 'node:http';
 import os from 'node:os';
-import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { Pool } from 'undici';
+import {
+  checkTarget,
+  cpuByPid,
+  cpuSeconds,
+  cpuSince,
+  LoadGenerator,
+  memoryOf,
+  portkeyHeaders,
+  sampleRss,
+  start,
+  startPortkey,
+  stop,
+  stopAll,
+} from './harness.ts';
+import { type LoadResult, type LoadTarget, percentile } from './loadgen.ts';
 import { writeResultsBlock } from './report.ts';
 
 /**
  * `npm run bench:proxy`: the same load sent straight to the mock provider ("direct"), through a bare
- * fastify + undici passthrough, through Tollgate (per-token pricing, real Postgres, real Redis), and
- * through Tollgate with rate limits and spend caps on ("tollgate+limits", never refusing), at
- * concurrency 1, 16 and 64, non-streaming (whole response) and streaming (time to first byte). Then a
- * soak through Tollgate up to BENCH_SOAK total requests with its resident memory sampled along the way.
+ * fastify + undici passthrough, through the Portkey AI gateway (`@portkey-ai/gateway`, no billing;
+ * installed by the bench into bench/portkey/ and started by it), through Tollgate (per-token pricing,
+ * real Postgres, real Redis), and through Tollgate with rate limits and spend caps on
+ * ("tollgate+limits", never refusing), at concurrency 1, 16 and 64, non-streaming (whole response) and
+ * streaming (time to first byte). Then a soak through Tollgate up to BENCH_SOAK total requests with its
+ * memory sampled along the way. Prints issue 27's targets, each met or missed with its numbers.
  * BENCH_TRACES=1 adds "tollgate+traces": a second Tollgate process with OpenTelemetry traces on (every
  * request sampled, exported over OTLP/HTTP protobuf to a receiver in this process that discards them),
  * the tracing on/off comparison.
  * Writes the table to docs/benchmarks.md (between the proxy markers) and prints it.
  *
- * Every process (load generator, provider, passthrough, Tollgate, Postgres, Redis) shares this machine.
- * Knobs: BENCH_REQUESTS (per cell, default 6000), BENCH_SOAK (default 100000), BENCH_USERS (1000),
- * DATABASE_URL, REDIS_URL, BENCH_WRITE=0 to print only.
+ * The load generator (bench/loadgen.ts) is a process of its own, as a client is; it, the provider, the
+ * proxies, Postgres and Redis all share this machine.
+ * Knobs: BENCH_REQUESTS (per cell at concurrency 16 and 64, default 6000), BENCH_SOAK (default 100000),
+ * BENCH_USERS (users named in turn, default 200), BENCH_LOADGEN (process | inprocess), DATABASE_URL,
+ * REDIS_URL, BENCH_WRITE=0 to print only.
  */
-const here = dirname(fileURLToPath(import.meta.url));
-const root = join(here, '..');
 const PER_CELL = Number(process.env.BENCH_REQUESTS ?? 6000);
 const SOAK = Number(process.env.BENCH_SOAK ?? 100_000);
-const USERS = Number(process.env.BENCH_USERS ?? 1000);
+const USERS = Number(process.env.BENCH_USERS ?? 200);
 const CONCURRENCY = [1, 16, 64];
-const children: ChildProcess[] = [];
+/**
+ * Concurrency 1 is what one sequential client sees, and on a shared two-core machine it moves with
+ * whatever else runs: its cells are measured in C1_ROUNDS rounds, each round going through every target
+ * in turn (after C1_ROUND_WARMUP requests each), so that the added latency compares stretches of the
+ * same minutes. PER_C1 requests per target in all.
+ */
+const PER_C1 = Math.max(1000, Math.round(PER_CELL / 2));
+const C1_ROUNDS = 5;
+const C1_ROUND_WARMUP = 100;
+/** Each cell's own warm-up at concurrency 16 and 64. */
+const cellWarmup = Math.min(500, Math.round(PER_CELL / 5));
+/** The longest a cell's measured requests may take (a slow target answers fewer). */
+const CELL_SECONDS = 10;
+/** Requests per target and mode (non-streaming, streaming) of the warm-up before the first cell. */
+const WARMUP = Number(process.env.BENCH_WARMUP ?? 3000);
+/** Requests a fresh Tollgate serves first, measured at concurrency 1 before any warm-up. */
+const COLD = 1000;
 
-interface Started {
-  child: ChildProcess;
-  info: Record<string, string>;
-  /** stdout lines after the first. */
-  lines: string[];
-}
+type TargetName = 'direct' | 'passthrough' | 'portkey' | 'tollgate' | 'tollgate+limits' | 'tollgate+traces';
 
-/** Starts a bench server script and waits for its first stdout line (JSON). */
-async function start(script: string, env: Record<string, string>, nodeArgs: string[] = []): Promise<Started> {
-  const child = spawn(process.execPath, [...nodeArgs, join(here, script)], {
-    cwd: root,
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  children.push(child);
-  const reader = createInterface({ input: child.stdout! });
-  const lines: string[] = [];
-  const first = await new Promise<string>((resolve, reject) => {
-    let ready = false;
-    reader.on('line', (line) => {
-      if (ready) lines.push(line);
-      else {
-        ready = true;
-        resolve(line);
-      }
-    });
-    child.once('exit', (code) => reject(new Error(`${script} exited with ${code} before it was ready`)));
-  });
-  return { child, info: JSON.parse(first), lines };
-}
-
-function stop(started: Started): Promise<string[]> {
-  return new Promise((resolve) => {
-    started.child.once('exit', () => setImmediate(() => resolve(started.lines)));
-    started.child.kill('SIGTERM');
-  });
-}
-
-const USER_HZ = 100;
-
-function readStat(pid: string): { name: string; cpu: number } | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const close = stat.lastIndexOf(')');
-    const fields = stat.slice(close + 2).split(' ');
-    return {
-      name: stat.slice(stat.indexOf('(') + 1, close),
-      cpu: (Number(fields[11]) + Number(fields[12])) / USER_HZ,
-    };
-  } catch {
-    return undefined;
-  }
-}
-
-/** CPU seconds (user + system) used so far by a process. */
-function cpuSeconds(pid: number): number {
-  return pid ? (readStat(String(pid))?.cpu ?? 0) : 0;
-}
-
-/** CPU seconds so far of every process with that command name, by pid. */
-function cpuByPid(name: string): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const pid of readdirSync('/proc')) {
-    if (!/^\d+$/.test(pid)) continue;
-    const stat = readStat(pid);
-    if (stat?.name === name) out.set(pid, stat.cpu);
-  }
-  return out;
-}
-
-/** CPU seconds spent since `before` by processes of that name (new ones in full; ended ones are missed). */
-function cpuSince(name: string, before: Map<string, number>): number {
-  let total = 0;
-  for (const [pid, cpu] of cpuByPid(name)) total += cpu - (before.get(pid) ?? 0);
-  return total;
-}
-
-/** Asks the Tollgate process for a full GC and its memory afterwards (MB): resident set and V8 heap. */
-async function memoryOf(started: Started): Promise<{ rss: number; heap: number }> {
-  const seen = started.lines.length;
-  started.child.kill('SIGUSR2');
-  for (let i = 0; i < 100; i++) {
-    const line = started.lines.slice(seen).find((l) => l.includes('"memory"'));
-    if (line) {
-      const { memory } = JSON.parse(line) as { memory: { rss: number; heapUsed: number } };
-      return { rss: Math.round(memory.rss / 2 ** 20), heap: Math.round(memory.heapUsed / 2 ** 20) };
-    }
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-  throw new Error('the Tollgate process did not report its memory');
-}
-
-interface Target {
-  name: 'direct' | 'passthrough' | 'tollgate' | 'tollgate+limits' | 'tollgate+traces';
-  origin: string;
-  path: string;
-  headers: Record<string, string>;
-  model: string;
-  /** The process whose CPU is counted: the provider (direct), the passthrough or Tollgate. */
+interface Target extends LoadTarget {
+  name: TargetName;
+  /** The process whose CPU is counted: the provider (direct), the passthrough, Portkey or Tollgate. */
   pid: number;
 }
 
 interface Cell {
-  target: Target['name'];
+  target: TargetName;
   concurrency: number;
   stream: boolean;
   requests: number;
   rps: number;
   p50: number;
   p99: number;
+  mean: number;
   errors: number;
   /** CPU milliseconds per request: the proxy process (or the provider, for direct) and Postgres. */
   cpuProxy: number;
   cpuPostgres: number;
-  /** CPU milliseconds per request of the provider process and of this load generator. */
+  /** CPU milliseconds per request of the provider process and of the load generator. */
   cpuUpstream: number;
   cpuLoad: number;
 }
 
-function bodies(model: string, stream: boolean): string[] {
-  return Array.from({ length: USERS }, (_, i) =>
-    JSON.stringify({
-      model,
-      user: `user-${i}`,
-      stream,
-      max_tokens: 16,
-      messages: [
-        { role: 'system', content: 'You are a helpful assistant.' },
-        { role: 'user', content: `Hello! This is request ${i}; how are you today?` },
-      ],
-    }),
-  );
+/** One stretch of load on one target: its latencies and what each process spent on it. */
+interface Part {
+  /** Requests of the warm-up sent before the measured ones. */
+  warmed: number;
+  latencies: number[];
+  seconds: number;
+  errors: number;
+  /** CPU seconds of the proxy process (the provider for direct), the provider, Postgres, the load generator. */
+  cpuProxy: number;
+  cpuUpstream: number;
+  cpuPostgres: number;
+  cpuLoad: number;
 }
 
-function percentile(sorted: Float64Array, q: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * q))]!;
-}
-
-/** A closed loop: `concurrency` workers, each sending its next request when the last one finished. */
-async function load(
+/** `warmup` requests, then up to `total` measured (at most `maxSeconds`), with the CPU each process spent. */
+async function measure(
+  gen: LoadGenerator,
   target: Target,
   concurrency: number,
   stream: boolean,
   total: number,
   warmup: number,
-  pid = 0,
-  upstreamPid = 0,
-): Promise<Cell> {
-  const pool = new Pool(target.origin, { connections: concurrency, pipelining: 1, keepAliveTimeout: 30_000 });
-  const payloads = bodies(target.model, stream);
-  const headers = { 'content-type': 'application/json', ...target.headers };
-  const latencies = new Float64Array(total);
-  let errors = 0;
-  const one = async (i: number, record: boolean) => {
-    const started = performance.now();
-    const res = await pool.request({
-      path: target.path,
-      method: 'POST',
-      headers,
-      body: payloads[i % payloads.length],
-    });
-    let first = 0;
-    for await (const _chunk of res.body) if (!first) first = performance.now();
-    const ended = performance.now();
-    if (res.statusCode !== 200) errors++;
-    if (record) latencies[i] = (stream ? first || ended : ended) - started;
-  };
-  const run = async (count: number, record: boolean) => {
-    let next = 0;
-    await Promise.all(
-      Array.from({ length: concurrency }, async () => {
-        for (let i = next++; i < count; i = next++) await one(i, record);
-      }),
-    );
-  };
-  await run(warmup, false);
-  const cpuBefore = [cpuSeconds(pid), cpuSeconds(upstreamPid)];
-  const postgresBefore = cpuByPid('postgres');
-  const loadBefore = process.cpuUsage();
-  const began = performance.now();
-  await run(total, true);
-  const seconds = (performance.now() - began) / 1000;
-  const cpuProxy = ((cpuSeconds(pid) - cpuBefore[0]!) * 1000) / total;
-  const cpuPostgres = (cpuSince('postgres', postgresBefore) * 1000) / total;
-  const cpuUpstream = ((cpuSeconds(upstreamPid) - cpuBefore[1]!) * 1000) / total;
-  const loadUsage = process.cpuUsage(loadBefore);
-  const cpuLoad = (loadUsage.user + loadUsage.system) / 1000 / total;
-  await pool.close();
-  const sorted = latencies.slice().sort();
+  maxSeconds: number,
+  upstreamPid: number,
+): Promise<Part> {
+  let cpuBefore = [0, 0];
+  let postgresBefore = new Map<string, number>();
+  const result = await gen.run(
+    {
+      target: { origin: target.origin, path: target.path, headers: target.headers, model: target.model },
+      concurrency,
+      stream,
+      total,
+      warmup,
+      users: USERS,
+      maxSeconds,
+      series: true,
+    },
+    () => {
+      cpuBefore = [cpuSeconds(target.pid), cpuSeconds(upstreamPid)];
+      postgresBefore = cpuByPid('postgres');
+    },
+  );
+  if (result.firstError) console.error(`${target.name}: first error: ${result.firstError}`);
   return {
-    target: target.name,
-    concurrency,
-    stream,
-    requests: total,
-    rps: Math.round(total / seconds),
-    p50: percentile(sorted, 0.5),
-    p99: percentile(sorted, 0.99),
-    errors,
-    cpuProxy,
-    cpuPostgres,
-    cpuUpstream,
-    cpuLoad,
+    warmed: result.warmed,
+    latencies: result.latencies!,
+    seconds: result.seconds,
+    errors: result.errors,
+    cpuProxy: cpuSeconds(target.pid) - cpuBefore[0]!,
+    cpuUpstream: cpuSeconds(upstreamPid) - cpuBefore[1]!,
+    cpuPostgres: cpuSince('postgres', postgresBefore),
+    cpuLoad: (result.cpuLoad * result.requests) / 1000,
   };
 }
+
+/** A cell of the table from the parts measured for it. */
+function cellOf(target: TargetName, concurrency: number, stream: boolean, parts: Part[]): Cell {
+  const latencies = parts.flatMap((p) => p.latencies);
+  const n = latencies.length;
+  const sorted = Float64Array.from(latencies).sort();
+  const sum = (f: (p: Part) => number) => parts.reduce((a, p) => a + f(p), 0);
+  const perRequest = (f: (p: Part) => number) => (sum(f) * 1000) / n;
+  return {
+    target,
+    concurrency,
+    stream,
+    requests: n,
+    rps: Math.round(n / sum((p) => p.seconds)),
+    p50: percentile(sorted, 0.5),
+    p99: percentile(sorted, 0.99),
+    mean: latencies.reduce((a, v) => a + v, 0) / n,
+    errors: sum((p) => p.errors),
+    cpuProxy: perRequest((p) => p.cpuProxy),
+    cpuPostgres: perRequest((p) => p.cpuPostgres),
+    cpuUpstream: perRequest((p) => p.cpuUpstream),
+    cpuLoad: perRequest((p) => p.cpuLoad),
+  };
+}
+
+const loadAverage = () =>
+  os
+    .loadavg()
+    .map((l) => l.toFixed(2))
+    .join(', ');
 
 function machine(): string[] {
   const cpu = os.cpus();
@@ -258,16 +193,13 @@ function machine(): string[] {
   const redis = probe('redis-server', ['--version']);
   if (pg) out.push(`- Postgres ${pg} (local, default settings: synchronous_commit on, fsync on)`);
   if (redis) out.push(`- ${redis.replace(/ sha=.*$/, '')} (local)`);
-  out.push(
-    `- Load average when the run started: ${os
-      .loadavg()
-      .map((l) => l.toFixed(2))
-      .join(', ')}`,
-  );
+  out.push(`- Load average when the run started: ${loadAverage()}`);
   return out;
 }
 
 const ms = (v: number) => v.toFixed(2);
+/** A difference with its sign: +0.42, -0.10. */
+const signed = (v: number) => (v < 0 ? ms(v) : `+${ms(v)}`);
 
 /**
  * What one database round trip and one durable commit cost on this machine right now: the floor under
@@ -302,17 +234,22 @@ async function probeDatabase(): Promise<string> {
 
 async function main() {
   const startedAt = new Date();
+  const loadAtStart = os.loadavg()[0]!;
   const machineLines = machine();
   machineLines.push(await probeDatabase());
   console.log(machineLines.join('\n'));
   const upstream = await start('upstream.ts', {});
   const passthrough = await start('passthrough.ts', { UPSTREAM: upstream.info.baseUrl! });
+  const portkey = await startPortkey();
   const tollgate = await start(
     'tollgate.ts',
     { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS) },
     ['--expose-gc'],
   );
   const traced = process.env.BENCH_TRACES === '1' ? await startTraced(upstream.info.baseUrl!) : undefined;
+  // Tollgate idle: started, its users connected and funded, a full GC, no request served yet.
+  const idle = await memoryOf(tollgate);
+  console.log(`Tollgate idle after a full GC: RSS ${idle.rss} MB, heap ${idle.heap} MB`);
   const upstreamUrl = new URL(upstream.info.baseUrl!);
   const targets: Target[] = [
     {
@@ -330,6 +267,14 @@ async function main() {
       headers: {},
       model: 'mock-model',
       pid: passthrough.child.pid!,
+    },
+    {
+      name: 'portkey',
+      origin: portkey.info.url!,
+      path: '/v1/chat/completions',
+      headers: portkeyHeaders(upstream.info.baseUrl!),
+      model: 'mock-model',
+      pid: portkey.child.pid!,
     },
     {
       name: 'tollgate',
@@ -360,39 +305,94 @@ async function main() {
         ]
       : []),
   ];
-  let tollgateRequests = 0;
-  const memory: Array<[number, { rss: number; heap: number }]> = [];
+  // Every target answers a non-streaming and a streaming request whole and right before any load.
+  for (const target of targets) await checkTarget(target.name, target);
+  let tollgateRequests = targets.filter((t) => t.name.startsWith('tollgate')).length * 2;
+  const memory: Array<[number, { rss: number; heap: number }]> = [[0, idle]];
+  const gen = await LoadGenerator.open();
 
-  // Warm everything up once (JIT, connection pools, caches), then the matrix.
-  for (const target of targets) await load(target, 16, false, 2000, 500);
-  tollgateRequests += 5000;
+  // What a client that starts using a fresh Tollgate right away sees: its first COLD requests, one at a
+  // time, before any warm-up (against the provider direct at the same time, after a warm-up of its own).
+  const tollgateTarget = targets.find((t) => t.name === 'tollgate')!;
+  const one = { concurrency: 1, stream: false, users: USERS };
+  const coldDirect = await gen.run({ ...one, target: targets[0]!, total: 500, warmup: 500 });
+  const coldTollgate = await gen.run({ ...one, target: tollgateTarget, total: COLD, warmup: 0 });
+  tollgateRequests += COLD;
+  const cold = { tollgate: coldTollgate, direct: coldDirect };
+  console.log(
+    `cold: a fresh Tollgate's first ${COLD} requests at concurrency 1: p50 ${ms(coldTollgate.p50)} ms, mean ${ms(coldTollgate.mean)} ms (direct p50 ${ms(coldDirect.p50)} ms)`,
+  );
+
+  const rss = sampleRss({
+    tollgate: tollgate.child.pid!,
+    portkey: portkey.child.pid!,
+    passthrough: passthrough.child.pid!,
+  });
+
+  // Warm everything up (JIT, connection pools, caches, every user's wallet), streaming and not, so
+  // that the first cells measure a process in its steady state, not its first minutes.
+  const warmBegan = performance.now();
+  for (const stream of [false, true])
+    for (const target of targets) {
+      await gen.run({
+        target,
+        concurrency: 16,
+        stream,
+        total: 1,
+        warmup: WARMUP,
+        users: USERS,
+      });
+      if (target.name.startsWith('tollgate')) tollgateRequests += WARMUP + 1;
+    }
+  console.log(
+    `warm-up: ${WARMUP} requests per target, streaming and not, in ${((performance.now() - warmBegan) / 1000).toFixed(0)} s`,
+  );
   memory.push([tollgateRequests, await memoryOf(tollgate)]);
 
   const cells: Cell[] = [];
   const batchLines: string[] = [];
   for (const stream of [false, true]) {
     for (const concurrency of CONCURRENCY) {
-      const total = concurrency === 1 ? Math.max(1000, Math.round(PER_CELL / 3)) : PER_CELL;
-      const warmup = Math.min(500, Math.round(total / 5));
-      for (const target of targets) {
-        const before = target.name === 'tollgate' ? await batchStats(tollgate.info.url!) : undefined;
-        const cell = await load(target, concurrency, stream, total, warmup, target.pid, upstream.child.pid!);
-        if (before) {
-          const after = await batchStats(tollgate.info.url!);
-          const line = (statement: 'hold' | 'close') => {
-            const n = after[statement].count - before[statement].count;
-            const size = (after[statement].size - before[statement].size) / n;
-            const took = (1000 * (after[statement].seconds - before[statement].seconds)) / n;
-            return `${statement} ${size.toFixed(1)} requests in ${took.toFixed(2)} ms`;
-          };
-          batchLines.push(
-            `- ${stream ? 'streaming' : 'non-streaming'}, concurrency ${concurrency}: ${line('hold')}, ${line('close')} per batch on average`,
+      const rounds = concurrency === 1 ? C1_ROUNDS : 1;
+      const total = concurrency === 1 ? Math.round(PER_C1 / rounds) : PER_CELL;
+      const warmup = concurrency === 1 ? C1_ROUND_WARMUP : cellWarmup;
+      const parts = new Map<TargetName, Part[]>(targets.map((t) => [t.name, []]));
+      const batches = { hold: { count: 0, size: 0, seconds: 0 }, close: { count: 0, size: 0, seconds: 0 } };
+      for (let round = 0; round < rounds; round++) {
+        for (const target of targets) {
+          const before = target.name === 'tollgate' ? await batchStats(tollgate.info.url!) : undefined;
+          const part = await measure(
+            gen,
+            target,
+            concurrency,
+            stream,
+            total,
+            warmup,
+            CELL_SECONDS / rounds,
+            upstream.child.pid!,
           );
+          parts.get(target.name)!.push(part);
+          if (target.name.startsWith('tollgate')) tollgateRequests += part.warmed + part.latencies.length;
+          if (before) {
+            const after = await batchStats(tollgate.info.url!);
+            for (const statement of ['hold', 'close'] as const)
+              for (const key of ['count', 'size', 'seconds'] as const)
+                batches[statement][key] += after[statement][key] - before[statement][key];
+          }
         }
-        if (target.name.startsWith('tollgate')) tollgateRequests += total + warmup;
+      }
+      const line = (statement: 'hold' | 'close') => {
+        const { count, size, seconds } = batches[statement];
+        return `${statement} ${(size / count).toFixed(1)} requests in ${((1000 * seconds) / count).toFixed(2)} ms`;
+      };
+      batchLines.push(
+        `- ${stream ? 'streaming' : 'non-streaming'}, concurrency ${concurrency}: ${line('hold')}, ${line('close')} per batch on average`,
+      );
+      for (const target of targets) {
+        const cell = cellOf(target.name, concurrency, stream, parts.get(target.name)!);
         cells.push(cell);
         console.log(
-          `${stream ? 'stream ' : 'plain  '} c=${String(concurrency).padStart(2)} ${target.name.padEnd(11)} ` +
+          `${stream ? 'stream ' : 'plain  '} c=${String(concurrency).padStart(2)} ${target.name.padEnd(15)} ` +
             `${String(cell.rps).padStart(6)} req/s  p50 ${ms(cell.p50)} ms  p99 ${ms(cell.p99)} ms  errors ${cell.errors}  ` +
             `cpu/req ${ms(cell.cpuProxy)} ms (+ postgres ${ms(cell.cpuPostgres)} ms)`,
         );
@@ -402,17 +402,27 @@ async function main() {
   memory.push([tollgateRequests, await memoryOf(tollgate)]);
 
   // Soak: keep going through Tollgate until SOAK requests in total, sampling memory.
-  const soakTarget = targets[2]!;
   const step = 20_000;
   while (tollgateRequests < SOAK) {
     const count = Math.min(step, SOAK - tollgateRequests);
-    await load(soakTarget, 16, false, count, 0);
+    await gen.run({
+      target: tollgateTarget,
+      concurrency: 16,
+      stream: false,
+      total: count,
+      warmup: 0,
+      users: USERS,
+    });
     tollgateRequests += count;
     memory.push([tollgateRequests, await memoryOf(tollgate)]);
     console.log(
       `soak: ${tollgateRequests} requests through Tollgate, RSS ${memory.at(-1)![1].rss} MB, heap ${memory.at(-1)![1].heap} MB`,
     );
   }
+  const peak = rss.stop();
+  const loadAtEnd = loadAverage();
+  console.log(`Load average when the run ended: ${loadAtEnd}`);
+  await gen.close();
 
   if (traced) {
     await stop(traced.tollgate);
@@ -420,11 +430,23 @@ async function main() {
     console.log(`tollgate+traces exported ${traced.spans()} bytes of spans`);
   }
   const ledgerLines = await stop(tollgate);
+  await stop(portkey);
   await stop(passthrough);
   await stop(upstream);
   const ledger = ledgerLines.map((l) => JSON.parse(l)).find((l) => l.ledger)?.ledger;
 
-  const report = render(cells, memory, machineLines, startedAt, ledger, batchLines);
+  const report = render({
+    cells,
+    cold,
+    memory,
+    peak,
+    machineLines,
+    startedAt,
+    loadAtStart,
+    loadAtEnd,
+    ledger,
+    batchLines,
+  });
   console.log(`\n${report}`);
   if (process.env.BENCH_WRITE !== '0') writeResultsBlock('proxy-benchmark', 'Proxy', report);
 }
@@ -467,54 +489,114 @@ async function batchStats(url: string) {
   return { hold: of('hold'), close: of('close') };
 }
 
-function render(
-  cells: Cell[],
-  memory: Array<[number, { rss: number; heap: number }]>,
-  machineLines: string[],
-  startedAt: Date,
-  ledger: Record<string, string> | undefined,
-  batchLines: string[],
-): string {
+interface Report {
+  cells: Cell[];
+  /** A fresh Tollgate's first requests at concurrency 1, and direct at the same time. */
+  cold: { tollgate: LoadResult; direct: LoadResult };
+  memory: Array<[number, { rss: number; heap: number }]>;
+  /** Peak resident set (MB) sampled every 100 ms from the warm-up to the end of the soak. */
+  peak: Record<string, number>;
+  machineLines: string[];
+  startedAt: Date;
+  /** The one-minute load average when the run started; all three when it ended. */
+  loadAtStart: number;
+  loadAtEnd: string;
+  ledger: Record<string, string> | undefined;
+  batchLines: string[];
+}
+
+/** Issue 27's targets (docs/benchmarks.md), each met or missed with the numbers of this run. */
+function targetLines(find: (target: string, c: number, stream: boolean) => Cell, r: Report): string[] {
+  const verdict = (ok: boolean) => (ok ? 'met' : 'missed');
+  const out: string[] = [];
+  const direct1 = find('direct', 1, false);
+  const toll1 = find('tollgate', 1, false);
+  const addedP50 = toll1.p50 - direct1.p50;
+  const addedP99 = toll1.p99 - direct1.p99;
+  out.push(
+    `- Non-streaming, concurrency 1, added over direct: p50 ${signed(addedP50)} ms (target ≤ 1.0 ms: ${verdict(addedP50 <= 1)}), p99 ${signed(addedP99)} ms (target ≤ 3 ms: ${verdict(addedP99 <= 3)}).`,
+  );
+  const ttfb = find('tollgate', 1, true).p50 - find('direct', 1, true).p50;
+  out.push(
+    `- Streaming, concurrency 1, time to first byte added over direct: p50 ${signed(ttfb)} ms (target ≤ 0.5 ms: ${verdict(ttfb <= 0.5)}).`,
+  );
+  const vsPortkey: string[] = [];
+  let fasterEverywhere = true;
+  for (const stream of [false, true])
+    for (const c of CONCURRENCY) {
+      const toll = find('tollgate', c, stream);
+      const portkey = find('portkey', c, stream);
+      fasterEverywhere &&= toll.rps > portkey.rps;
+      vsPortkey.push(
+        `${stream ? 'stream' : 'non-stream'} c=${c} ${toll.rps} vs ${portkey.rps} (${(toll.rps / portkey.rps).toFixed(2)}×)`,
+      );
+    }
+  out.push(
+    `- Faster than Portkey in every cell (Tollgate vs Portkey req/s): ${vsPortkey.join('; ')} (target: ${verdict(fasterEverywhere)}).`,
+  );
+  for (const [c, floor] of [
+    [16, 50],
+    [64, 60],
+  ] as const) {
+    const shares = [false, true].map((stream) =>
+      Math.round((find('tollgate', c, stream).rps / find('passthrough', c, stream).rps) * 100),
+    );
+    out.push(
+      `- Concurrency ${c}, share of the bare passthrough's throughput: non-streaming ${shares[0]} %, streaming ${shares[1]} % (target ≥ ${floor} %: ${verdict(shares.every((s) => s >= floor))}).`,
+    );
+  }
+  const busy = [16, 64].flatMap((c) => [false, true].map((stream) => find('tollgate', c, stream)));
+  const nodeWorst = Math.max(...busy.map((cell) => cell.cpuProxy));
+  out.push(
+    `- Node CPU per charged request (the Tollgate process, concurrency 16 / 64): non-streaming ${ms(busy[0]!.cpuProxy)} / ${ms(busy[2]!.cpuProxy)} ms, streaming ${ms(busy[1]!.cpuProxy)} / ${ms(busy[3]!.cpuProxy)} ms (target ≤ 0.15 ms: ${verdict(nodeWorst <= 0.15)}).`,
+  );
+  const pg64 = [false, true].map((stream) => find('tollgate', 64, stream).cpuPostgres);
+  out.push(
+    `- Postgres CPU per request at concurrency 64: non-streaming ${ms(pg64[0]!)} ms, streaming ${ms(pg64[1]!)} ms (target ≤ 0.1 ms: ${verdict(pg64.every((v) => v <= 0.1))}).`,
+  );
+  const idle = r.memory[0]![1].rss;
+  const peak = Math.round(r.peak.tollgate!);
+  out.push(
+    `- Tollgate resident set: ${idle} MB idle, after start and a full GC before any request (target ≤ 120 MB: ${verdict(idle <= 120)}); ${peak} MB at its peak under load, sampled every 100 ms from the warm-up to the end of the soak (target ≤ 250 MB: ${verdict(peak <= 250)}).`,
+  );
+  return out;
+}
+
+function render(r: Report): string {
+  const { cells, memory, machineLines, startedAt, ledger, batchLines } = r;
   const find = (target: string, c: number, stream: boolean) =>
     cells.find((x) => x.target === target && x.concurrency === c && x.stream === stream)!;
   const rows: string[] = [];
-  const verdicts: string[] = [];
+  const notes: string[] = [];
   for (const stream of [false, true]) {
     for (const c of CONCURRENCY) {
       const direct = find('direct', c, stream);
       const pass = find('passthrough', c, stream);
       const toll = find('tollgate', c, stream);
-      const limits = find('tollgate+limits', c, stream);
       const traces = cells.find(
         (x) => x.target === 'tollgate+traces' && x.concurrency === c && x.stream === stream,
       );
-      const share = Math.round((toll.rps / pass.rps) * 100);
       if (traces)
-        verdicts.push(
+        notes.push(
           `- ${stream ? 'Streaming' : 'Non-streaming'}, concurrency ${c}: traces on add ${ms(traces.p50 - toll.p50)} ms at p50, ${ms(traces.p99 - toll.p99)} ms at p99 and ${ms(traces.cpuProxy - toll.cpuProxy)} ms of CPU per request, at ${Math.round((traces.rps / toll.rps) * 100)} % of the throughput without.`,
         );
-      for (const cell of [direct, pass, toll, limits, ...(traces ? [traces] : [])]) {
-        const cellShare = Math.round((cell.rps / pass.rps) * 100);
+      for (const cell of cells.filter((x) => x.concurrency === c && x.stream === stream)) {
+        const charged = cell.target.startsWith('tollgate');
         const added =
-          cell.target === 'direct' ? '—' : `+${ms(cell.p50 - direct.p50)} / +${ms(cell.p99 - direct.p99)}`;
+          cell.target === 'direct'
+            ? '—'
+            : `${signed(cell.p50 - direct.p50)} / ${signed(cell.p99 - direct.p99)}`;
+        const share =
+          cell.target === 'direct' || cell.target === 'passthrough'
+            ? ''
+            : `${Math.round((cell.rps / pass.rps) * 100)} %`;
         rows.push(
-          `| ${stream ? 'stream (TTFB)' : 'non-streaming'} | ${c} | ${cell.target} | ${cell.rps} | ${ms(cell.p50)} | ${ms(cell.p99)} | ${added} | ${cell.target.startsWith('tollgate') ? `${cellShare} %` : ''} | ${ms(cell.cpuProxy)} | ${cell.target.startsWith('tollgate') ? ms(cell.cpuPostgres) : ''} | ${cell.errors} |`,
-        );
-      }
-      if (c === 1) {
-        const addedP50 = toll.p50 - direct.p50;
-        const addedP99 = toll.p99 - direct.p99;
-        verdicts.push(
-          `- ${stream ? 'Streaming' : 'Non-streaming'}, concurrency 1: Tollgate adds ${ms(addedP50)} ms at p50 (target ≤ 1 ms: ${addedP50 <= 1 ? 'met' : 'missed'}) and ${ms(addedP99)} ms at p99 (target ≤ 3 ms: ${addedP99 <= 3 ? 'met' : 'missed'}).`,
-        );
-      } else {
-        verdicts.push(
-          `- ${stream ? 'Streaming' : 'Non-streaming'}, concurrency ${c}: Tollgate serves ${share} % of the passthrough's throughput (target ≥ 60 %: ${share >= 60 ? 'met' : 'missed'}).`,
+          `| ${stream ? 'stream (TTFB)' : 'non-streaming'} | ${c} | ${cell.target === 'portkey' ? 'portkey (no billing)' : cell.target} | ${cell.rps} | ${ms(cell.p50)} | ${ms(cell.p99)} | ${ms(cell.mean)} | ${added} | ${share} | ${ms(cell.cpuProxy)} | ${charged ? ms(cell.cpuPostgres) : ''} | ${cell.errors} |`,
         );
       }
     }
   }
-  const first = memory[0]!;
+  const first = memory[1] ?? memory[0]!;
   const last = memory.at(-1)!;
   const growth = last[1].heap - first[1].heap;
   // The CPU budget of one request, all processes together (the machine has os.cpus().length cores).
@@ -526,18 +608,21 @@ function render(
     return { cell, proxy, postgres, total, ceiling: Math.round((os.cpus().length * 1000) / total) };
   };
   const pass16 = budget('passthrough');
+  const portkey16 = budget('portkey');
   const toll16 = budget('tollgate');
   const cpuLine =
     `CPU per request at concurrency 16, non-streaming (all processes share ${os.cpus().length} cores): ` +
     `passthrough ${ms(pass16.proxy)} ms + provider ${ms(pass16.cell.cpuUpstream)} + load generator ${ms(pass16.cell.cpuLoad)} = ${ms(pass16.total)} ms ` +
-    `(a ceiling of about ${pass16.ceiling} req/s); Tollgate ${ms(toll16.proxy)} ms + Postgres ${ms(toll16.postgres)} + provider ${ms(toll16.cell.cpuUpstream)} + load generator ${ms(toll16.cell.cpuLoad)} = ${ms(toll16.total)} ms ` +
+    `(a ceiling of about ${pass16.ceiling} req/s); Portkey ${ms(portkey16.proxy)} ms + provider ${ms(portkey16.cell.cpuUpstream)} + load generator ${ms(portkey16.cell.cpuLoad)} = ${ms(portkey16.total)} ms (about ${portkey16.ceiling} req/s); ` +
+    `Tollgate ${ms(toll16.proxy)} ms + Postgres ${ms(toll16.postgres)} + provider ${ms(toll16.cell.cpuUpstream)} + load generator ${ms(toll16.cell.cpuLoad)} = ${ms(toll16.total)} ms ` +
     `(about ${toll16.ceiling} req/s). Postgres CPU counts every Postgres process, other sessions' included.`;
   return [
-    `Run on ${startedAt.toISOString().slice(0, 16).replace('T', ' ')} UTC with \`npm run bench:proxy\` (${PER_CELL} requests per cell at concurrency 16 and 64, ${Math.max(1000, Math.round(PER_CELL / 3))} at concurrency 1, after a warm-up; requests spread over ${USERS} users).`,
+    `Run on ${startedAt.toISOString().slice(0, 16).replace('T', ' ')} UTC with \`npm run bench:proxy\`: ${PER_CELL} requests per cell at concurrency 16 and 64 (at most ${CELL_SECONDS} s, after ${cellWarmup} not counted); at concurrency 1, ${PER_C1} per target in ${C1_ROUNDS} rounds that go through every target in turn (at most ${CELL_SECONDS} s in all, ${C1_ROUND_WARMUP} not counted before each); the whole matrix after a warm-up of ${WARMUP} requests per target, streaming and not. Bodies name ${USERS} users in turn; the load generator is a process of its own.`,
     '',
     ...machineLines,
+    `- Load average when the run ended: ${r.loadAtEnd}`,
     '',
-    '"tollgate+limits" is the same Tollgate process serving a second project with rate limits (project, key and user; requests and tokens per minute) and spend caps (day, month), all high enough never to refuse: each request also runs the Redis scripts of src/limits.',
+    '"portkey" is the Portkey AI gateway (`@portkey-ai/gateway` 1.15.2 from npm, `@hono/node-server` 1.13.5; bench/portkey/) routing to the same provider as an OpenAI-compatible custom host: no authentication of its own, no billing, no limits. "tollgate+limits" is the same Tollgate process serving a second project with rate limits (project, key and user; requests and tokens per minute) and spend caps (day, month), all high enough never to refuse: each request also runs the Redis scripts of src/limits.',
     ...(cells.some((c) => c.target === 'tollgate+traces')
       ? [
           '',
@@ -545,13 +630,23 @@ function render(
         ]
       : []),
     '',
-    'Latency is milliseconds for the whole response (non-streaming) or to the first byte of the body (streaming). "Added" is the p50 / p99 over going direct; "share" is Tollgate\'s throughput as a part of the passthrough\'s in the same run. "CPU ms/req" is the CPU time (user + system) the measured process spent per request: the provider for direct, the proxy process otherwise; "Postgres CPU" is that of every Postgres process during Tollgate\'s cells.',
+    'Latency is milliseconds for the whole response (non-streaming) or to the first byte of the body (streaming), as the client saw it. "Added" is the p50 / p99 over going direct; "share" is the throughput as a part of the passthrough\'s in the same run. "CPU ms/req" is the CPU time (user + system) the measured process spent per request: the provider for direct, the proxy process otherwise; "Postgres CPU" is that of every Postgres process during Tollgate\'s cells. Errors count the cell\'s warm-up too.',
     '',
-    '| mode | concurrency | target | req/s | p50 ms | p99 ms | added p50 / p99 ms | share | CPU ms/req | Postgres CPU ms/req | errors |',
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    '| mode | concurrency | target | req/s | p50 ms | p99 ms | mean ms | added p50 / p99 ms | share | CPU ms/req | Postgres CPU ms/req | errors |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|',
     ...rows,
     '',
-    ...verdicts,
+    "Issue 27's targets:",
+    '',
+    ...(Math.max(r.loadAtStart, Number.parseFloat(r.loadAtEnd)) > 1
+      ? [
+          `- **Not a quiet machine** (load average ${r.loadAtStart.toFixed(2)} at the start, ${r.loadAtEnd.split(',')[0]} at the end): other processes shared the two cores, and the concurrency-1 figures through Tollgate move most with that (see "Concurrency 1: what a sequential client sees" below the table).`,
+        ]
+      : []),
+    ...targetLines(find, r),
+    '',
+    `A fresh Tollgate, before any warm-up: its first ${r.cold.tollgate.requests} requests at concurrency 1 (non-streaming) took p50 ${ms(r.cold.tollgate.p50)} ms, p99 ${ms(r.cold.tollgate.p99)} ms, mean ${ms(r.cold.tollgate.mean)} ms — ${signed(r.cold.tollgate.p50 - r.cold.direct.p50)} ms at p50 over direct then (${ms(r.cold.direct.p50)} ms), against ${signed(find('tollgate', 1, false).p50 - find('direct', 1, false).p50)} ms once warm (the table): what a client sees in the first seconds after a start.`,
+    ...(notes.length ? ['', ...notes] : []),
     '',
     cpuLine,
     '',
@@ -559,7 +654,7 @@ function render(
     '',
     ...batchLines,
     '',
-    `Memory of the Tollgate process after a full GC (V8 heap used / resident set): ${memory.map(([n, m]) => `${m.heap} / ${m.rss} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — the heap ${growth <= 0 ? 'did not grow' : `grew by ${growth} MB`} from the first sample to the last.`,
+    `Memory of the Tollgate process after a full GC (V8 heap used / resident set): ${memory.map(([n, m]) => `${m.heap} / ${m.rss} MB after ${n.toLocaleString('en-US')}`).join(', ')} requests — the heap ${growth <= 0 ? 'did not grow' : `grew by ${growth} MB`} from the end of the warm-up to the last sample. Peak resident set sampled under load: Tollgate ${Math.round(r.peak.tollgate!)} MB, Portkey ${Math.round(r.peak.portkey!)} MB, passthrough ${Math.round(r.peak.passthrough!)} MB.`,
     ...(ledger
       ? [
           '',
@@ -574,6 +669,4 @@ main()
     console.error(err);
     process.exitCode = 1;
   })
-  .finally(() => {
-    for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
-  });
+  .finally(stopAll);

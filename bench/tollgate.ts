@@ -86,16 +86,17 @@ for (const p of [project, limited.project]) {
   }
 }
 const running = await startServing(ctx);
-process.stdout.write(
-  `${JSON.stringify({ url: running.url, apiKey, limitsApiKey: limited.apiKey, schema })}\n`,
-);
 
-// The driver samples memory with SIGUSR2: a full GC, then the process's memory on stdout.
+// The driver samples memory with SIGUSR2: a full GC, then the process's memory on stdout. The handler
+// is in place before the ready line: until then SIGUSR2 would end the process.
 process.on('SIGUSR2', () => {
   (globalThis as { gc?: () => void }).gc?.();
   const { rss, heapUsed } = process.memoryUsage();
   process.stdout.write(`${JSON.stringify({ memory: { rss, heapUsed } })}\n`);
 });
+process.stdout.write(
+  `${JSON.stringify({ url: running.url, apiKey, limitsApiKey: limited.apiKey, schema })}\n`,
+);
 
 process.on('SIGTERM', async () => {
   const { chatServiceOf } = await import('../src/chat/routes.ts');
