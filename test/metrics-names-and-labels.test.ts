@@ -18,6 +18,7 @@ const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_deposited_amount_total: ['counter', ['project', 'currency']],
   tollgate_granted_amount_total: ['counter', ['project', 'currency', 'reason']],
   tollgate_holds_open: ['gauge', ['project']],
+  tollgate_escrow_admissions_total: ['counter', ['project', 'from']],
   tollgate_billing_batch_size: ['histogram', ['statement']],
   tollgate_billing_batch_duration_seconds: ['histogram', ['statement']],
   tollgate_upstream_latency_seconds: ['histogram', ['project', 'model', 'stream']],

@@ -39,11 +39,9 @@ import { type SubscriptionAccess, subscriptionAccess } from './subscriptions.ts'
  * sweeper, deposits, charges and subscription fees — and of the effects that must follow a commit (the
  * event fan-out's wake-up, the money metrics), which run only after the change committed.
  *
- * The metered hot path goes through group commit (group-commit.ts): holds that arrive while a hold
- * batch of their project is in flight leave together in the next one, as one prepared statement; the
- * same for settles. Holds commit asynchronously (a hold lost in a database crash is a lost reservation
- * only: its settle then finds no open hold and charges nothing, so nothing is ever overspent); charges
- * and deposits commit durably.
+ * The metered hot path holds through escrow (escrow.ts): a pod admits a wallet's requests from its
+ * slice of the wallet's balance, taking (more of) a slice only when it does not cover a request, and
+ * settles each request on its slice — both through group commit (group-commit.ts), durably.
  */
 export class BillingService {
   readonly #database: DatabaseHandle;
