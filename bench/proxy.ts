@@ -357,7 +357,11 @@ async function main() {
       const total = concurrency === 1 ? Math.round(PER_C1 / rounds) : PER_CELL;
       const warmup = concurrency === 1 ? C1_ROUND_WARMUP : cellWarmup;
       const parts = new Map<TargetName, Part[]>(targets.map((t) => [t.name, []]));
-      const batches = { hold: { count: 0, size: 0, seconds: 0 }, close: { count: 0, size: 0, seconds: 0 } };
+      const batches = {
+        take: { count: 0, size: 0, seconds: 0 },
+        apply: { count: 0, size: 0, seconds: 0 },
+        admitted: { memory: 0, database: 0 },
+      };
       for (let round = 0; round < rounds; round++) {
         for (const target of targets) {
           const before = target.name === 'tollgate' ? await batchStats(tollgate.info.url!) : undefined;
@@ -375,18 +379,23 @@ async function main() {
           if (target.name.startsWith('tollgate')) tollgateRequests += part.warmed + part.latencies.length;
           if (before) {
             const after = await batchStats(tollgate.info.url!);
-            for (const statement of ['hold', 'close'] as const)
+            for (const statement of ['take', 'apply'] as const)
               for (const key of ['count', 'size', 'seconds'] as const)
                 batches[statement][key] += after[statement][key] - before[statement][key];
+            for (const from of ['memory', 'database'] as const)
+              batches.admitted[from] += after.admitted[from] - before.admitted[from];
           }
         }
       }
-      const line = (statement: 'hold' | 'close') => {
+      const line = (statement: 'take' | 'apply') => {
         const { count, size, seconds } = batches[statement];
-        return `${statement} ${(size / count).toFixed(1)} requests in ${((1000 * seconds) / count).toFixed(2)} ms`;
+        if (!count) return `no ${statement}`;
+        return `${count} × ${statement} of ${(size / count).toFixed(1)} in ${((1000 * seconds) / count).toFixed(2)} ms`;
       };
+      const { memory, database } = batches.admitted;
+      const fromMemory = memory + database ? Math.round((100 * memory) / (memory + database)) : 0;
       batchLines.push(
-        `- ${stream ? 'streaming' : 'non-streaming'}, concurrency ${concurrency}: ${line('hold')}, ${line('close')} per batch on average`,
+        `- ${stream ? 'streaming' : 'non-streaming'}, concurrency ${concurrency}: ${fromMemory} % of ${memory + database} requests admitted from memory; ${line('take')}, ${line('apply')} (batches, requests per batch, time per batch)`,
       );
       for (const target of targets) {
         const cell = cellOf(target.name, concurrency, stream, parts.get(target.name)!);
@@ -486,7 +495,17 @@ async function batchStats(url: string) {
     size: value('tollgate_billing_batch_size_sum', statement),
     seconds: value('tollgate_billing_batch_duration_seconds_sum', statement),
   });
-  return { hold: of('hold'), close: of('close') };
+  const admitted = (from: string) => {
+    let sum = 0;
+    const line = new RegExp(`^tollgate_escrow_admissions_total\\{[^}]*from="${from}"[^}]*\\} (\\S+)`, 'gm');
+    for (const m of text.matchAll(line)) sum += Number(m[1]);
+    return sum;
+  };
+  return {
+    take: of('take'),
+    apply: of('apply'),
+    admitted: { memory: admitted('memory'), database: admitted('database') },
+  };
 }
 
 interface Report {
@@ -650,7 +669,7 @@ function render(r: Report): string {
     '',
     cpuLine,
     '',
-    "Group commit in Tollgate's cells (from its `tollgate_billing_batch_*` metrics; a close is the settle):",
+    "Escrow and group commit in Tollgate's cells (from its `tollgate_escrow_admissions_total` and `tollgate_billing_batch_*` metrics; `take` takes a slice, `apply` settles on one):",
     '',
     ...batchLines,
     '',

@@ -222,6 +222,7 @@ describe('escrow on two pods', () => {
       [null],
       [null],
       60,
+      'on',
     ];
     const first = await podA.ctx.database.run<{ balance: string | null }>(applySlices, params('act_retry_1'));
     const again = await podA.ctx.database.run<{ balance: string | null }>(applySlices, params('act_retry_1'));
@@ -230,6 +231,25 @@ describe('escrow on two pods', () => {
     const after = await ledger('retry');
     expect(after.charges).toHaveLength(1);
     expect(new Money(after.wallet.balance).toFixed()).toBe('0.95');
+  });
+});
+
+describe('SETTLE_COMMIT=async', () => {
+  it('still charges every response before its last byte, as another pod reads it', async () => {
+    const pod = await startTestServer({ ...escrow, SETTLE_COMMIT: 'async' }, shared);
+    try {
+      await fund('async', '1');
+      for (let i = 1; i <= 3; i++) {
+        expect(await chat(pod, 'async')).toBe(' hello'.repeat(5));
+        const { charges, charged } = await ledger('async');
+        expect(charges).toHaveLength(i);
+        expect(new Money((await balanceOver(podB, 'async')).balance).toFixed()).toBe(
+          new Money(1).minus(charged).toFixed(),
+        );
+      }
+    } finally {
+      await pod.close();
+    }
   });
 });
 

@@ -214,6 +214,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
       ttlSeconds: config.HOLD_TTL_SECONDS,
       idleMs: config.ESCROW_IDLE_MS,
       sliceRequests: config.ESCROW_SLICE_REQUESTS,
+      settleCommit: config.SETTLE_COMMIT,
     },
   });
   try {

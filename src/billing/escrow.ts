@@ -49,6 +49,8 @@ export class Escrow {
   readonly #idleMs: number;
   readonly #sliceRequests: number;
   readonly #reclaimTimeoutMs: number;
+  /** Settles wait for the WAL flush (SETTLE_COMMIT=durable). */
+  readonly #durable: boolean;
   /** The slice admitting each wallet's next requests, by project and external user id. */
   readonly #current = new Map<string, Slice>();
   /** Every slice this pod holds (current, suspended or being given back), by id. */
@@ -72,6 +74,8 @@ export class Escrow {
     idleMs: number;
     /** A slice is this many times the request that takes it (at most the available balance). */
     sliceRequests: number;
+    /** `async`: a settle's commit does not wait for the WAL flush (see SETTLE_COMMIT). */
+    settleCommit?: 'durable' | 'async';
     reclaimTimeoutMs?: number;
   }) {
     this.#database = options.database;
@@ -82,6 +86,7 @@ export class Escrow {
     this.#idleMs = options.idleMs;
     this.#sliceRequests = Math.max(1, options.sliceRequests);
     this.#reclaimTimeoutMs = options.reclaimTimeoutMs ?? 1000;
+    this.#durable = options.settleCommit !== 'async';
   }
 
   /** Listens for other pods' reclaims and starts the renew and idle timers. */
@@ -516,6 +521,7 @@ export class Escrow {
               items.map((i) => i.events),
               items.map((i) => i.threshold),
               this.#ttlSeconds,
+              this.#durable ? 'on' : 'off',
             ]),
           );
           done();

@@ -63,7 +63,7 @@ export class BillingService {
     metrics: Metrics;
     log: Logger;
     bus: Bus;
-    escrow: { ttlSeconds: number; idleMs: number; sliceRequests: number };
+    escrow: { ttlSeconds: number; idleMs: number; sliceRequests: number; settleCommit: 'durable' | 'async' };
   }) {
     this.#database = options.database;
     this.#events = options.events;

@@ -61,7 +61,7 @@ export const takeSlices: Statement = {
 
 /**
  * Applies one change to each slice (escrow.ts) — the settle of a request, or a slice given back — all in
- * one transaction, durably:
+ * one transaction, durably unless SETTLE_COMMIT=async:
  * - `released` comes off the slice and off the wallet's `held`; `close` closes the slice (its rest is in
  *   `released`); an open slice is renewed;
  * - `charged` (the provider's usage × the price, which may exceed the request's reservation) comes off
@@ -88,15 +88,18 @@ export const takeSlices: Statement = {
  * $1 project id · $2 slice ids · $3 user ids · $4 seqs · $5 charged · $6 released · $7 close
  * $8 entry ids · $9 sources · $10 descriptions · $11 metadata (JSON text) · $12 events (JSON arrays or
  * null) · $13 the project's low-balance thresholds (or null) · $14 time to live (s)
+ * $15 `synchronous_commit` for this transaction: 'on', or 'off' (SETTLE_COMMIT=async)
  */
 export const applySlices: Statement = {
-  name: 'tollgate_apply_slices_v1',
+  name: 'tollgate_apply_slices_v2',
   text: `
     WITH r AS (
       SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::numeric[], $6::numeric[], $7::boolean[],
                            $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::numeric[])
         AS r(slice_id, user_id, seq, charged, released, close, entry_id, source, description, metadata, events,
              threshold)
+      -- SETTLE_COMMIT: 'on' (durable, the default) or 'off' (visible at once, flushed within moments)
+      CROSS JOIN (SELECT set_config('synchronous_commit', $15::text, true)) AS commit_mode
     ), hl AS (
       SELECT h.id, h.status, h.seq FROM holds h
       WHERE h.project_id = $1 AND h.id = ANY($2::text[])

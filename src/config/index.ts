@@ -97,6 +97,7 @@ export const configSchema = z.object({
   HOLD_TTL_SECONDS: int(10, 24 * 3600).default(60),
   ESCROW_IDLE_MS: int(0, 3_600_000).default(30_000),
   ESCROW_SLICE_REQUESTS: int(1, 10_000).default(16),
+  SETTLE_COMMIT: z.enum(['durable', 'async']).default('durable'),
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
   UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),
   UPSTREAM_RESPONSE_TIMEOUT_MS: int(100, 3_600_000).default(120_000),
@@ -200,6 +201,8 @@ export const configDocs: Record<keyof Config, string> = {
     'A pod gives a wallet’s slice back after this long without a request of that wallet (0: as soon as its last request settles, a hold per request). See [Escrow](#escrow-admission-without-a-round-trip).',
   ESCROW_SLICE_REQUESTS:
     'A pod takes a slice of a wallet this many times the reservation of the request that needs it (at most the available balance); its next requests are admitted from memory.',
+  SETTLE_COMMIT:
+    '`durable`: a request’s charge is flushed to the WAL before its last byte. `async`: it is visible at once (reads still see it) and flushed within moments, saving the flush’s wait (~0.5–1 ms) on every request; a Postgres crash then loses the last moments’ charges (those requests go free; nothing is overspent, the ledger stays consistent). See [Escrow](#escrow-admission-without-a-round-trip).',
   DEFAULT_MAX_COMPLETION_TOKENS:
     'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
