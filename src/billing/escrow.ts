@@ -385,11 +385,17 @@ export class Escrow {
     if (idle.length) await this.#giveBack(idle);
   }
 
-  /** Renews this pod's open slices; forgets those the sweeper took back. */
+  /**
+   * Renews this pod's open slices; forgets those the sweeper took back. Slices suspended after a
+   * database failure are given back once their requests are done (not renewed: the sweeper takes them
+   * should the database stay away).
+   */
   async #renew(): Promise<void> {
+    const done = [...this.#slices.values()].filter((s) => s.suspended && s.inFlight === 0 && !s.taking);
+    if (done.length) await this.#giveBack(done);
     const byProject = new Map<string, string[]>();
     for (const slice of this.#slices.values()) {
-      if (slice.amount.isZero() && slice.inFlight === 0) continue;
+      if (slice.suspended || (slice.amount.isZero() && slice.inFlight === 0)) continue;
       const ids = byProject.get(slice.projectId) ?? [];
       ids.push(slice.id);
       byProject.set(slice.projectId, ids);
