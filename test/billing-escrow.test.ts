@@ -221,7 +221,6 @@ describe('escrow on two pods', () => {
       ['{}'],
       [null],
       [null],
-      60,
       'on',
     ];
     const first = await podA.ctx.database.run<{ balance: string | null }>(applySlices, params('act_retry_1'));

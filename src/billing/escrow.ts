@@ -498,6 +498,8 @@ export class Escrow {
           return items.map((i) => byId.get(i.sliceId) ?? NOT_FOUND);
         },
         (item) => item.externalId,
+        512,
+        TAKE_PARALLEL,
       );
       this.#takeQueues.set(projectId, queue);
     }
@@ -526,7 +528,6 @@ export class Escrow {
               items.map((i) => i.metadata),
               items.map((i) => i.events),
               items.map((i) => i.threshold),
-              this.#ttlSeconds,
               this.#durable ? 'on' : 'off',
             ]),
           );
@@ -535,6 +536,8 @@ export class Escrow {
           return items.map((i) => byId.get(i.sliceId) ?? { ...NO_ROW, slice_id: i.sliceId });
         },
         (item) => item.userId,
+        512,
+        APPLY_PARALLEL,
       );
       this.#applyQueues.set(projectId, queue);
     }
@@ -576,6 +579,13 @@ export interface ApplyRow {
   held: string | null;
   granted: string | null;
 }
+
+/**
+ * Batches of one project in flight at once: settles are the hot path's only statement, so under load
+ * several run side by side (their wallets disjoint, locked in id order); takes are rarer.
+ */
+const APPLY_PARALLEL = 3;
+const TAKE_PARALLEL = 2;
 
 const RECLAIM = 'escrow.reclaim';
 const RETURNED = 'escrow.returned';

@@ -1,40 +1,46 @@
 /**
- * Group commit, as TigerBeetle batches transfers: work that arrives while a batch is in flight waits and
- * leaves together in the next one, as soon as the previous one returns. There is no timer: alone, a
- * request pays one round trip; under load, dozens share one.
+ * Group commit, as TigerBeetle batches transfers: work that arrives while batches are in flight waits and
+ * leaves together in the next one, as soon as one returns. There is no timer: alone, a request pays one
+ * round trip; under load, dozens share one.
  *
- * A batch never holds two items with the same key (a wallet): the second waits for the next batch, so
- * the batch's statement can treat its rows as independent. One queue per project keeps every batch
- * inside one project.
+ * Up to `parallel` batches are in flight at once (on as many database connections). An item never
+ * shares a batch with, or overtakes, an earlier item of the same key (a wallet): it waits until the
+ * earlier one's batch returned, so a batch's statement can treat its rows as independent and a wallet's
+ * changes apply in order. One queue per project keeps every batch inside one project.
  */
 export class GroupCommit<I, O> {
   readonly #run: (items: I[]) => Promise<O[]>;
   readonly #keyOf: (item: I) => string;
   readonly #max: number;
+  readonly #parallel: number;
   #waiting: Array<Pending<I, O>> = [];
-  #inFlight = false;
+  #inFlight = 0;
+  /** Keys of the items in the batches in flight. */
+  readonly #busy = new Set<string>();
 
   /**
    * @param run runs one batch and returns one result per item, in order
-   * @param keyOf items with equal keys never share a batch
+   * @param keyOf items with equal keys never share a batch, nor overtake each other
    * @param max the most items in one batch
+   * @param parallel the most batches in flight at once
    */
-  constructor(run: (items: I[]) => Promise<O[]>, keyOf: (item: I) => string, max = 512) {
+  constructor(run: (items: I[]) => Promise<O[]>, keyOf: (item: I) => string, max = 512, parallel = 1) {
     this.#run = run;
     this.#keyOf = keyOf;
     this.#max = max;
+    this.#parallel = parallel;
   }
 
   submit(item: I): Promise<O> {
     return new Promise<O>((resolve, reject) => {
-      this.#waiting.push({ item, resolve, reject });
-      if (!this.#inFlight) this.#next();
+      this.#waiting.push({ item, key: this.#keyOf(item), resolve, reject });
+      if (this.#inFlight < this.#parallel) this.#next();
     });
   }
 
   /** True when nothing is queued or in flight. */
   get idle(): boolean {
-    return !this.#inFlight && this.#waiting.length === 0;
+    return this.#inFlight === 0 && this.#waiting.length === 0;
   }
 
   #next(): void {
@@ -43,15 +49,20 @@ export class GroupCommit<I, O> {
     const later: Array<Pending<I, O>> = [];
     const keys = new Set<string>();
     for (const pending of this.#waiting) {
-      const key = this.#keyOf(pending.item);
-      if (batch.length >= this.#max || keys.has(key)) later.push(pending);
-      else {
+      const key = pending.key;
+      // a key in flight or already in this batch waits (and so do its later items: `keys` keeps it)
+      if (batch.length >= this.#max || keys.has(key) || this.#busy.has(key)) {
+        keys.add(key);
+        later.push(pending);
+      } else {
         keys.add(key);
         batch.push(pending);
       }
     }
+    if (!batch.length) return;
     this.#waiting = later;
-    this.#inFlight = true;
+    this.#inFlight++;
+    for (const pending of batch) this.#busy.add(pending.key);
     let work: Promise<O[]>;
     try {
       work = this.#run(batch.map((p) => p.item));
@@ -68,14 +79,20 @@ export class GroupCommit<I, O> {
         },
       )
       .finally(() => {
-        this.#inFlight = false;
-        this.#next();
+        this.#inFlight--;
+        for (const pending of batch) this.#busy.delete(pending.key);
+        while (this.#inFlight < this.#parallel && this.#waiting.length) {
+          const before = this.#inFlight;
+          this.#next();
+          if (this.#inFlight === before) break; // everything waiting is behind a key in flight
+        }
       });
   }
 }
 
 interface Pending<I, O> {
   item: I;
+  key: string;
   resolve(value: O): void;
   reject(err: unknown): void;
 }

@@ -63,7 +63,8 @@ export const takeSlices: Statement = {
  * Applies one change to each slice (escrow.ts) — the settle of a request, or a slice given back — all in
  * one transaction, durably unless SETTLE_COMMIT=async:
  * - `released` comes off the slice and off the wallet's `held`; `close` closes the slice (its rest is in
- *   `released`); an open slice is renewed;
+ *   `released`). (Its expiry is left alone: changing it would make every settle a non-HOT update of
+ *   `holds`; the pod renews its slices every third of their time to live instead.)
  * - `charged` (the provider's usage × the price, which may exceed the request's reservation) comes off
  *   the balance, below zero when the balance does not cover it (a debt), with one `charge` ledger entry
  *   and the events that describe it — so an event exists exactly when its charge does.
@@ -87,11 +88,10 @@ export const takeSlices: Statement = {
  *
  * $1 project id · $2 slice ids · $3 user ids · $4 seqs · $5 charged · $6 released · $7 close
  * $8 entry ids · $9 sources · $10 descriptions · $11 metadata (JSON text) · $12 events (JSON arrays or
- * null) · $13 the project's low-balance thresholds (or null) · $14 time to live (s)
- * $15 `synchronous_commit` for this transaction: 'on', or 'off' (SETTLE_COMMIT=async)
+ * null) · $13 the project's low-balance thresholds (or null) · $14 `synchronous_commit` for this transaction: 'on', or 'off' (SETTLE_COMMIT=async)
  */
 export const applySlices: Statement = {
-  name: 'tollgate_apply_slices_v2',
+  name: 'tollgate_apply_slices_v3',
   text: `
     WITH r AS (
       SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::numeric[], $6::numeric[], $7::boolean[],
@@ -99,7 +99,7 @@ export const applySlices: Statement = {
         AS r(slice_id, user_id, seq, charged, released, close, entry_id, source, description, metadata, events,
              threshold)
       -- SETTLE_COMMIT: 'on' (durable, the default) or 'off' (visible at once, flushed within moments)
-      CROSS JOIN (SELECT set_config('synchronous_commit', $15::text, true)) AS commit_mode
+      CROSS JOIN (SELECT set_config('synchronous_commit', $14::text, true)) AS commit_mode
     ), hl AS (
       SELECT h.id, h.status, h.seq FROM holds h
       WHERE h.project_id = $1 AND h.id = ANY($2::text[])
@@ -109,8 +109,7 @@ export const applySlices: Statement = {
       UPDATE holds SET amount = CASE WHEN r.close THEN holds.amount ELSE holds.amount - r.released END,
                        seq = r.seq,
                        status = CASE WHEN NOT r.close THEN 'open' WHEN r.charged > 0 THEN 'settled' ELSE 'released' END,
-                       closed_at = CASE WHEN r.close THEN now() END,
-                       expires_at = now() + make_interval(secs => $14::int)
+                       closed_at = CASE WHEN r.close THEN now() END
       FROM r, hl
       WHERE holds.id = hl.id AND r.slice_id = hl.id AND hl.status = 'open' AND r.seq > 0 AND hl.seq < r.seq
       RETURNING holds.id
