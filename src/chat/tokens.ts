@@ -76,11 +76,22 @@ const PROMPT_FIELDS = ['tools', 'functions', 'tool_choice', 'response_format'] a
 /** Counts one text: the exact o200k_base token count. */
 export type TextCounter = (text: string) => number;
 
+/**
+ * The pre-tokenizer, run with `exec` (a `matchAll` iterator allocates an iterator and an array per
+ * piece: the largest allocation of a request). Shared: counting is synchronous and never re-entered.
+ */
+const pieces = new RegExp(core.tokenSplitRegex.source, 'gu');
+
 /** The exact o200k_base token count of a text, in O(n log n). */
 export function countText(text: string): number {
   if (!text) return 0;
   let tokens = 0;
-  for (const [piece] of text.matchAll(core.tokenSplitRegex)) tokens += countPiece(piece);
+  pieces.lastIndex = 0;
+  let match = pieces.exec(text);
+  while (match !== null) {
+    tokens += countPiece(match[0]);
+    match = pieces.exec(text);
+  }
   return tokens;
 }
 
@@ -311,7 +322,33 @@ export function contentText(content: ChatMessage['content'] | undefined): string
  * tokenizer (a decimal string such as "1.25"), rounded up — exactly, in decimals.
  */
 export function promptTokensUpperBound(counted: number, margin: string = DEFAULT_PROMPT_MARGIN): number {
+  const m = marginOf(margin);
+  if (m) {
+    // Exact in integers: ceil(counted × units / scale), while the product stays a safe integer.
+    const product = counted * m.units;
+    if (Number.isSafeInteger(product)) {
+      const rest = product % m.scale;
+      return (product - rest) / m.scale + (rest > 0 ? 1 : 0);
+    }
+  }
   return new Money(counted).times(margin).ceil().toNumber();
+}
+
+/** A margin such as "1.25" as 125 / 100 (undefined: not a plain decimal; decimal.js then). */
+const margins = new Map<string, { units: number; scale: number } | undefined>();
+
+function marginOf(margin: string): { units: number; scale: number } | undefined {
+  if (margins.has(margin)) return margins.get(margin);
+  const match = /^(\d{1,6})(?:\.(\d{1,6}))?$/.exec(margin);
+  const parsed = match
+    ? {
+        units: Number(match[1]! + (match[2] ?? '')),
+        scale: 10 ** (match[2]?.length ?? 0),
+      }
+    : undefined;
+  // Margins come from model rows (a handful); the map stays small.
+  if (margins.size < 1000) margins.set(margin, parsed);
+  return parsed;
 }
 
 /**
