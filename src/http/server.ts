@@ -29,6 +29,7 @@ import { webhookRoutes } from '../webhooks/routes.ts';
 import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
 import { installJsonParser } from './json.ts';
+import { requestLogger } from './request-logger.ts';
 
 /** 256 characters (the longest end user id) × 9 (a percent-encoded 3-byte UTF-8 character), rounded up. */
 export const MAX_PARAM_LENGTH = 2400;
@@ -56,6 +57,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     loggerInstance: ctx.log as FastifyBaseLogger,
     // One debug line per request (onResponse below) instead of fastify's two info lines.
     logController: new LogController({ disableRequestLogging: true }),
+    // `request.log` is made when a line is first written at an enabled level, not for every request.
+    childLoggerFactory: (logger, bindings, options) => requestLogger(logger, bindings, options),
     bodyLimit: ctx.config.BODY_LIMIT_BYTES,
     // X-Forwarded-* are believed only from TOLLGATE_TRUSTED_PROXIES (hops or addresses); unset: none.
     trustProxy: trustProxyOf(ctx.config.TOLLGATE_TRUSTED_PROXIES),
@@ -98,17 +101,21 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     );
     reply.status(404).send(err.toBody());
   });
-  app.addHook('onResponse', async (request, reply) => {
-    request.log.debug(
-      {
-        method: request.method,
-        url: request.url,
-        status: reply.statusCode,
-        ms: Math.round(reply.elapsedTime),
-      },
-      'request',
-    );
-  });
+  // (Only when debug lines are written: a hook costs every request something even when it logs nothing.)
+  if (ctx.log.isLevelEnabled('debug')) {
+    app.addHook('onResponse', (request, reply, done) => {
+      request.log.debug(
+        {
+          method: request.method,
+          url: request.url,
+          status: reply.statusCode,
+          ms: Math.round(reply.elapsedTime),
+        },
+        'request',
+      );
+      done();
+    });
+  }
 
   await app.register(metricsRoutes);
   await app.register(healthRoutes);

@@ -11,11 +11,13 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 export async function metricsRoutes(app: FastifyInstance): Promise<void> {
   const metrics = app.ctx.metrics;
 
-  app.addHook('onResponse', async (request: FastifyRequest, reply: FastifyReply) => {
+  // (A callback hook: no promise per request.)
+  app.addHook('onResponse', (request: FastifyRequest, reply: FastifyReply, done: () => void) => {
     const route = request.routeOptions.url ?? 'unmatched';
     const project = (request as { project?: { id: string } | null }).project?.id ?? '';
     metrics.httpRequests.inc({ project, route, method: request.method, status: String(reply.statusCode) });
     metrics.httpRequestDuration.observe({ project, route, method: request.method }, reply.elapsedTime / 1000);
+    done();
   });
 
   app.get('/metrics', async (_request, reply) => {
