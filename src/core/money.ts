@@ -54,11 +54,29 @@ export const currencySchema = z
 
 const DECIMAL_RE = /^(0|[1-9]\d*)(\.\d+)?$/;
 
+const PLAIN_DECIMAL_RE = /^(-?)(\d+)(?:\.(\d+))?$/;
+
 /** Canonical string of a decimal: no exponent, no trailing zeros beyond the fraction needed. */
 export function formatAmount(value: Decimal.Value): string {
-  const d = new Money(value);
-  const s = d.toFixed();
+  // A plain decimal string (Postgres NUMERIC text, amounts in transit): the same canonical form
+  // without building a Decimal — leading zeros of the integer and trailing zeros of the fraction go,
+  // and zero has no sign.
+  if (typeof value === 'string') {
+    const match = PLAIN_DECIMAL_RE.exec(value);
+    if (match) return canonicalDecimal(match[1]!, match[2]!, match[3] ?? '');
+  }
+  const s = (Decimal.isDecimal(value) ? (value as Decimal) : new Money(value)).toFixed();
   return s.includes('.') ? s.replace(/0+$/, '').replace(/\.$/, '') : s;
+}
+
+function canonicalDecimal(sign: string, integer: string, fraction: string): string {
+  let start = 0;
+  while (start < integer.length - 1 && integer.charCodeAt(start) === 48) start++;
+  let end = fraction.length;
+  while (end > 0 && fraction.charCodeAt(end - 1) === 48) end--;
+  const whole = start ? integer.slice(start) : integer;
+  const digits = end ? `${whole}.${end === fraction.length ? fraction : fraction.slice(0, end)}` : whole;
+  return sign && digits !== '0' ? `-${digits}` : digits;
 }
 
 /** Formats with at least the currency's decimals (e.g. "10.50" for usd), keeping any finer digits. */
