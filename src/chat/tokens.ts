@@ -77,16 +77,32 @@ const PROMPT_FIELDS = ['tools', 'functions', 'tool_choice', 'response_format'] a
 export type TextCounter = (text: string) => number;
 
 /**
- * The pre-tokenizer, run with `exec` (a `matchAll` iterator allocates an iterator and an array per
- * piece: the largest allocation of a request). Shared: counting is synchronous and never re-entered.
+ * The pre-tokenizer, sticky: `test` moves `lastIndex` to the end of each piece without building a match
+ * array (`matchAll` also built an iterator). Its pieces cover any text end to end; should one ever not
+ * start where the last ended, the rest is split the usual way. Shared: counting is synchronous and never
+ * re-entered.
  */
+const piece = new RegExp(core.tokenSplitRegex.source, 'yu');
 const pieces = new RegExp(core.tokenSplitRegex.source, 'gu');
 
 /** The exact o200k_base token count of a text, in O(n log n). */
 export function countText(text: string): number {
   if (!text) return 0;
   let tokens = 0;
-  pieces.lastIndex = 0;
+  let start = 0;
+  piece.lastIndex = 0;
+  while (start < text.length) {
+    if (!piece.test(text)) return tokens + countFrom(text, start);
+    const end = piece.lastIndex;
+    tokens += countPiece(text.slice(start, end));
+    start = end;
+  }
+  return tokens;
+}
+
+function countFrom(text: string, start: number): number {
+  let tokens = 0;
+  pieces.lastIndex = start;
   let match = pieces.exec(text);
   while (match !== null) {
     tokens += countPiece(match[0]);
