@@ -353,7 +353,10 @@ export class MeteredFlow {
     const reader = x.api.streamReader!(x);
     const sink = new SseSink(
       reply,
-      { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId },
+      // (Rate limit headers are only ever set when the project has limits.)
+      this.#limits.applies(x.project)
+        ? { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId }
+        : { 'x-tollgate-request-id': x.requestId },
       () => {
         requestMetricsOf(this.#ctx.metrics, x.project.id, x.model).firstToken(
           (performance.now() - x.started) / 1000,
@@ -724,6 +727,8 @@ export class MeteredFlow {
     type: EventType,
     data: Record<string, unknown>,
   ): Promise<unknown> | undefined {
+    // (Most projects subscribe to nothing: asked first, nothing else is made.)
+    if (!this.#ctx.events.wants(x.project.id, type)) return undefined;
     return this.#events(x, [[type, data]]);
   }
 
