@@ -3,6 +3,7 @@ import Fastify, {
   type FastifyError,
   type FastifyInstance,
   type FastifyReply,
+  type FastifyServerOptions,
   LogController,
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
@@ -30,6 +31,10 @@ import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
 import { installJsonParser } from './json.ts';
 import { requestLogger } from './request-logger.ts';
+
+type CompilersFactory = NonNullable<
+  NonNullable<FastifyServerOptions['schemaController']>['compilersFactory']
+>;
 
 /** 256 characters (the longest end user id) × 9 (a percent-encoded 3-byte UTF-8 character), rounded up. */
 export const MAX_PARAM_LENGTH = 2400;
@@ -69,6 +74,15 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: MAX_PARAM_LENGTH },
     // Requests Node's HTTP parser refuses get the same error shape (./client-errors.ts).
     clientErrorHandler,
+    // Every schema is zod (below): fastify's JSON-schema compilers (ajv, fast-json-stringify) are never
+    // built, nor loaded.
+    schemaController: {
+      compilersFactory: {
+        // (fastify types the factories for ajv's compilers; fastify calls them as schema compilers.)
+        buildValidator: (() => validatorCompiler) as unknown as CompilersFactory['buildValidator'],
+        buildSerializer: (() => serializerCompiler) as unknown as CompilersFactory['buildSerializer'],
+      },
+    },
     // Errors fastify raises before routing (a malformed URL, a bad header) get the same error shape.
     frameworkErrors: (error, _request, reply: FastifyReply) => {
       const apiError = toApiError(error);
