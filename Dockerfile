@@ -60,5 +60,7 @@ COPY crds ./crds
 RUN ln -s /app/dist/cmd/tollgate.js /usr/local/bin/tollgate
 USER 10001:10001
 EXPOSE 8080 8081
-ENTRYPOINT ["node", "/app/dist/cmd/tollgate.js"]
+# A 16 MB semi-space (V8's default grows the young generation to 2 × 64 MB on a machine with this much
+# memory): about 100 MB less resident memory under load for a few more, short, scavenges (README, The image).
+ENTRYPOINT ["node", "--max-semi-space-size=16", "/app/dist/cmd/tollgate.js"]
 CMD ["proxy"]

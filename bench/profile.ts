@@ -63,6 +63,7 @@ async function main() {
   const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200' }, [
     '--cpu-prof',
     `--cpu-prof-dir=${profDir}`,
+    '--max-semi-space-size=16', // as the image runs it (Dockerfile)
   ]);
   const pool = new Pool(tollgate.info.url!, { connections: CONCURRENCY, pipelining: 1 });
   let sent = 0;

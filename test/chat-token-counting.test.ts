@@ -1,3 +1,5 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import fc from 'fast-check';
 import { countTokens } from 'gpt-tokenizer';
@@ -47,6 +49,16 @@ describe('countText', () => {
       'lone \ud800 surrogate '.repeat(50),
     ];
     for (const text of samples) expect(countText(text)).toBe(reference(text));
+  });
+
+  it('is exactly gpt-tokenizer’s count on the benchmark corpus (prose in six languages, JSON, code)', () => {
+    const dir = join(import.meta.dirname, '..', 'bench', 'corpus');
+    for (const file of readdirSync(dir)) {
+      const text = readFileSync(join(dir, file), 'utf8');
+      expect(countText(text), file).toBe(reference(text));
+      // Twice: the second time short pieces come from the cache of merged pieces.
+      for (const line of text.split('\n')) expect(countText(line), file).toBe(reference(line));
+    }
   });
 
   it('counts special-token text as text instead of throwing', () => {

@@ -379,7 +379,9 @@ describe('the image and the chart agree', () => {
     const build = JSON.parse(readFileSync(join(root, 'tsconfig.build.json'), 'utf8')) as Obj;
     expect(build.compilerOptions.outDir).toBe('dist');
     expect(build.compilerOptions.rootDir).toBe('.');
-    expect(dockerfile).toContain('ENTRYPOINT ["node", "/app/dist/cmd/tollgate.js"]');
+    expect(dockerfile).toContain(
+      'ENTRYPOINT ["node", "--max-semi-space-size=16", "/app/dist/cmd/tollgate.js"]',
+    );
     expect(existsSync(join(root, 'cmd/tollgate.ts'))).toBe(true);
   });
 

@@ -286,7 +286,7 @@ describe('tracing settings', () => {
   it('exports http/protobuf', async () => {
     const receiver = await startReceiver();
     try {
-      const tracing = startTracing(loadConfig({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url }));
+      const tracing = await startTracing(loadConfig({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: receiver.url }));
       // Log lines written inside a span carry its ids (the pino mixin); outside, nothing.
       expect(logTraceIds()).toEqual({});
       const ids = await tracing.span('tollgate.protobuf.check', { 'tollgate.api': 'chat' }, async (span) => ({

@@ -203,7 +203,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     throw err;
   }
   const metrics = new Metrics();
-  const tracing = options.tracing ?? startTracing(config, log);
+  const tracing = options.tracing ?? (await startTracing(config, log));
   const billing = new BillingService({
     database,
     events,

@@ -38,6 +38,14 @@ export class KeyDirectory {
     await this.#unsubscribe?.();
   }
 
+  /**
+   * The key from memory, without a promise: the key (or null: unknown or revoked) when its entry is
+   * warm, undefined when `resolve` has to look.
+   */
+  cached(presented: string): ResolvedKey | null | undefined {
+    return this.#cache.get(sha256Hex(presented));
+  }
+
   async resolve(presented: string): Promise<ResolvedKey | undefined> {
     const hash = sha256Hex(presented);
     const found = await this.#cache.getOrLoad(

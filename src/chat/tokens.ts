@@ -1,62 +1,54 @@
-import o200k from 'gpt-tokenizer';
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { O200K_TOKEN_SPLIT_REGEX } from 'gpt-tokenizer/encodingParams/constants';
 import { Money } from '../core/money.ts';
 import { audioTokens, fileTokens, imageTokens } from '../metering/media-tokens.ts';
+import { BpeTable } from './bpe-table.ts';
 import type { ChatMessage, ChatRequest } from './schema.ts';
 
 /**
- * Token counting for o200k_base (the encoding of current OpenAI models), on gpt-tokenizer's vocabulary
- * and pre-tokenizer. Used for the hold of per-token requests, for charging when a provider reports no
- * `usage`, and to enforce the completion bound while streaming.
+ * Token counting for o200k_base (the encoding of current OpenAI models): gpt-tokenizer's pre-tokenizer
+ * and vocabulary (its `.tiktoken` file), tiktoken's merge rule. Used for the hold of per-token requests,
+ * for charging when a provider reports no `usage`, and to enforce the completion bound while streaming.
+ * The count is exactly gpt-tokenizer's (test/chat-token-counting.test.ts).
  *
- * Counting is linear in the input: gpt-tokenizer's merge loop rescans the whole piece on every merge,
- * so one long piece (a run of 1 MB of "a" is one pre-tokenizer piece) costs O(n²) — minutes. Here a
- * piece longer than SHORT_PIECE is merged with a priority queue instead (O(n log n)), with the same rule
- * as tiktoken (lowest rank first, leftmost on ties), so the count is exactly gpt-tokenizer's. Short
- * pieces, the overwhelming majority, still go through gpt-tokenizer (and its merge cache).
+ * The vocabulary is read on the first count (a process that counts nothing never holds it) into a
+ * compact table (./bpe-table.ts): about 5 MB, where importing gpt-tokenizer's o200k module kept some
+ * 20 MB of heap for as long as the process lived.
+ *
+ * Counting is linear in the input: a merge loop that rescans the whole piece on every merge (tiktoken's,
+ * gpt-tokenizer's) makes one long piece (a run of 1 MB of "a" is one pre-tokenizer piece) cost O(n²) —
+ * minutes. Here a piece longer than SHORT_PIECE_BYTES is merged with a priority queue instead
+ * (O(n log n)), with the same rule (lowest rank first, leftmost on ties), so the count is the same.
  *
  * Text is always counted as text: `<|endoftext|>` in a prompt is ordinary characters (as OpenAI counts
  * user content), where gpt-tokenizer's `countTokens` would throw.
  */
 
-/** The parts of gpt-tokenizer's BPE core used here (runtime fields its typings mark private). */
-interface BpeCore {
-  tokenSplitRegex: RegExp;
-  bytePairRankDecoder: Array<string | number[] | undefined>;
-  getBpeRankFromString(text: string): number | undefined;
-  getBpeRankFromBytes(bytes: Uint8Array): number | undefined;
-  bytePairEncode(piece: string): number[];
-}
+let table: BpeTable | undefined;
 
-const core = (o200k as unknown as { bytePairEncodingCoreProcessor: BpeCore }).bytePairEncodingCoreProcessor;
-if (
-  !(core?.tokenSplitRegex instanceof RegExp) ||
-  typeof core.getBpeRankFromString !== 'function' ||
-  typeof core.getBpeRankFromBytes !== 'function' ||
-  typeof core.bytePairEncode !== 'function' ||
-  !Array.isArray(core.bytePairRankDecoder)
-) {
-  throw new Error('gpt-tokenizer changed its internals: src/chat/tokens.ts needs an update');
+/** The o200k_base vocabulary, read on first use and shared by every count. */
+function o200k(): BpeTable {
+  if (!table) {
+    const file = createRequire(import.meta.url).resolve('gpt-tokenizer/data/o200k_base.tiktoken');
+    table = new BpeTable(readFileSync(file, 'latin1'));
+    // Heap keys are rank * SHIFT + start (see mergeCount).
+    if (table.size >= 2 ** 18) throw new Error('src/chat/tokens.ts: vocabulary too large');
+  }
+  return table;
 }
 
 const utf8 = new TextEncoder();
-const ASCII = /^\p{ASCII}*$/u;
-
-/** Longest token of the vocabulary in bytes (128 for o200k_base): no merge can produce a longer one. */
-const MAX_TOKEN_BYTES = core.bytePairRankDecoder.reduce<number>(
-  (max, token) =>
-    Math.max(
-      max,
-      token === undefined ? 0 : typeof token === 'string' ? utf8.encode(token).length : token.length,
-    ),
-  0,
-);
 
 /** Heap keys are rank * SHIFT + start (see mergeCount). */
 const SHIFT = 2 ** 34;
-if (core.bytePairRankDecoder.length >= 2 ** 18) throw new Error('src/chat/tokens.ts: vocabulary too large');
 
-/** Pieces up to this many UTF-16 units go through gpt-tokenizer's own merge (quadratic, but small). */
-const SHORT_PIECE = 64;
+/** Pieces up to this many bytes are merged by tiktoken's own loop (quadratic, but small). */
+const SHORT_PIECE_BYTES = 192;
+
+/** Pieces up to this many UTF-16 units are encoded into a buffer kept for the next one. */
+const SCRATCH_UNITS = 4096;
+let scratch = new Uint8Array(3 * 256);
 
 /**
  * Margin of the hold over the counted prompt when none is given: the o200k family's default (the model's
@@ -76,11 +68,38 @@ const PROMPT_FIELDS = ['tools', 'functions', 'tool_choice', 'response_format'] a
 /** Counts one text: the exact o200k_base token count. */
 export type TextCounter = (text: string) => number;
 
+/**
+ * The pre-tokenizer, sticky: `test` moves `lastIndex` to the end of each piece without building a match
+ * array (`matchAll` also built an iterator). Its pieces cover any text end to end; should one ever not
+ * start where the last ended, the rest is split the usual way. Shared: counting is synchronous and never
+ * re-entered.
+ */
+const piece = new RegExp(O200K_TOKEN_SPLIT_REGEX.source, 'yu');
+const pieces = new RegExp(O200K_TOKEN_SPLIT_REGEX.source, 'gu');
+
 /** The exact o200k_base token count of a text, in O(n log n). */
 export function countText(text: string): number {
   if (!text) return 0;
   let tokens = 0;
-  for (const [piece] of text.matchAll(core.tokenSplitRegex)) tokens += countPiece(piece);
+  let start = 0;
+  piece.lastIndex = 0;
+  while (start < text.length) {
+    if (!piece.test(text)) return tokens + countFrom(text, start);
+    const end = piece.lastIndex;
+    tokens += countPiece(text.slice(start, end));
+    start = end;
+  }
+  return tokens;
+}
+
+function countFrom(text: string, start: number): number {
+  let tokens = 0;
+  pieces.lastIndex = start;
+  let match = pieces.exec(text);
+  while (match !== null) {
+    tokens += countPiece(match[0]);
+    match = pieces.exec(text);
+  }
   return tokens;
 }
 
@@ -103,7 +122,7 @@ export function boundingCounter(budgetBytes = EXACT_COUNT_BUDGET_BYTES): TextCou
       return countText(text);
     }
     let tokens = 0;
-    const split = new RegExp(core.tokenSplitRegex.source, 'gu');
+    const split = new RegExp(O200K_TOKEN_SPLIT_REGEX.source, 'gu');
     let match: RegExpExecArray | null = split.exec(text);
     while (match !== null) {
       if (left <= 0) {
@@ -129,9 +148,81 @@ export function boundingCounter(budgetBytes = EXACT_COUNT_BUDGET_BYTES): TextCou
 }
 
 function countPiece(piece: string): number {
-  if (core.getBpeRankFromString(piece) !== undefined) return 1;
-  if (piece.length <= SHORT_PIECE) return core.bytePairEncode(piece).length;
-  return mergeCount(piece);
+  const bpe = o200k();
+  let bytes: Uint8Array;
+  let n: number;
+  if (piece.length <= SCRATCH_UNITS) {
+    if (scratch.length < 3 * piece.length) scratch = new Uint8Array(3 * SCRATCH_UNITS);
+    bytes = scratch;
+    n = 0;
+    for (; n < piece.length; n++) {
+      const c = piece.charCodeAt(n);
+      if (c >= 0x80) break;
+      bytes[n] = c;
+    }
+    if (n < piece.length) n = utf8.encodeInto(piece, bytes).written;
+  } else {
+    bytes = utf8.encode(piece);
+    n = bytes.length;
+  }
+  if (bpe.rank(bytes, 0, n) >= 0) return 1;
+  if (n > SHORT_PIECE_BYTES) return mergeCount(bpe, bytes, n);
+  let count = merged.get(piece);
+  if (count === undefined) {
+    count = mergeShort(bpe, bytes, n);
+    if (merged.size >= MERGED_PIECES) merged.delete(merged.keys().next().value!);
+    merged.set(piece, count);
+  }
+  return count;
+}
+
+/**
+ * Counts of the short pieces that are not one token (words of languages other than English, mostly):
+ * the most recent MERGED_PIECES, oldest out first. (gpt-tokenizer keeps 100,000 such results.)
+ */
+const MERGED_PIECES = 16_384;
+const merged = new Map<string, number>();
+
+const NO_RANK = 0x7fffffff;
+const starts = new Int32Array(SHORT_PIECE_BYTES + 1);
+const ranks = new Int32Array(SHORT_PIECE_BYTES + 1);
+
+function rankOr(bpe: BpeTable, bytes: Uint8Array, start: number, end: number): number {
+  const rank = bpe.rank(bytes, start, end);
+  return rank < 0 ? NO_RANK : rank;
+}
+
+/**
+ * tiktoken's byte-pair merge of a short piece: merge the adjacent pair of lowest rank (leftmost on ties)
+ * until no pair is a token. Returns the number of tokens.
+ */
+function mergeShort(bpe: BpeTable, bytes: Uint8Array, n: number): number {
+  let parts = n + 1;
+  for (let i = 0; i < parts; i++) {
+    starts[i] = i;
+    ranks[i] = i + 2 <= n ? rankOr(bpe, bytes, i, i + 2) : NO_RANK;
+  }
+  while (parts > 1) {
+    let lowest = NO_RANK;
+    let at = -1;
+    for (let i = 0; i < parts - 1; i++) {
+      if (ranks[i]! < lowest) {
+        lowest = ranks[i]!;
+        at = i;
+      }
+    }
+    if (at < 0) break;
+    // The part at `at` takes in the next one: its pair (and the previous part's) is now longer.
+    ranks[at] = at + 3 < parts ? rankOr(bpe, bytes, starts[at]!, starts[at + 3]!) : NO_RANK;
+    if (at > 0)
+      ranks[at - 1] = at + 2 < parts ? rankOr(bpe, bytes, starts[at - 1]!, starts[at + 2]!) : NO_RANK;
+    for (let i = at + 1; i < parts - 1; i++) {
+      starts[i] = starts[i + 1]!;
+      ranks[i] = ranks[i + 1]!;
+    }
+    parts--;
+  }
+  return parts - 1;
 }
 
 /**
@@ -139,16 +230,10 @@ function countPiece(piece: string): number {
  * adjacent pair, leftmost among equal ranks — the pair tiktoken's linear scan picks — so the result is
  * the same, in O(n log n). Stale heap entries are skipped on pop. Returns the number of tokens.
  */
-function mergeCount(piece: string): number {
-  const ascii = ASCII.test(piece);
-  const bytes = ascii ? undefined : utf8.encode(piece);
-  const n = bytes ? bytes.length : piece.length;
+function mergeCount(bpe: BpeTable, bytes: Uint8Array, n: number): number {
   const rankOf = (start: number, end: number): number => {
-    if (end - start > MAX_TOKEN_BYTES) return Number.POSITIVE_INFINITY;
-    const rank = ascii
-      ? core.getBpeRankFromString(piece.slice(start, end))
-      : core.getBpeRankFromBytes(bytes!.subarray(start, end));
-    return rank ?? Number.POSITIVE_INFINITY;
+    const rank = bpe.rank(bytes, start, end);
+    return rank < 0 ? Number.POSITIVE_INFINITY : rank;
   };
   // Parts as a linked list over their start offsets; `next[i]` is where the part starting at i ends.
   const next = new Int32Array(n + 1);
@@ -311,7 +396,33 @@ export function contentText(content: ChatMessage['content'] | undefined): string
  * tokenizer (a decimal string such as "1.25"), rounded up — exactly, in decimals.
  */
 export function promptTokensUpperBound(counted: number, margin: string = DEFAULT_PROMPT_MARGIN): number {
+  const m = marginOf(margin);
+  if (m) {
+    // Exact in integers: ceil(counted × units / scale), while the product stays a safe integer.
+    const product = counted * m.units;
+    if (Number.isSafeInteger(product)) {
+      const rest = product % m.scale;
+      return (product - rest) / m.scale + (rest > 0 ? 1 : 0);
+    }
+  }
   return new Money(counted).times(margin).ceil().toNumber();
+}
+
+/** A margin such as "1.25" as 125 / 100 (undefined: not a plain decimal; decimal.js then). */
+const margins = new Map<string, { units: number; scale: number } | undefined>();
+
+function marginOf(margin: string): { units: number; scale: number } | undefined {
+  if (margins.has(margin)) return margins.get(margin);
+  const match = /^(\d{1,6})(?:\.(\d{1,6}))?$/.exec(margin);
+  const parsed = match
+    ? {
+        units: Number(match[1]! + (match[2] ?? '')),
+        scale: 10 ** (match[2]?.length ?? 0),
+      }
+    : undefined;
+  // Margins come from model rows (a handful); the map stays small.
+  if (margins.size < 1000) margins.set(margin, parsed);
+  return parsed;
 }
 
 /**

@@ -1,8 +1,8 @@
 import {
   createCipheriv,
   createDecipheriv,
-  createHash,
   createHmac,
+  hash,
   randomBytes,
   timingSafeEqual,
 } from 'node:crypto';
@@ -133,7 +133,8 @@ function decrypt(encKey: Buffer, iv: string, tag: string, body: string): string 
 }
 
 export function sha256Hex(value: string): string {
-  return createHash('sha256').update(value).digest('hex');
+  // One-shot: no Hash object per call (every API request hashes its key).
+  return hash('sha256', value, 'hex');
 }
 
 /** Constant-time comparison of two strings; false when the lengths differ. */

@@ -8,7 +8,10 @@ import { randomBytes, randomFillSync } from 'node:crypto';
 const ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz';
 
 let lastTime = -1;
-let lastRandom: number[] = [];
+/** The time part of the last id (encoded once per millisecond). */
+let lastTimeText = '';
+/** The random part of the last id, one base32 digit (0–31) per byte. */
+const lastRandom = new Uint8Array(16);
 
 function encodeTime(ms: number): string {
   let out = '';
@@ -24,34 +27,27 @@ function encodeTime(ms: number): string {
 const pool = Buffer.alloc(4096);
 let poolOffset = pool.length;
 
-function randomChunk(): Buffer {
+/** Sets `lastRandom` to the random part of the next id made at `now` (no allocation). */
+function nextRandom(now: number): void {
+  if (now === lastTime) {
+    for (let i = lastRandom.length - 1; i >= 0; i--) {
+      if (lastRandom[i]! < 31) {
+        lastRandom[i]!++;
+        return;
+      }
+      lastRandom[i] = 0;
+    }
+    return;
+  }
   if (poolOffset + 16 > pool.length) {
     randomFillSync(pool);
     poolOffset = 0;
   }
-  const chunk = pool.subarray(poolOffset, poolOffset + 16);
+  for (let i = 0; i < 16; i++) lastRandom[i] = pool[poolOffset + i]! % 32;
   poolOffset += 16;
-  return chunk;
-}
-
-function nextRandom(now: number): number[] {
-  if (now === lastTime) {
-    const r = lastRandom.slice();
-    for (let i = r.length - 1; i >= 0; i--) {
-      if (r[i]! < 31) {
-        r[i]!++;
-        break;
-      }
-      r[i] = 0;
-    }
-    lastRandom = r;
-    return r;
-  }
-  const bytes = randomChunk();
-  lastTime = now;
-  lastRandom = Array.from(bytes, (b) => b % 32);
   lastRandom[0] = lastRandom[0]! % 16; // leave headroom for increments
-  return lastRandom;
+  lastTime = now;
+  lastTimeText = encodeTime(now);
 }
 
 export type IdPrefix =
@@ -78,11 +74,10 @@ export type IdPrefix =
   | 'pay';
 
 export function newId(prefix: IdPrefix): string {
-  const now = Date.now();
-  const random = nextRandom(now)
-    .map((n) => ALPHABET[n])
-    .join('');
-  return `${prefix}_${encodeTime(now)}${random}`;
+  nextRandom(Date.now());
+  let id = `${prefix}_${lastTimeText}`;
+  for (let i = 0; i < 16; i++) id += ALPHABET[lastRandom[i]!];
+  return id;
 }
 
 /** A random token of the given byte length in base64url. */

@@ -56,9 +56,44 @@ const DECIMAL_RE = /^(0|[1-9]\d*)(\.\d+)?$/;
 
 /** Canonical string of a decimal: no exponent, no trailing zeros beyond the fraction needed. */
 export function formatAmount(value: Decimal.Value): string {
-  const d = new Money(value);
-  const s = d.toFixed();
+  // A plain decimal string (Postgres NUMERIC text, amounts in transit): the same canonical form
+  // without building a Decimal.
+  if (typeof value === 'string') {
+    const canonical = canonicalDecimal(value);
+    if (canonical !== undefined) return canonical;
+  }
+  const s = (Decimal.isDecimal(value) ? (value as Decimal) : new Money(value)).toFixed();
   return s.includes('.') ? s.replace(/0+$/, '').replace(/\.$/, '') : s;
+}
+
+const isDigit = (c: number) => c >= 48 && c <= 57;
+
+/**
+ * `-?digits(.digits)?` in canonical form — leading zeros of the integer and trailing zeros of the
+ * fraction dropped, zero without a sign — in one pass; undefined for anything else.
+ */
+function canonicalDecimal(value: string): string | undefined {
+  const n = value.length;
+  let i = value.charCodeAt(0) === 45 ? 1 : 0;
+  const whole = i;
+  while (i < n && isDigit(value.charCodeAt(i))) i++;
+  const wholeEnd = i;
+  if (wholeEnd === whole) return undefined;
+  let end = wholeEnd;
+  if (i < n) {
+    if (value.charCodeAt(i) !== 46) return undefined;
+    const fraction = ++i;
+    while (i < n && isDigit(value.charCodeAt(i))) i++;
+    if (i === fraction || i < n) return undefined;
+    end = n;
+    while (end > fraction && value.charCodeAt(end - 1) === 48) end--;
+    if (end === fraction) end = wholeEnd; // nothing but zeros after the point
+  }
+  let start = whole;
+  while (start < wholeEnd - 1 && value.charCodeAt(start) === 48) start++;
+  const digits = start === 0 && end === n ? value : value.slice(start, end);
+  if (whole === 0) return digits;
+  return digits === '0' ? '0' : `-${digits}`;
 }
 
 /** Formats with at least the currency's decimals (e.g. "10.50" for usd), keeping any finer digits. */

@@ -51,6 +51,20 @@ const PARTS: Record<string, InputPart> = {
   headers: 'headers',
 };
 
+const fastPaths = new WeakMap<z.ZodType, (data: unknown) => unknown>();
+
+/**
+ * Gives a route schema a cheaper check for its common inputs: `fast` returns exactly what the schema's
+ * parse would (a test must hold the two together), or undefined to let the schema parse — and word the
+ * error.
+ */
+export function addFastPath<S extends z.ZodType>(
+  schema: S,
+  fast: (data: unknown) => z.output<S> | undefined,
+) {
+  fastPaths.set(schema, fast);
+}
+
 /**
  * fastify's validator compiler for zod route schemas: valid input replaces the request's part with the
  * parsed value (defaults and transforms applied); invalid input fails the request with
@@ -58,7 +72,12 @@ const PARTS: Record<string, InputPart> = {
  */
 export const validatorCompiler: FastifySchemaCompiler<z.ZodType> = ({ schema, httpPart }) => {
   const where = PARTS[httpPart ?? 'body'] ?? 'body';
+  const fast = fastPaths.get(schema);
   return (data: unknown) => {
+    if (fast) {
+      const value = fast(data);
+      if (value !== undefined) return { value };
+    }
     const result = schema.safeParse(data);
     if (result.success) return { value: result.data };
     return { error: validationError(result.error, where) };

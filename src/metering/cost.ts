@@ -74,10 +74,16 @@ export function tokenCost(
   cachedInputTokens = 0,
 ): string {
   const cached = Math.min(cachedInputTokens, inputTokens);
+  const cachedPrice = pricing.cachedInputPerMillion ?? pricing.inputPerMillion;
+  const fast = integerCost(
+    [pricing.inputPerMillion, cachedPrice, pricing.outputPerMillion],
+    [inputTokens - cached, cached, outputTokens],
+  );
+  if (fast !== undefined) return fast;
   return formatAmount(
     pricing.inputPerMillion
       .times(inputTokens - cached)
-      .plus((pricing.cachedInputPerMillion ?? pricing.inputPerMillion).times(cached))
+      .plus(cachedPrice.times(cached))
       .plus(pricing.outputPerMillion.times(outputTokens))
       .div(MILLION),
   );
@@ -89,12 +95,68 @@ export function tokenHold(
   inputTokens: number,
   outputTokens: number,
 ): string {
-  const input = Money.max(pricing.inputPerMillion, pricing.cachedInputPerMillion);
+  // (The larger of the two prices themselves, not a copy: their integer units are cached per price.)
+  const input = pricing.cachedInputPerMillion.gt(pricing.inputPerMillion)
+    ? pricing.cachedInputPerMillion
+    : pricing.inputPerMillion;
   return tokenCost(
     { inputPerMillion: input, outputPerMillion: pricing.outputPerMillion },
     inputTokens,
     outputTokens,
   );
+}
+
+/** A price per million as an integer count of 10^-decimals units (prices are plain, non-negative). */
+interface PriceUnits {
+  units: number;
+  decimals: number;
+}
+
+const priceUnits = new WeakMap<Money, PriceUnits | null>();
+
+function unitsOf(price: Money): PriceUnits | null {
+  let found = priceUnits.get(price);
+  if (found !== undefined) return found;
+  const match = /^(\d+)(?:\.(\d+))?$/.exec(price.toFixed());
+  const units = match ? Number(match[1]! + (match[2] ?? '')) : Number.NaN;
+  found = Number.isSafeInteger(units) ? { units, decimals: match![2]?.length ?? 0 } : null;
+  priceUnits.set(price, found);
+  return found;
+}
+
+/**
+ * Σ tokens × price / 1e6, exactly, in integers: each price is a whole number of 10^-d units (d its
+ * decimals, at most PRICE_SCALE for prices of the pricing file), so the cost is a whole number of
+ * 10^-(D+6) units, D the most decimals of the prices. Undefined when a price is not a plain decimal or
+ * a product leaves the safe integers: decimal.js then, with the same result.
+ */
+function integerCost(prices: Money[], tokens: number[]): string | undefined {
+  let decimals = 0;
+  const units: PriceUnits[] = [];
+  for (const price of prices) {
+    const u = unitsOf(price);
+    if (!u) return undefined;
+    units.push(u);
+    if (u.decimals > decimals) decimals = u.decimals;
+  }
+  let total = 0;
+  for (let i = 0; i < units.length; i++) {
+    const count = tokens[i]!;
+    if (!Number.isSafeInteger(count) || count < 0) return undefined;
+    total += count * units[i]!.units * 10 ** (decimals - units[i]!.decimals);
+    if (!Number.isSafeInteger(total)) return undefined;
+  }
+  return scaledToDecimal(total, decimals + 6);
+}
+
+/** The canonical decimal string of `value` × 10^-scale (value a non-negative safe integer). */
+function scaledToDecimal(value: number, scale: number): string {
+  if (value === 0) return '0';
+  const digits = String(value).padStart(scale + 1, '0');
+  const cut = digits.length - scale;
+  let end = digits.length;
+  while (end > cut && digits.charCodeAt(end - 1) === 48) end--;
+  return end === cut ? digits.slice(0, cut) : `${digits.slice(0, cut)}.${digits.slice(cut, end)}`;
 }
 
 /** The real cost of a served request under a metered pricing. */

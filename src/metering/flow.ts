@@ -29,6 +29,7 @@ import {
   sendStream,
   sseMessage,
 } from './relay.ts';
+import { requestMetricsOf } from './request-metrics.ts';
 import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
 
 /**
@@ -352,10 +353,12 @@ export class MeteredFlow {
     const reader = x.api.streamReader!(x);
     const sink = new SseSink(
       reply,
-      { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId },
+      // (Rate limit headers are only ever set when the project has limits.)
+      this.#limits.applies(x.project)
+        ? { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId }
+        : { 'x-tollgate-request-id': x.requestId },
       () => {
-        this.#ctx.metrics.timeToFirstToken.observe(
-          { project: x.project.id, model: x.model.id },
+        requestMetricsOf(this.#ctx.metrics, x.project.id, x.model).firstToken(
           (performance.now() - x.started) / 1000,
         );
         this.#observe(x, performance.now() - upstreamStarted, true);
@@ -619,21 +622,15 @@ export class MeteredFlow {
    */
   #finish<B extends MeteredBody>(x: Exchange<B>, end: Ending): Promise<unknown> {
     const ctx = this.#ctx;
-    const labels = { project: x.project.id, model: x.model.id };
-    ctx.metrics.requests.inc({
-      ...labels,
-      decision: 'allowed',
-      outcome: end.outcome,
-      stream: String(x.stream),
-    });
+    const metrics = requestMetricsOf(ctx.metrics, x.project.id, x.model);
+    metrics.allowed(end.outcome, x.stream);
     if (!end.charge) {
       this.#release(x);
       return Promise.resolve();
     }
     const usage = usageOf(x, end.usage, end.produced);
     const source = usageSourceOf(end.usage);
-    ctx.metrics.inputTokens.inc(labels, usage.input);
-    ctx.metrics.outputTokens.inc(labels, usage.output);
+    metrics.tokens(usage.input, usage.output);
     const cost = requestCost(x.pricing, usage);
     x.span?.setAttributes({
       'gen_ai.usage.input_tokens': usage.input,
@@ -717,10 +714,11 @@ export class MeteredFlow {
   }
 
   #observe<B extends MeteredBody>(x: Exchange<B>, upstreamMs: number, stream = false): void {
-    const metrics = this.#ctx.metrics;
-    const labels = { project: x.project.id, model: x.model.id };
-    metrics.upstreamLatency.observe({ ...labels, stream: String(stream) }, upstreamMs / 1000);
-    metrics.overhead.observe(labels, Math.max(0, performance.now() - x.started - upstreamMs) / 1000);
+    requestMetricsOf(this.#ctx.metrics, x.project.id, x.model).latency(
+      upstreamMs / 1000,
+      Math.max(0, performance.now() - x.started - upstreamMs) / 1000,
+      stream,
+    );
   }
 
   /** Writes an event outside a transaction when some subscription wants it (off the response path). */
@@ -729,6 +727,8 @@ export class MeteredFlow {
     type: EventType,
     data: Record<string, unknown>,
   ): Promise<unknown> | undefined {
+    // (Most projects subscribe to nothing: asked first, nothing else is made.)
+    if (!this.#ctx.events.wants(x.project.id, type)) return undefined;
     return this.#events(x, [[type, data]]);
   }
 

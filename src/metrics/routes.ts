@@ -1,4 +1,8 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { CounterSeries, HistogramSeries } from './series.ts';
+
+type HttpLabel = 'project' | 'route' | 'method' | 'status';
+type DurationLabel = 'project' | 'route' | 'method';
 
 /**
  * `GET /metrics` in Prometheus' text format (no API key: keep the port off the public ingress or let a
@@ -11,11 +15,29 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 export async function metricsRoutes(app: FastifyInstance): Promise<void> {
   const metrics = app.ctx.metrics;
 
-  app.addHook('onResponse', async (request: FastifyRequest, reply: FastifyReply) => {
+  // A callback hook (no promise per request), recording into series kept per label set
+  // (./series.ts): as many as the metrics have label sets.
+  const series = new Map<
+    string,
+    { requests: CounterSeries<HttpLabel>; duration: HistogramSeries<DurationLabel> }
+  >();
+  app.addHook('onResponse', (request: FastifyRequest, reply: FastifyReply, done: () => void) => {
     const route = request.routeOptions.url ?? 'unmatched';
     const project = (request as { project?: { id: string } | null }).project?.id ?? '';
-    metrics.httpRequests.inc({ project, route, method: request.method, status: String(reply.statusCode) });
-    metrics.httpRequestDuration.observe({ project, route, method: request.method }, reply.elapsedTime / 1000);
+    const method = request.method;
+    const status = reply.statusCode;
+    const key = `${project}\u0000${route}\u0000${method}\u0000${status}`;
+    let found = series.get(key);
+    if (!found) {
+      found = {
+        requests: new CounterSeries(metrics.httpRequests, { project, route, method, status: String(status) }),
+        duration: new HistogramSeries(metrics.httpRequestDuration, { project, route, method }),
+      };
+      series.set(key, found);
+    }
+    found.requests.inc();
+    found.duration.observe(reply.elapsedTime / 1000);
+    done();
   });
 
   app.get('/metrics', async (_request, reply) => {

@@ -1,8 +1,8 @@
 import type { Transaction } from 'kysely';
-import { parse as parseYaml } from 'yaml';
 import { badRequest } from '../core/errors.ts';
 import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
+import { yaml } from '../core/yaml.ts';
 import type { Database } from '../db/index.ts';
 import type { DB, ModelRow, ProjectLimits } from '../db/schema.ts';
 import { holdMarginOf } from './hold-margin.ts';
@@ -26,7 +26,7 @@ export interface ApplyResult {
 export function parsePricingFile(text: string): PricingFile {
   let doc: unknown;
   try {
-    doc = parseYaml(text);
+    doc = yaml().parse(text);
   } catch (err) {
     throw badRequest(`pricing file is not valid YAML: ${(err as Error).message.split('\n')[0]}`, 'file');
   }

@@ -41,7 +41,7 @@ export interface PaymentProvider {
    */
   chargeSavedCard(input: SavedCardCharge): Promise<{ id: string; status: string }>;
   /** Verifies the signature (throws WebhookSignatureError) and normalises the event. */
-  parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): WebhookAction;
+  parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): Promise<WebhookAction>;
 }
 
 export interface CheckoutInput {

@@ -478,7 +478,7 @@ export async function handleWebhook(
   }
   let action: WebhookAction;
   try {
-    action = payments.provider.parseWebhook(rawBody, signature, payments.webhookSecret());
+    action = await payments.provider.parseWebhook(rawBody, signature, payments.webhookSecret());
   } catch (err) {
     if (err instanceof WebhookSignatureError) {
       return {

@@ -52,6 +52,11 @@ export class ProjectDirectory {
     await this.#unsubscribe?.();
   }
 
+  /** The project from memory, without a promise: null when gone, undefined when `get` has to load it. */
+  cached(projectId: string): ProjectContext | null | undefined {
+    return this.#cache.get(projectId);
+  }
+
   async get(projectId: string): Promise<ProjectContext | undefined> {
     const found = await this.#cache.getOrLoad(
       projectId,

@@ -174,7 +174,11 @@ export class Router {
         const client = this.#client(config);
         const upstreamCall: UpstreamCall = {
           path: call.path,
-          body: { ...call.body, model: candidate.route.model },
+          // (The flow already named the model's own upstream model: no copy for the usual single route.)
+          body:
+            call.body.model === candidate.route.model
+              ? call.body
+              : { ...call.body, model: candidate.route.model },
           signal: attempt.signal,
           headers: withTraceHeaders(span, call.headers),
         };

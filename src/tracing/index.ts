@@ -1,32 +1,13 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import {
   type Attributes,
-  type Context,
-  defaultTextMapGetter,
-  defaultTextMapSetter,
   type Link,
-  ROOT_CONTEXT,
   type Span,
+  type SpanContext,
   SpanKind,
   SpanStatusCode,
-  type Tracer,
-  trace,
 } from '@opentelemetry/api';
-import { parseTraceParent, W3CTraceContextPropagator } from '@opentelemetry/core';
-import { OTLPTraceExporter as JsonExporter } from '@opentelemetry/exporter-trace-otlp-http';
-import { OTLPTraceExporter as ProtoExporter } from '@opentelemetry/exporter-trace-otlp-proto';
-import { resourceFromAttributes } from '@opentelemetry/resources';
-import {
-  AlwaysOffSampler,
-  AlwaysOnSampler,
-  BatchSpanProcessor,
-  ParentBasedSampler,
-  type Sampler,
-  type SpanExporter,
-  TraceIdRatioBasedSampler,
-  TracerProvider,
-} from '@opentelemetry/sdk-trace';
-import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic-conventions';
+import type { SpanExporter } from '@opentelemetry/sdk-trace';
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.ts';
 
@@ -36,14 +17,23 @@ import type { Config } from '../config/index.ts';
  * `OTEL_TRACES_EXPORTER` is not `none`. Spans go over OTLP/HTTP (`http/protobuf` or `http/json`) in
  * batches. The tracer provider belongs to the app context (not registered globally); the active span
  * is kept in this module's AsyncLocalStorage, entered only while tracing is on, so the hot path of an
- * untraced process creates no span objects and the log mixin finds nothing.
+ * untraced process creates no span objects and the log mixin finds nothing. The SDK, the exporters and
+ * the W3C propagator (./sdk.ts) are imported only when tracing is on: an untraced process never loads
+ * them.
  */
 
 export type { Span };
 
-/** The span of the code running now (only ever set while some context traces). */
-const active = new AsyncLocalStorage<Span>();
-const propagator = new W3CTraceContextPropagator();
+/** The span of the code running now (only ever set while some context traces; ./sdk.ts enters it). */
+export const active = new AsyncLocalStorage<Span>();
+
+/** ./sdk.ts once some context started tracing (spans only exist from then on). */
+let sdk: typeof import('./sdk.ts') | undefined;
+
+function loaded(): typeof import('./sdk.ts') {
+  if (!sdk) throw new Error('tracing: a span exists but the SDK was never started');
+  return sdk;
+}
 
 export interface Tracing {
   readonly enabled: boolean;
@@ -92,24 +82,6 @@ export function tracesUrl(config: Config): string {
   return `${base}/v1/traces`;
 }
 
-function samplerOf(config: Config): Sampler {
-  const ratio = config.OTEL_TRACES_SAMPLER_ARG ?? 1;
-  switch (config.OTEL_TRACES_SAMPLER) {
-    case 'always_on':
-      return new AlwaysOnSampler();
-    case 'always_off':
-      return new AlwaysOffSampler();
-    case 'traceidratio':
-      return new TraceIdRatioBasedSampler(ratio);
-    case 'parentbased_always_off':
-      return new ParentBasedSampler({ root: new AlwaysOffSampler() });
-    case 'parentbased_traceidratio':
-      return new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(ratio) });
-    default:
-      return new ParentBasedSampler({ root: new AlwaysOnSampler() });
-  }
-}
-
 export interface TracingOptions {
   /** Replaces the OTLP exporter (tests). */
   exporter?: SpanExporter;
@@ -117,71 +89,15 @@ export interface TracingOptions {
   scheduledDelayMillis?: number;
 }
 
-/** Starts tracing when the settings turn it on; else the no-op tracing. */
-export function startTracing(config: Config, log?: Logger, options: TracingOptions = {}): Tracing {
+/** Starts tracing when the settings turn it on (importing the SDK then); else the no-op tracing. */
+export async function startTracing(
+  config: Config,
+  log?: Logger,
+  options: TracingOptions = {},
+): Promise<Tracing> {
   if (!tracingEnabled(config)) return off;
-  const url = tracesUrl(config);
-  // Headers (OTEL_EXPORTER_OTLP_HEADERS, …) are read by the exporter from the environment itself.
-  const exporter =
-    options.exporter ??
-    (config.OTEL_EXPORTER_OTLP_PROTOCOL === 'http/json'
-      ? new JsonExporter({ url })
-      : new ProtoExporter({ url }));
-  const provider = new TracerProvider({
-    resource: resourceFromAttributes({
-      [ATTR_SERVICE_NAME]: config.OTEL_SERVICE_NAME,
-      [ATTR_SERVICE_VERSION]: process.env.npm_package_version ?? '0.1.0',
-    }),
-    sampler: samplerOf(config),
-    spanProcessors: [
-      new BatchSpanProcessor({ exporter, scheduledDelayMillis: options.scheduledDelayMillis ?? 1000 }),
-    ],
-  });
-  const tracer: Tracer = provider.getTracer('tollgate');
-  // (debug: CLI commands build the same context and print to stdout)
-  log?.debug(
-    { url, protocol: config.OTEL_EXPORTER_OTLP_PROTOCOL },
-    'tracing: exporting spans over OTLP/HTTP',
-  );
-  const parent = (): Context => {
-    const span = active.getStore();
-    return span ? trace.setSpan(ROOT_CONTEXT, span) : ROOT_CONTEXT;
-  };
-  let closed: Promise<void> | undefined;
-  const tracing: Tracing = {
-    enabled: true,
-    startServer(name, headers, attributes) {
-      const from = propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
-      return tracer.startSpan(name, { kind: SpanKind.SERVER, attributes }, from);
-    },
-    start(name, attributes, opts = {}) {
-      return tracer.startSpan(
-        name,
-        { kind: opts.kind ?? SpanKind.INTERNAL, attributes, links: opts.links },
-        opts.root ? ROOT_CONTEXT : parent(),
-      );
-    },
-    run(span, fn) {
-      return span ? active.run(span, fn) : fn();
-    },
-    async span(name, attributes, fn) {
-      const span = tracing.start(name, attributes)!;
-      try {
-        return await active.run(span, () => fn(span));
-      } catch (err) {
-        failed(span, err);
-        throw err;
-      } finally {
-        span.end();
-      }
-    },
-    shutdown() {
-      closed ??= provider.shutdown().catch((err) => log?.warn({ err }, 'tracing: shutdown failed'));
-      return closed;
-    },
-    flush: () => provider.forceFlush(),
-  };
-  return tracing;
+  sdk ??= await import('./sdk.ts');
+  return sdk.startSdkTracing(config, log, options);
 }
 
 /** Marks a span failed with the error's message (never a request body). */
@@ -201,9 +117,7 @@ export function activeTraceparent(): string | undefined {
 }
 
 export function traceparentOf(span: Span): string {
-  const carrier: Record<string, string> = {};
-  propagator.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, defaultTextMapSetter);
-  return carrier.traceparent!;
+  return loaded().traceparentOf(span);
 }
 
 /** Headers with the `traceparent` (and `tracestate`) of `span` added; `headers` as is without one. */
@@ -212,15 +126,13 @@ export function withTraceHeaders(
   headers: Record<string, string> | undefined,
 ): Record<string, string> | undefined {
   if (!span) return headers;
-  const carrier: Record<string, string> = { ...headers };
-  propagator.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, defaultTextMapSetter);
-  return carrier;
+  return loaded().withTraceHeaders(span, headers);
 }
 
 /** A span link to the trace of a stored `traceparent` (an event's), or none when it is unreadable. */
 export function linkTo(traceparent: unknown): Link[] {
   if (typeof traceparent !== 'string') return [];
-  const context = parseTraceParent(traceparent);
+  const context: SpanContext | null = loaded().parseTraceParent(traceparent);
   return context ? [{ context }] : [];
 }
 

@@ -1,5 +1,4 @@
 import { createHash } from 'node:crypto';
-import { decode, encode } from 'gpt-tokenizer';
 import type { ChatRequest } from '../chat/schema.ts';
 import { contentText, countPromptTokens } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
@@ -34,6 +33,7 @@ const ECHO_MAX_CHARS = 2000;
  */
 export class EchoProvider implements Provider {
   async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
+    await loadEncoder();
     if (call.path === '/responses') {
       const json = echoResponse(call.body);
       return { text: JSON.stringify(json), json };
@@ -63,6 +63,7 @@ export class EchoProvider implements Provider {
   }
 
   async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
+    await loadEncoder();
     if (call.path === '/responses') return echoResponseStream(call);
     chatOnly(call.path);
     return echoStream(call);
@@ -93,11 +94,19 @@ interface EchoReply {
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
 }
 
+/** gpt-tokenizer's encoder, imported when the echo first answers (only dev and demo projects use it). */
+let encoder: typeof import('gpt-tokenizer') | undefined;
+
+async function loadEncoder(): Promise<void> {
+  encoder ??= await import('gpt-tokenizer');
+}
+
 /** The echo of a text, cut at `limit` tokens. */
 function echoText(
   said: string,
   limit: number | null | undefined,
 ): { text: string; tokens: number; cut: boolean } {
+  const { encode, decode } = encoder!;
   let tokens = encode(ECHO_PREFIX + said.slice(0, ECHO_MAX_CHARS));
   const cut = Boolean(limit && tokens.length > limit);
   if (cut) tokens = tokens.slice(0, limit!);

@@ -1,6 +1,5 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
-import { stringify as toYaml } from 'yaml';
 import { z } from 'zod';
 import {
   applyModels,
@@ -11,6 +10,7 @@ import {
   putModel,
 } from '../../admin/service.ts';
 import { parseInput, textInput } from '../../core/validation.ts';
+import { yaml as yamlLibrary } from '../../core/yaml.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
 import { parsePricingFile } from '../../models/service.ts';
 import { html } from '../html.ts';
@@ -55,7 +55,7 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
       const pricing = await listModels(ctx, s.principal, project.id);
       const path = projectPath(project.id);
       const managed = project.managedBy.pricing;
-      const yaml = toYaml({
+      const yaml = yamlLibrary().stringify({
         currency: pricing.currency,
         models: pricing.models,
         ...(pricing.limits ? { limits: pricing.limits } : {}),
