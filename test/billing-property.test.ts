@@ -385,7 +385,7 @@ const escrowDefaults = { ESCROW_IDLE_MS: '30000', ESCROW_SLICE_REQUESTS: '16' };
 
 describe.each([
   ['Postgres, a hold per request', perRequest, 1, realPostgres ? 25 : 0],
-  ['Postgres, escrow on two pods', escrowDefaults, 2, realPostgres ? 25 : 0],
+  ['Postgres, escrow on two pods', escrowDefaults, 2, realPostgres ? 15 : 0],
   ['the embedded database, a hold per request', { ...perRequest, DATABASE_URL: '' }, 1, 10],
   ['the embedded database, escrow', { ...escrowDefaults, DATABASE_URL: '' }, 1, 10],
 ])('the billing service on %s', (_name, env, podCount, runs) => {
@@ -407,6 +407,6 @@ describe.each([
     async () => {
       await runProperty(pods, project, runs);
     },
-    120_000,
+    240_000,
   );
 });
