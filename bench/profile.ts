@@ -11,7 +11,8 @@ import { Pool } from 'undici';
  * benchmark's provider and Tollgate (bench/upstream.ts, bench/tollgate.ts) with `--cpu-prof`, sends
  * PROFILE_REQUESTS (default 20000) per-token chat requests at concurrency 16 — half streamed — then
  * stops Tollgate and prints the self time by function and by module (a package of node_modules, a
- * folder of src/, or Node's own), heaviest first.
+ * folder of src/, or Node's own), heaviest first; then by function again without idle time and the
+ * system calls that write to sockets (wall time the kernel and the scheduler take, not Tollgate's code).
  */
 const here = dirname(fileURLToPath(import.meta.url));
 const REQUESTS = Number(process.env.PROFILE_REQUESTS ?? 20_000);
@@ -60,11 +61,15 @@ function moduleOf(url: string, name: string): string {
 async function main() {
   const profDir = mkdtempSync(join(tmpdir(), 'tollgate-profile-'));
   const upstream = await start('upstream.ts', {});
-  const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200' }, [
-    '--cpu-prof',
-    `--cpu-prof-dir=${profDir}`,
-    '--max-semi-space-size=16', // as the image runs it (Dockerfile)
-  ]);
+  const tollgate = await start(
+    'tollgate.ts',
+    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200', MALLOC_ARENA_MAX: '2' },
+    [
+      '--cpu-prof',
+      `--cpu-prof-dir=${profDir}`,
+      '--max-semi-space-size=16', // as the image runs it (Dockerfile)
+    ],
+  );
   const pool = new Pool(tollgate.info.url!, { connections: CONCURRENCY, pipelining: 1 });
   let sent = 0;
   const started = performance.now();
@@ -138,6 +143,21 @@ async function main() {
   console.log('\nSelf time by function:');
   for (const [fn, hits] of [...byFunction].sort((a, b) => b[1] - a[1]).slice(0, 30)) {
     console.log(`  ${pct(hits).padStart(7)}  ${fn}`);
+  }
+  // The sampler counts wall time: a write to a socket (writev, …) is mostly the kernel's loopback work
+  // and time the process waited for a CPU, not the process's own computation. Without those and idle:
+  const waits = new Set(['(idle)', 'writev', 'writeUtf8String', 'writeLatin1String', 'writeBuffer', 'read']);
+  let waited = 0;
+  for (const [fn, hits] of byFunction) if (waits.has(fn.split(' ')[0]!)) waited += hits;
+  const busy = total - waited;
+  console.log(
+    `\nSelf time by function, as a share of the ${busy} samples left without idle and system calls (${((100 * busy) / total).toFixed(1)} % of all):`,
+  );
+  for (const [fn, hits] of [...byFunction]
+    .filter(([fn]) => !waits.has(fn.split(' ')[0]!))
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, 30)) {
+    console.log(`  ${`${((100 * hits) / busy).toFixed(1)} %`.padStart(7)}  ${fn}`);
   }
   console.log(`\nProfile: ${join(profDir, file)}`);
 }

@@ -8,10 +8,16 @@ import { randomBytes, randomFillSync } from 'node:crypto';
 const ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz';
 
 let lastTime = -1;
-/** The time part of the last id (encoded once per millisecond). */
-let lastTimeText = '';
-/** The random part of the last id, one base32 digit (0–31) per byte. */
-const lastRandom = new Uint8Array(16);
+/**
+ * The characters after `<prefix>_` of the last id: 10 of time, 16 random (`digits`, 0–31 each). Updated
+ * in place, read as one latin1 string: an id is two allocations, the text and the joined id.
+ */
+const text = Buffer.alloc(26);
+const digits = new Uint8Array(16);
+
+/** Random bytes are drawn from the kernel a page at a time, then handed out 16 by 16. */
+const pool = Buffer.alloc(4096);
+let poolOffset = pool.length;
 
 function encodeTime(ms: number): string {
   let out = '';
@@ -23,19 +29,17 @@ function encodeTime(ms: number): string {
   return out;
 }
 
-/** Random bytes are drawn from the kernel a page at a time, then handed out 16 by 16. */
-const pool = Buffer.alloc(4096);
-let poolOffset = pool.length;
-
-/** Sets `lastRandom` to the random part of the next id made at `now` (no allocation). */
-function nextRandom(now: number): void {
+/** Moves `text` to the next id made at `now`. */
+function next(now: number): void {
   if (now === lastTime) {
-    for (let i = lastRandom.length - 1; i >= 0; i--) {
-      if (lastRandom[i]! < 31) {
-        lastRandom[i]!++;
+    for (let i = digits.length - 1; i >= 0; i--) {
+      if (digits[i]! < 31) {
+        digits[i]!++;
+        text[10 + i] = ALPHABET.charCodeAt(digits[i]!);
         return;
       }
-      lastRandom[i] = 0;
+      digits[i] = 0;
+      text[10 + i] = ALPHABET.charCodeAt(0);
     }
     return;
   }
@@ -43,11 +47,12 @@ function nextRandom(now: number): void {
     randomFillSync(pool);
     poolOffset = 0;
   }
-  for (let i = 0; i < 16; i++) lastRandom[i] = pool[poolOffset + i]! % 32;
+  for (let i = 0; i < 16; i++) digits[i] = pool[poolOffset + i]! % 32;
   poolOffset += 16;
-  lastRandom[0] = lastRandom[0]! % 16; // leave headroom for increments
+  digits[0] = digits[0]! % 16; // leave headroom for increments
+  for (let i = 0; i < 16; i++) text[10 + i] = ALPHABET.charCodeAt(digits[i]!);
+  text.write(encodeTime(now), 0, 'latin1');
   lastTime = now;
-  lastTimeText = encodeTime(now);
 }
 
 export type IdPrefix =
@@ -74,10 +79,8 @@ export type IdPrefix =
   | 'pay';
 
 export function newId(prefix: IdPrefix): string {
-  nextRandom(Date.now());
-  let id = `${prefix}_${lastTimeText}`;
-  for (let i = 0; i < 16; i++) id += ALPHABET[lastRandom[i]!];
-  return id;
+  next(Date.now());
+  return `${prefix}_${text.toString('latin1')}`;
 }
 
 /** A random token of the given byte length in base64url. */

@@ -74,18 +74,13 @@ export function tokenCost(
   cachedInputTokens = 0,
 ): string {
   const cached = Math.min(cachedInputTokens, inputTokens);
-  const cachedPrice = pricing.cachedInputPerMillion ?? pricing.inputPerMillion;
-  const fast = integerCost(
-    [pricing.inputPerMillion, cachedPrice, pricing.outputPerMillion],
-    [inputTokens - cached, cached, outputTokens],
-  );
-  if (fast !== undefined) return fast;
-  return formatAmount(
-    pricing.inputPerMillion
-      .times(inputTokens - cached)
-      .plus(cachedPrice.times(cached))
-      .plus(pricing.outputPerMillion.times(outputTokens))
-      .div(MILLION),
+  return costOf(
+    pricing.inputPerMillion,
+    inputTokens - cached,
+    pricing.cachedInputPerMillion ?? pricing.inputPerMillion,
+    cached,
+    pricing.outputPerMillion,
+    outputTokens,
   );
 }
 
@@ -99,10 +94,22 @@ export function tokenHold(
   const input = pricing.cachedInputPerMillion.gt(pricing.inputPerMillion)
     ? pricing.cachedInputPerMillion
     : pricing.inputPerMillion;
-  return tokenCost(
-    { inputPerMillion: input, outputPerMillion: pricing.outputPerMillion },
-    inputTokens,
-    outputTokens,
+  return costOf(input, inputTokens, input, 0, pricing.outputPerMillion, outputTokens);
+}
+
+/** (uncached × input + cached × cachedInput + output × outputPrice) / 1e6, canonical. */
+function costOf(
+  inputPrice: Money,
+  uncached: number,
+  cachedPrice: Money,
+  cached: number,
+  outputPrice: Money,
+  output: number,
+): string {
+  const fast = integerCost(inputPrice, uncached, cachedPrice, cached, outputPrice, output);
+  if (fast !== undefined) return fast;
+  return formatAmount(
+    inputPrice.times(uncached).plus(cachedPrice.times(cached)).plus(outputPrice.times(output)).div(MILLION),
   );
 }
 
@@ -124,28 +131,34 @@ function unitsOf(price: Money): PriceUnits | null {
   return found;
 }
 
+/** tokens × price in 10^-decimals units (NaN when not a safe integer: then decimal.js decides). */
+function term(tokens: number, price: PriceUnits, decimals: number): number {
+  if (!Number.isSafeInteger(tokens) || tokens < 0) return Number.NaN;
+  const product = tokens * price.units * 10 ** (decimals - price.decimals);
+  return Number.isSafeInteger(product) ? product : Number.NaN;
+}
+
 /**
  * Σ tokens × price / 1e6, exactly, in integers: each price is a whole number of 10^-d units (d its
  * decimals, at most PRICE_SCALE for prices of the pricing file), so the cost is a whole number of
  * 10^-(D+6) units, D the most decimals of the prices. Undefined when a price is not a plain decimal or
  * a product leaves the safe integers: decimal.js then, with the same result.
  */
-function integerCost(prices: Money[], tokens: number[]): string | undefined {
-  let decimals = 0;
-  const units: PriceUnits[] = [];
-  for (const price of prices) {
-    const u = unitsOf(price);
-    if (!u) return undefined;
-    units.push(u);
-    if (u.decimals > decimals) decimals = u.decimals;
-  }
-  let total = 0;
-  for (let i = 0; i < units.length; i++) {
-    const count = tokens[i]!;
-    if (!Number.isSafeInteger(count) || count < 0) return undefined;
-    total += count * units[i]!.units * 10 ** (decimals - units[i]!.decimals);
-    if (!Number.isSafeInteger(total)) return undefined;
-  }
+function integerCost(
+  a: Money,
+  aTokens: number,
+  b: Money,
+  bTokens: number,
+  c: Money,
+  cTokens: number,
+): string | undefined {
+  const ua = unitsOf(a);
+  const ub = unitsOf(b);
+  const uc = unitsOf(c);
+  if (!ua || !ub || !uc) return undefined;
+  const decimals = Math.max(ua.decimals, ub.decimals, uc.decimals);
+  const total = term(aTokens, ua, decimals) + term(bTokens, ub, decimals) + term(cTokens, uc, decimals);
+  if (!Number.isSafeInteger(total)) return undefined;
   return scaledToDecimal(total, decimals + 6);
 }
 
