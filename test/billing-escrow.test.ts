@@ -13,7 +13,7 @@ import { type MockUpstream, startMockUpstream } from './helpers/mock-upstream.ts
 import { seedProject, startTestServer, type TestServer } from './helpers/server.ts';
 
 /**
- * Escrow (src/billing/escrow.ts) at its defaults, on two pods (two servers on one database and one
+ * Escrow (src/billing/escrow.ts) on two pods (slices of 16 requests, given back after 30 s idle) (two servers on one database and one
  * Redis): a pod admits a warm wallet's requests from its slice without a statement, every response is
  * still charged exactly and durably before its last byte (another pod reads it at once), and the balance
  * a pod is sitting on is never a reason to refuse — another pod's request, a manual charge, idleness,

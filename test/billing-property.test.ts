@@ -23,7 +23,7 @@ import { seedProject } from './helpers/server.ts';
  * Holds are escrow reservations (src/billing/escrow.ts): a pod admits a wallet's requests from its slice of
  * the wallet, so the database's `held` is the sum of the open slices, which covers every reservation in
  * flight; once a run's reservations are done and the pods give their slices back (a reclaim), nothing is
- * held. It runs with a hold per request on one pod, and with escrow's defaults on two pods (operations
+ * held. It runs with a hold per request on one pod, and with escrow (slices of 16) on two pods (operations
  * go to either; a settle to the pod that admitted its request), where a refusal on one pod must first
  * get the other's slice back.
  *
@@ -386,13 +386,13 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
 }
 
 const perRequest = { ESCROW_IDLE_MS: '0', ESCROW_SLICE_REQUESTS: '1' };
-const escrowDefaults = { ESCROW_IDLE_MS: '30000', ESCROW_SLICE_REQUESTS: '16' };
+const escrowOn = { ESCROW_IDLE_MS: '30000', ESCROW_SLICE_REQUESTS: '16' };
 
 describe.each([
   ['Postgres, a hold per request', perRequest, 1, realPostgres ? 25 : 0],
-  ['Postgres, escrow on two pods', escrowDefaults, 2, realPostgres ? 15 : 0],
+  ['Postgres, escrow on two pods', escrowOn, 2, realPostgres ? 15 : 0],
   ['the embedded database, a hold per request', { ...perRequest, DATABASE_URL: '' }, 1, 10],
-  ['the embedded database, escrow', { ...escrowDefaults, DATABASE_URL: '' }, 1, 10],
+  ['the embedded database, escrow', { ...escrowOn, DATABASE_URL: '' }, 1, 10],
 ])('the billing service on %s', (_name, env, podCount, runs) => {
   const pods: AppContext[] = [];
   let project: Project;

@@ -96,7 +96,7 @@ export const configSchema = z.object({
   LINK_TOKEN_TTL_SECONDS: int(60, 30 * 24 * 3600).default(24 * 3600),
   HOLD_TTL_SECONDS: int(10, 24 * 3600).default(60),
   ESCROW_IDLE_MS: int(0, 3_600_000).default(30_000),
-  ESCROW_SLICE_REQUESTS: int(1, 10_000).default(16),
+  ESCROW_SLICE_REQUESTS: int(1, 10_000).default(64),
   SETTLE_COMMIT: z.enum(['durable', 'async']).default('durable'),
   DEFAULT_MAX_COMPLETION_TOKENS: int(1, 10_000_000).default(4096),
   UPSTREAM_CONNECT_TIMEOUT_MS: int(100, 600_000).default(10_000),

@@ -1,7 +1,7 @@
 /**
  * A Tollgate proxy in its own process on the test schema named by TEST_ID (a second pod of a test's
  * context). Prints its URL once it listens; tests kill it with SIGKILL to play a crash. TEST_ESCROW=1 runs
- * escrow's defaults (slices of 16 requests, given back when idle) instead of a hold per request.
+ * escrow (slices of 16 requests, given back when idle) instead of a hold per request.
  */
 import { buildServer } from '../../src/http/server.ts';
 import { createTestContext } from './context.ts';
