@@ -61,15 +61,11 @@ function moduleOf(url: string, name: string): string {
 async function main() {
   const profDir = mkdtempSync(join(tmpdir(), 'tollgate-profile-'));
   const upstream = await start('upstream.ts', {});
-  const tollgate = await start(
-    'tollgate.ts',
-    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200', MALLOC_ARENA_MAX: '2' },
-    [
-      '--cpu-prof',
-      `--cpu-prof-dir=${profDir}`,
-      '--max-semi-space-size=16', // as the image runs it (Dockerfile)
-    ],
-  );
+  const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200' }, [
+    '--cpu-prof',
+    `--cpu-prof-dir=${profDir}`,
+    '--max-semi-space-size=16', // as the image runs it (Dockerfile)
+  ]);
   const pool = new Pool(tollgate.info.url!, { connections: CONCURRENCY, pipelining: 1 });
   let sent = 0;
   const started = performance.now();

@@ -243,8 +243,8 @@ async function main() {
   const portkey = await startPortkey();
   const tollgate = await start(
     'tollgate.ts',
-    // The young generation and malloc arenas the image sets (Dockerfile).
-    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS), MALLOC_ARENA_MAX: '2' },
+    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS) },
+    // The young generation the image's entry point sets (Dockerfile).
     ['--expose-gc', '--max-semi-space-size=16'],
   );
   const traced = process.env.BENCH_TRACES === '1' ? await startTraced(upstream.info.baseUrl!) : undefined;
@@ -480,7 +480,6 @@ async function startTraced(upstream: string) {
       OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`,
       OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf',
       OTEL_TRACES_SAMPLER: 'always_on',
-      MALLOC_ARENA_MAX: '2',
     },
     ['--expose-gc', '--max-semi-space-size=16'],
   );
