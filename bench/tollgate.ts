@@ -18,7 +18,7 @@ import { connectUser } from '../src/users/service.ts';
  * (project, key, user; requests and tokens) and spend caps set high enough never to refuse, measures
  * what limits cost (src/limits). Prints `{"url", "apiKey", "limitsApiKey", "schema"}` when ready.
  *
- * On SIGTERM it waits for settles in flight, checks the ledger (balance = Σ entries, nothing held) and
+ * On SIGTERM it waits for settles in flight, gives its slices back (escrow), checks the ledger (balance = Σ entries, nothing held) and
  * reports what it found on stdout before dropping its schema.
  */
 const schema = `bench_${randomBytes(4).toString('hex')}`;
@@ -101,7 +101,8 @@ process.stdout.write(
 process.on('SIGTERM', async () => {
   const { chatServiceOf } = await import('../src/chat/routes.ts');
   await chatServiceOf(ctx)?.idle();
-  await ctx.billing.idle();
+  // shutdown gives the pod's slices back (escrow): nothing may stay held after it
+  await ctx.billing.close();
   const { rows } = await sql<{ users: string; bad: string; held: string; charges: string; charged: string }>`
     SELECT count(*) AS users,
            count(*) FILTER (WHERE e.balance <> coalesce(l.sum, 0) OR e.held <> coalesce(h.held, 0)) AS bad,
