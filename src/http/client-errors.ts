@@ -1,6 +1,10 @@
-import { type ServerResponse, STATUS_CODES } from 'node:http';
+import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { ErrorBody } from '../core/errors.ts';
+
+// (Not `import { STATUS_CODES } from 'node:http'`: importing node:http as a module reads all its
+// exports, and its WebSocket and MessageEvent getters load Node's internal undici — 2 MB of heap.)
+const { STATUS_CODES } = process.getBuiltinModule('node:http');
 
 /**
  * fastify's `clientErrorHandler`: a request Node's HTTP parser refuses (a bad request line or method,
