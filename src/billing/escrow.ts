@@ -108,7 +108,8 @@ export class Escrow {
     if (this.#closed) return;
     this.#closed = true;
     for (const timer of this.#timers) clearInterval(timer);
-    await Promise.allSettled(this.#unsubscribe.map((off) => off()));
+    // Not awaited: with Redis unreachable an unsubscribe waits for a reconnect (the bus closes next anyway).
+    for (const off of this.#unsubscribe) void off().catch(() => {});
     await this.#giveBack([...this.#slices.values()].filter((s) => s.inFlight === 0));
   }
 
@@ -293,8 +294,9 @@ export class Escrow {
       timer = setTimeout(resolve, this.#reclaimTimeoutMs);
     });
     try {
-      await this.#bus.publish(RECLAIM, JSON.stringify({ id, projectId, userIds, from: this.owner }));
-      await Promise.race([answered, timeout]);
+      // (the publish is inside the time limit too: with Redis unreachable it waits for a reconnect)
+      const asked = this.#bus.publish(RECLAIM, JSON.stringify({ id, projectId, userIds, from: this.owner }));
+      await Promise.race([asked.then(() => answered), timeout]);
     } catch (err) {
       this.#log.warn({ err }, 'could not ask the other pods to give their slices back');
     } finally {
