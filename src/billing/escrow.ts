@@ -296,7 +296,11 @@ export class Escrow {
     try {
       // (the publish is inside the time limit too: with Redis unreachable it waits for a reconnect)
       const asked = this.#bus.publish(RECLAIM, JSON.stringify({ id, projectId, userIds, from: this.owner }));
-      await Promise.race([asked.then(() => answered), timeout]);
+      const sent = asked.then(
+        () => answered,
+        (err: unknown) => this.#log.warn({ err }, 'could not ask the other pods to give their slices back'),
+      );
+      await Promise.race([sent, timeout]);
     } catch (err) {
       this.#log.warn({ err }, 'could not ask the other pods to give their slices back');
     } finally {
