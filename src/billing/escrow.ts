@@ -131,7 +131,7 @@ export class Escrow {
     amount: string,
     purpose: string,
   ): Promise<Reservation | undefined> {
-    const key = `${projectId}\u0000${externalId}`;
+    const key = walletKey(projectId, externalId);
     const need = new Money(amount);
     let asked = false;
     for (let attempt = 0; attempt < 8; attempt++) {
@@ -444,7 +444,7 @@ export class Escrow {
   }
 
   #forget(slice: Slice): void {
-    const key = `${slice.projectId}\u0000${slice.externalId}`;
+    const key = walletKey(slice.projectId, slice.externalId);
     if (this.#current.get(key) === slice) this.#current.delete(key);
     if (slice.inFlight === 0) this.#slices.delete(slice.id);
     else slice.suspended = true;
@@ -457,7 +457,7 @@ export class Escrow {
   #suspendAll(): void {
     for (const slice of [...this.#slices.values()]) {
       slice.suspended = true;
-      const key = `${slice.projectId}\u0000${slice.externalId}`;
+      const key = walletKey(slice.projectId, slice.externalId);
       if (this.#current.get(key) === slice) this.#current.delete(key);
     }
   }
@@ -549,6 +549,11 @@ export class Escrow {
     }
     return queue;
   }
+}
+
+/** A wallet's key in the pod's map of current slices. */
+function walletKey(projectId: string, externalId: string): string {
+  return `${projectId}\u0000${externalId}`;
 }
 
 /** What one request reserved of a slice. */
