@@ -53,12 +53,24 @@ export class ClientWatch {
   }
 }
 
-/** A relayed stream: the head goes out with the first event; writes wait for the client to drain. */
+/**
+ * A relayed stream: the head goes out with the first event; writes wait for the client to drain.
+ *
+ * The events of one read of the provider's answer leave in one write: `write` queues an event and the
+ * queue is written at the end of the tick (once the events already read have been relayed), as one
+ * chunk. One system call per event was a quarter of a streaming request's CPU; nothing waits longer
+ * than the tick.
+ */
 export class SseSink {
   readonly #res: ServerResponse;
   readonly #headers: Record<string, string>;
   readonly #onHead: () => void;
   headSent = false;
+  /** Events queued for the end of this tick. */
+  #queued = '';
+  #flushScheduled = false;
+  /** Set while the client has not taken the last write: the next `write` waits for it. */
+  #drain: Promise<void> | undefined;
 
   constructor(reply: FastifyReply, headers: Record<string, string>, onHead: () => void) {
     reply.hijack();
@@ -71,14 +83,19 @@ export class SseSink {
     return this.#res.destroyed;
   }
 
-  async write(text: string): Promise<void> {
+  write(text: string): Promise<void> | undefined {
     this.#head();
-    if (!this.#res.write(text)) await drained(this.#res);
+    this.#queued += text;
+    if (!this.#flushScheduled) {
+      this.#flushScheduled = true;
+      process.nextTick(() => this.#flush());
+    }
+    return this.#drain;
   }
 
   end(text: string): void {
     this.#head();
-    this.#res.end(text);
+    this.#res.end(this.#take() + text);
   }
 
   /**
@@ -88,7 +105,7 @@ export class SseSink {
   fail(error: ApiError, render?: (error: ApiError) => { event: string | undefined; body: unknown }): void {
     const shaped = render?.(error) ?? { event: undefined, body: error.toBody() };
     if (this.headSent) {
-      this.#res.end(sseEvent(JSON.stringify(shaped.body), shaped.event));
+      this.#res.end(this.#take() + sseEvent(JSON.stringify(shaped.body), shaped.event));
       return;
     }
     this.#res.writeHead(error.status, {
@@ -96,6 +113,24 @@ export class SseSink {
       ...error.headers,
     });
     this.#res.end(JSON.stringify(shaped.body));
+  }
+
+  #flush(): void {
+    this.#flushScheduled = false;
+    const text = this.#take();
+    if (!text || this.#res.writableEnded || this.#res.destroyed) return;
+    if (!this.#res.write(text) && !this.#drain) {
+      this.#drain = drained(this.#res).then(() => {
+        this.#drain = undefined;
+      });
+    }
+  }
+
+  /** The queued events, taken off the queue. */
+  #take(): string {
+    const text = this.#queued;
+    this.#queued = '';
+    return text;
   }
 
   #head(): void {
