@@ -1,6 +1,6 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { createInterface, type Interface } from 'node:readline';
 import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
@@ -45,7 +45,7 @@ export async function start(
   env: Record<string, string>,
   nodeArgs: string[] = [],
 ): Promise<Started> {
-  const child = spawn(process.execPath, [...nodeArgs, join(here, script)], {
+  const child = spawn(process.execPath, [...nodeArgs, resolve(here, script)], {
     cwd: root,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
