@@ -1,6 +1,6 @@
 import os from 'node:os';
 import { join } from 'node:path';
-import { cpuSeconds, LoadGenerator, type Started, start, stop } from './harness.ts';
+import { cpuByPid, cpuSeconds, cpuSince, LoadGenerator, type Started, start, stop } from './harness.ts';
 
 /**
  * `node bench/ab.ts <other checkout>`: this checkout's Tollgate against another's (a git worktree of
@@ -44,13 +44,14 @@ console.log(
     .map((v) => v.toFixed(2))
     .join(', ')}`,
 );
-const results = new Map<string, Array<{ rps: number; p50: number; cpu: number }>>();
+const results = new Map<string, Array<{ rps: number; p50: number; cpu: number; pgCpu: number }>>();
 for (let round = 0; round < ROUNDS; round++) {
   for (const cell of CELLS) {
     const order = round % 2 ? [...sides].reverse() : sides;
     for (const [name, s] of order) {
       const total = cell.concurrency === 1 ? Math.round(REQUESTS / 5) : REQUESTS;
       const before = cpuSeconds(s.child.pid!);
+      const pgBefore = cpuByPid('postgres');
       const r = await gen.run({
         target: targetOf(s),
         ...cell,
@@ -58,10 +59,12 @@ for (let round = 0; round < ROUNDS; round++) {
         warmup: Math.round(total / 10),
         users: USERS,
       });
-      const cpu = ((cpuSeconds(s.child.pid!) - before) * 1000) / (total + Math.round(total / 10));
+      const sent = total + Math.round(total / 10);
+      const cpu = ((cpuSeconds(s.child.pid!) - before) * 1000) / sent;
+      const pgCpu = (cpuSince('postgres', pgBefore) * 1000) / sent;
       if (r.errors) console.log(`${name}: ${r.errors} errors (${r.firstError})`);
       const key = `${cell.stream ? 'stream ' : 'plain  '} c=${String(cell.concurrency).padStart(2)} ${name}`;
-      results.set(key, [...(results.get(key) ?? []), { rps: r.rps, p50: r.p50, cpu }]);
+      results.set(key, [...(results.get(key) ?? []), { rps: r.rps, p50: r.p50, cpu, pgCpu }]);
     }
   }
 }
@@ -72,7 +75,7 @@ for (const [key, rs] of results)
       .toFixed(0)
       .padStart(
         6,
-      )} req/s  p50 ${median(rs.map((r) => r.p50)).toFixed(2)} ms  cpu/req ${median(rs.map((r) => r.cpu)).toFixed(3)} ms`,
+      )} req/s  p50 ${median(rs.map((r) => r.p50)).toFixed(2)} ms  cpu/req ${median(rs.map((r) => r.cpu)).toFixed(3)} ms + postgres ${median(rs.map((r) => r.pgCpu)).toFixed(3)} ms`,
   );
 console.log(
   `load average at end: ${os

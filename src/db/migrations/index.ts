@@ -18,6 +18,7 @@ import * as creditGrants from './0018_credit_grants.ts';
 import * as recharges from './0019_recharges.ts';
 import * as auditLog from './0020_audit_log.ts';
 import * as escrow from './0021_escrow.ts';
+import * as ledgerWalletKey from './0022_ledger_wallet_key.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -43,4 +44,5 @@ export const migrations: Record<string, Migration> = {
   '0019_recharges': recharges,
   '0020_audit_log': auditLog,
   '0021_escrow': escrow,
+  '0022_ledger_wallet_key': ledgerWalletKey,
 };
