@@ -78,6 +78,29 @@ const op: fc.Arbitrary<Op> = fc.oneof(
 );
 const rounds = fc.array(fc.array(op, { minLength: 1, maxLength: 12 }), { minLength: 1, maxLength: 8 });
 
+/**
+ * Counterexamples the property found, run first every time. On two pods: the slice's owner gave its
+ * slice back (asked by the other pod's refused charge) and a charge of its own, refused while that
+ * give-back was still in flight, asked itself: it found the slice already closed in memory and retried
+ * before the give-back was in the database, so it was refused again (`floor` 3.138 ≥ 0.37).
+ */
+const FOUND: Op[][][] = [
+  [
+    [
+      { kind: 'hold', wallet: 2, amount: '0.22' },
+      { kind: 'grant', wallet: 2, amount: '3.89', priority: 0, expiry: 'none' },
+      { kind: 'settle', pick: 0, cost: '', over: 11 },
+    ],
+    [
+      { kind: 'charge', wallet: 2, amount: '0.5' },
+      { kind: 'charge', wallet: 2, amount: '0.37' },
+      { kind: 'settle', pick: 0, cost: '', over: 11 },
+      { kind: 'charge', wallet: 2, amount: '0.01' },
+    ],
+    [{ kind: 'grant', wallet: 0, amount: '0.01', priority: 0, expiry: 'later' }],
+  ],
+];
+
 interface ModelGrant {
   id: string;
   remaining: Money;
@@ -327,6 +350,7 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
     }),
     {
       numRuns: runs,
+      examples: FOUND.map((plan): [Op[][]] => [plan]),
       seed: Number(process.env.PROPERTY_SEED ?? Date.now() % 2 ** 31),
       // a loaded machine runs fewer of the random runs rather than time out
       interruptAfterTimeLimit: 100_000,

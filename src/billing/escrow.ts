@@ -57,6 +57,12 @@ export class Escrow {
   readonly #slices = new Map<string, Slice>();
   readonly #takeQueues = new Map<string, GroupCommit<TakeItem, TakeRow>>();
   readonly #applyQueues = new Map<string, GroupCommit<ApplyItem, ApplyRow>>();
+  /**
+   * The last change submitted for each wallet (project, user id) until it is applied: a reclaim answers
+   * only once the wallet's slices given back (and its settles) are in the database, also when the slice
+   * was already closed in memory by an earlier give-back still in flight.
+   */
+  readonly #applying = new Map<string, Promise<void>>();
   /** Reclaims this pod asked for, waiting for the owners' answers. */
   readonly #asked = new Map<string, { owners: Set<string>; done: () => void }>();
   readonly #timers: NodeJS.Timeout[] = [];
@@ -351,6 +357,7 @@ export class Escrow {
       (s) => s.projectId === projectId && (userIds.has(s.userId) || (s.userId === '' && s.taking)),
     );
     await this.#giveBack(slices);
+    await Promise.all([...userIds].map((userId) => this.#applying.get(walletKey(projectId, userId))));
   }
 
   /** Gives back the free part of each slice (the whole slice, closed, when nothing is in flight). */
@@ -465,7 +472,16 @@ export class Escrow {
   async #apply(projectId: string, item: ApplyItem, slice?: Slice): Promise<ApplyRow | undefined> {
     try {
       const submitted = this.#applyQueue(projectId).submit(item);
-      if (slice) slice.applied = submitted.catch(() => {});
+      const applied = submitted.then(
+        () => {},
+        () => {},
+      );
+      const key = walletKey(projectId, item.userId);
+      this.#applying.set(key, applied);
+      void applied.then(() => {
+        if (this.#applying.get(key) === applied) this.#applying.delete(key);
+      });
+      if (slice) slice.applied = applied;
       const row = await submitted;
       if (!row.open) {
         const slice = this.#slices.get(item.sliceId);
@@ -551,9 +567,9 @@ export class Escrow {
   }
 }
 
-/** A wallet's key in the pod's map of current slices. */
-function walletKey(projectId: string, externalId: string): string {
-  return `${projectId}\u0000${externalId}`;
+/** A wallet's key in the pod's maps: the project and the external id (current slices) or user id (changes). */
+function walletKey(projectId: string, id: string): string {
+  return `${projectId}\u0000${id}`;
 }
 
 /** What one request reserved of a slice. */
