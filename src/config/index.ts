@@ -182,7 +182,8 @@ export const configDocs: Record<keyof Config, string> = {
     'Public address of the proxy, used in connect and top-up links (default `http://localhost:PORT`).',
   DATABASE_URL:
     'Postgres connection string. Unset: an embedded Postgres (PGlite) kept in `TOLLGATE_DATA_DIR`.',
-  DATABASE_POOL_SIZE: 'Connections per process to Postgres.',
+  DATABASE_POOL_SIZE:
+    'Connections per process to Postgres: a third of them (at least one; one more when the size is 1) for the metered hot path’s statements, the rest for everything else.',
   TOLLGATE_DATA_DIR: 'Where the embedded database and the generated dev encryption key live.',
   REDIS_URL:
     'Redis connection string (cache invalidation and wake-ups across pods). Unset: in-process stand-ins.',
