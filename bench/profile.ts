@@ -9,7 +9,8 @@ import { Pool } from 'undici';
 /**
  * `npm run bench:profile`: where a Tollgate process spends its CPU on charged requests. Starts the
  * benchmark's provider and Tollgate (bench/upstream.ts, bench/tollgate.ts) with `--cpu-prof`, sends
- * PROFILE_REQUESTS (default 20000) per-token chat requests at concurrency 16 — half streamed — then
+ * PROFILE_REQUESTS (default 20000) per-token chat requests at concurrency 16 — half streamed, or all
+ * (PROFILE_STREAM=1) or none (PROFILE_STREAM=0) — then
  * stops Tollgate and prints the self time by function and by module (a package of node_modules, a
  * folder of src/, or Node's own), heaviest first; then by function again without idle time and the
  * system calls that write to sockets (wall time the kernel and the scheduler take, not Tollgate's code).
@@ -80,7 +81,8 @@ async function main() {
           body: JSON.stringify({
             model: 'bench-model',
             user: `user-${i % 200}`,
-            stream: i % 2 === 1,
+            stream:
+              process.env.PROFILE_STREAM === undefined ? i % 2 === 1 : process.env.PROFILE_STREAM === '1',
             messages: [{ role: 'user', content: 'Say hello to the benchmark' }],
           }),
         });
