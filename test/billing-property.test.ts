@@ -87,7 +87,9 @@ const rounds = fc.array(fc.array(op, { minLength: 1, maxLength: 12 }), { minLeng
  * - one refused while that give-back was in flight asked itself, found the slice already closed in
  *   memory and ran again before the give-back was in the database: refused again (`floor` 3.138 ≥ 0.37);
  * - one refused just before the give-back committed read the wallet just after (nothing held any more),
- *   so it was not run again at all (`floor` 2.778 ≥ 0.01).
+ *   so it was not run again at all (`floor` 2.778 ≥ 0.01);
+ * - one run again after the give-back found the whole balance taken again, by a hold's new slice on the
+ *   same pod, and was not run a third time (`floor` 0.009 ≥ 0.000345).
  */
 const FOUND: Op[][][] = [
   [
@@ -103,6 +105,22 @@ const FOUND: Op[][][] = [
       { kind: 'charge', wallet: 2, amount: '0.01' },
     ],
     [{ kind: 'grant', wallet: 0, amount: '0.01', priority: 0, expiry: 'later' }],
+  ],
+  [
+    [
+      { kind: 'deposit', wallet: 0, amount: '0.71' },
+      { kind: 'hold', wallet: 0, amount: '0.171' },
+      { kind: 'hold', wallet: 0, amount: '3.3' },
+    ],
+    [
+      { kind: 'settle', pick: 1260424278, cost: '0' },
+      { kind: 'deposit', wallet: 1, amount: '0.018' },
+      { kind: 'settle', pick: 419771800, cost: '', over: 18 },
+      { kind: 'hold', wallet: 0, amount: '0.53' },
+      { kind: 'charge', wallet: 0, amount: '0.000345' },
+      { kind: 'grant', wallet: 2, amount: '3.85', priority: 0, expiry: 'past' },
+      { kind: 'deposit', wallet: 1, amount: '0.394' },
+    ],
   ],
 ];
 

@@ -318,13 +318,13 @@ export class BillingService {
    * Debits a connected wallet that can pay, or says why not; in `within` when given. A wallet that
    * cannot pay only because pods hold slices of it (escrow.ts) gets them back first: inside `withRoom`
    * (and always without `within`) the refusal rolls the transaction back, the slices are asked back,
-   * and the work runs once more.
+   * and the work runs again.
    */
   async charge(input: ChargeInput & { model?: string }, within?: Transaction<DB>): Promise<ChargeResult> {
     if (!within && !room.getStore()) return this.withRoom(() => this.charge(input));
     return this.#moving(within, async (tx, after) => {
       const result = await charge(tx, this.#events, input);
-      if (room.getStore()?.retried === false && slicesInTheWay(result, input.amount)) {
+      if (room.getStore()?.last === false && slicesInTheWay(result, input.amount)) {
         throw new SlicesInTheWay(input.project.id, result.wallet.userId);
       }
       if (result.ok) {
@@ -426,15 +426,20 @@ export class BillingService {
   /**
    * Runs `work` (a transaction that may charge); when a charge in it was refused only because pods hold
    * slices of the wallet, `work` has rolled back: the slices are asked back (outside any transaction:
-   * the pods giving back lock the wallet) and `work` runs once more, refusing for real this time.
+   * the pods giving back lock the wallet) and `work` runs again — up to ROOM_ATTEMPTS times, the last
+   * refusing for real. More than once, because a pod may take a new slice of what was given back before
+   * the charge runs again (the billing property test found it: a hold's take on the same pod took the
+   * whole balance between the give-back and the retry); each give-back leaves only the reservations of
+   * requests in flight held.
    */
   async withRoom<T>(work: () => Promise<T>): Promise<T> {
-    try {
-      return await room.run({ retried: false }, work);
-    } catch (err) {
-      if (!(err instanceof SlicesInTheWay)) throw err;
-      await this.escrow.reclaim(err.projectId, [err.userId]);
-      return room.run({ retried: true }, work);
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await room.run({ last: attempt >= ROOM_ATTEMPTS }, work);
+      } catch (err) {
+        if (!(err instanceof SlicesInTheWay)) throw err;
+        await this.escrow.reclaim(err.projectId, [err.userId]);
+      }
     }
   }
 
@@ -541,7 +546,9 @@ export interface SettleResult {
 }
 
 /** Inside `withRoom`: whether the work already ran once (a charge then refuses for real). */
-const room = new AsyncLocalStorage<{ retried: boolean }>();
+const room = new AsyncLocalStorage<{ last: boolean }>();
+/** How many times `withRoom` runs its work at most (see there). */
+const ROOM_ATTEMPTS = 4;
 
 /** A charge refused only because pods' slices hold the wallet's balance (see `withRoom`). */
 class SlicesInTheWay extends Error {
