@@ -60,9 +60,6 @@ COPY crds ./crds
 RUN ln -s /app/dist/cmd/tollgate.js /usr/local/bin/tollgate
 USER 10001:10001
 EXPOSE 8080 8081
-# Two malloc arenas instead of one per thread that allocates (libuv's pool, V8's helpers): ~8 MB less
-# resident memory for an idle pod (README, The image).
-ENV MALLOC_ARENA_MAX=2
 # A 16 MB semi-space (V8's default grows the young generation to 2 × 64 MB on a machine with this much
 # memory): about 100 MB less resident memory under load for a few more, short, scavenges (README, The image).
 ENTRYPOINT ["node", "--max-semi-space-size=16", "/app/dist/cmd/tollgate.js"]

@@ -9,7 +9,8 @@ import { cpuByPid, cpuSeconds, cpuSince, LoadGenerator, type Started, start, sto
  * Tollgate process's CPU per request, per side, as the median over the rounds.
  *
  * Knobs: AB_CELLS (comma-separated `stream:concurrency`, default `false:1,false:16,true:16,false:64`),
- * AB_ROUNDS (5), AB_REQUESTS per cell and round (3000; 600 at concurrency 1), BENCH_USERS (200).
+ * AB_ROUNDS (5), AB_REQUESTS per cell and round (3000; 600 at concurrency 1), BENCH_USERS (200),
+ * AB_THIS_ENV / AB_OTHER_ENV (JSON objects of environment variables for one side).
  */
 const other = process.argv[2];
 if (!other) throw new Error('usage: node bench/ab.ts <path of the other checkout>');
@@ -24,9 +25,10 @@ const CELLS = (process.env.AB_CELLS ?? 'false:1,false:16,true:16,false:64').spli
 const upstream = await start('upstream.ts', {});
 const env = { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS) };
 const nodeArgs = ['--max-semi-space-size=16'];
+const envOf = (name: string): Record<string, string> => JSON.parse(process.env[name] || '{}');
 const sides: Array<[string, Started]> = [
-  ['this', await start('tollgate.ts', env, nodeArgs)],
-  ['other', await start(join(other, 'bench/tollgate.ts'), env, nodeArgs)],
+  ['this', await start('tollgate.ts', { ...env, ...envOf('AB_THIS_ENV') }, nodeArgs)],
+  ['other', await start(join(other, 'bench/tollgate.ts'), { ...env, ...envOf('AB_OTHER_ENV') }, nodeArgs)],
 ];
 const gen = await LoadGenerator.open();
 const targetOf = (s: Started) => ({

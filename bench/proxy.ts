@@ -197,9 +197,6 @@ function machine(): string[] {
   return out;
 }
 
-/** The environment the image sets for the process (Dockerfile `ENV`). */
-const IMAGE_ENV = { MALLOC_ARENA_MAX: '2' };
-
 const ms = (v: number) => v.toFixed(2);
 /** A difference with its sign: +0.42, -0.10. */
 const signed = (v: number) => (v < 0 ? ms(v) : `+${ms(v)}`);
@@ -246,7 +243,7 @@ async function main() {
   const portkey = await startPortkey();
   const tollgate = await start(
     'tollgate.ts',
-    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS), ...IMAGE_ENV },
+    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: String(USERS) },
     // The young generation the image's entry point sets (Dockerfile).
     ['--expose-gc', '--max-semi-space-size=16'],
   );
@@ -483,7 +480,6 @@ async function startTraced(upstream: string) {
       OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`,
       OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf',
       OTEL_TRACES_SAMPLER: 'always_on',
-      ...IMAGE_ENV,
     },
     ['--expose-gc', '--max-semi-space-size=16'],
   );
