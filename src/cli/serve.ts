@@ -3,7 +3,6 @@ import { dirname, join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { hashPassword, signUp } from '../admin/accounts.ts';
 import { type AppContext, createContext } from '../app/context.ts';
-import { idleMemory } from '../app/idle-memory.ts';
 import { startJobs } from '../app/jobs.ts';
 import { type Config, publicBaseUrl } from '../config/index.ts';
 import { randomToken } from '../core/ids.ts';
@@ -27,15 +26,12 @@ export class StartupError extends Error {}
 /** Builds and starts the HTTP server with the maintenance jobs; `stop` drains and closes everything. */
 export async function startServing(ctx: AppContext): Promise<Running> {
   const app = await buildServer(ctx);
-  const memory = idleMemory(ctx.log);
-  memory.release('start-up');
   try {
     await app.listen({ port: ctx.config.PORT, host: ctx.config.HOST });
   } catch (err) {
     await app.close().catch(() => {});
     throw listenError(err, ctx.config);
   }
-  memory.watch(app.server);
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : ctx.config.PORT;
   ctx.publicBaseUrl = publicBaseUrl(ctx.config, port);
@@ -48,7 +44,6 @@ export async function startServing(ctx: AppContext): Promise<Running> {
     app,
     url,
     async stop() {
-      memory.stop();
       await stopJobs();
       await app.close();
       await ctx.close();
