@@ -238,6 +238,11 @@ export class Escrow {
       this.#forget(slice);
     }
     if (cost.lte(0) && !close) return undefined;
+    return this.#change(slice, released, close, charge && cost.gt(0) ? charge : NO_CHARGE);
+  }
+
+  /** Applies the slice's next change (its sequence number taken now): `released` off it, `close`, `charge`. */
+  #change(slice: Slice, released: Money, close: boolean, charge = NO_CHARGE): Promise<ApplyRow | undefined> {
     return this.#apply(
       slice.projectId,
       {
@@ -246,7 +251,7 @@ export class Escrow {
         seq: String(++slice.seq),
         released: formatAmount(released),
         close,
-        ...(charge && cost.gt(0) ? charge : NO_CHARGE),
+        ...charge,
       },
       slice,
     );
@@ -374,18 +379,7 @@ export class Escrow {
         }
         slice.amount = slice.amount.minus(released);
         if (close) this.#forget(slice);
-        await this.#apply(
-          slice.projectId,
-          {
-            sliceId: slice.id,
-            userId: slice.userId,
-            seq: String(++slice.seq),
-            released: formatAmount(released),
-            close,
-            ...NO_CHARGE,
-          },
-          slice,
-        );
+        await this.#change(slice, released, close);
       }),
     );
   }
