@@ -24,13 +24,14 @@ RUN --mount=type=secret,id=npm_ca \
   if [ -s /run/secrets/npm_ca ]; then export NODE_EXTRA_CA_CERTS=/run/secrets/npm_ca; fi; \
   npm ci --no-audit --no-fund --loglevel=error
 
-# ---- build: compile TypeScript to dist/ ----
+# ---- build: bundle the command into dist/bin/ (rolldown.config.ts) ----
 FROM modules AS build
-COPY tsconfig.json tsconfig.build.json ./
+COPY tsconfig.json tsconfig.build.json rolldown.config.ts ./
 COPY cmd ./cmd
 COPY src ./src
 RUN npm run build \
-  && chmod 0755 dist/cmd/tollgate.js
+  && chmod 0755 dist/bin/tollgate.js \
+  && find dist -name '*.map' -delete
 
 # ---- production dependencies only, without what nothing loads at run time ----
 # Pruned from the same install (no second download); then TypeScript sources and declarations, source
@@ -57,10 +58,10 @@ COPY --from=build /src/dist ./dist
 COPY package.json ./
 COPY README.md ./
 COPY crds ./crds
-RUN ln -s /app/dist/cmd/tollgate.js /usr/local/bin/tollgate
+RUN ln -s /app/dist/bin/tollgate.js /usr/local/bin/tollgate
 USER 10001:10001
 EXPOSE 8080 8081
 # A 16 MB semi-space (V8's default grows the young generation to 2 × 64 MB on a machine with this much
 # memory): about 100 MB less resident memory under load for a few more, short, scavenges (README, The image).
-ENTRYPOINT ["node", "--max-semi-space-size=16", "/app/dist/cmd/tollgate.js"]
+ENTRYPOINT ["node", "--max-semi-space-size=16", "/app/dist/bin/tollgate.js"]
 CMD ["proxy"]

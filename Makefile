@@ -18,7 +18,7 @@ tollgate:   ## the CLI on the Node `make dev` uses: make tollgate ARGS="users de
 lint:       ## biome (lint + format check) and the TypeScript type check
 	$(RUN) npm run lint
 
-build:      ## compile to dist/
+build:      ## bundle the command into dist/bin/ (rolldown) and compile the webhook verifier to dist/src/
 	$(RUN) npm run build
 
 bench:      ## run the benchmarks (results in docs/benchmarks.md)

@@ -4,6 +4,7 @@ import { dirname, join, resolve } from 'node:path';
 import { createInterface, type Interface } from 'node:readline';
 import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
+import pg from 'pg';
 import { type LoadJob, type LoadResult, type LoadTarget, runJob } from './loadgen.ts';
 
 /**
@@ -14,6 +15,7 @@ import { type LoadJob, type LoadResult, type LoadTarget, runJob } from './loadge
 export const here = dirname(fileURLToPath(import.meta.url));
 export const root = join(here, '..');
 export const children: ChildProcess[] = [];
+const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/test';
 
 export interface Started {
   child: ChildProcess;
@@ -22,21 +24,33 @@ export interface Started {
   lines: string[];
 }
 
-/** The first line from `input`, or an error when `child` exits first. */
+/**
+ * The first line from `input` that is the script's ready line (JSON, not a log record: no `level`), or
+ * an error when `child` exits first. Log lines before it go to stderr.
+ */
 function firstLine(reader: Interface, child: ChildProcess, what: string, lines: string[]): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     let ready = false;
     reader.on('line', (line) => {
       if (ready) lines.push(line);
-      else {
+      else if (isReadyLine(line)) {
         ready = true;
         resolve(line);
-      }
+      } else process.stderr.write(`${what}: ${line}\n`);
     });
     child.once('exit', (code) => {
       if (!ready) reject(new Error(`${what} exited with ${code} before it was ready`));
     });
   });
+}
+
+function isReadyLine(line: string): boolean {
+  try {
+    const value = JSON.parse(line) as unknown;
+    return typeof value === 'object' && value !== null && !('level' in value);
+  } catch {
+    return false;
+  }
 }
 
 /** Starts a bench server script and waits for its first stdout line (JSON). */
@@ -56,12 +70,50 @@ export async function start(
   return { child, info: JSON.parse(first), lines };
 }
 
-export function stop(started: { child: ChildProcess; lines?: string[] }): Promise<string[]> {
-  return new Promise((resolve) => {
-    if (started.child.exitCode !== null) return resolve(started.lines ?? []);
-    started.child.once('exit', () => setImmediate(() => resolve(started.lines ?? [])));
-    started.child.kill('SIGTERM');
-  });
+/**
+ * Ends a bench server with SIGTERM and resolves with its stdout lines after the ready line. For a
+ * Tollgate from bench/tollgate.ts (its ready line names the schema it `served` from), it then checks the
+ * ledger — every balance the sum of its entries, nothing held once the pod gave its slices back — adds
+ * `{"ledger": …}` to those lines and drops the schema.
+ */
+export async function stop(started: {
+  child: ChildProcess;
+  lines?: string[];
+  info?: Record<string, string>;
+}) {
+  if (started.child.exitCode === null && started.child.signalCode === null) {
+    await new Promise<void>((resolve) => {
+      started.child.once('exit', () => setImmediate(resolve));
+      started.child.kill('SIGTERM');
+    });
+  }
+  const lines = started.lines ?? [];
+  const schema = started.info?.served ? started.info.schema : undefined;
+  if (schema) lines.push(JSON.stringify({ ledger: await ledgerOf(schema) }));
+  return lines;
+}
+
+/** The ledger check of a bench schema (see stop), which it then drops. */
+async function ledgerOf(schema: string) {
+  const client = new pg.Client({ connectionString: process.env.DATABASE_URL ?? DEFAULT_DATABASE_URL });
+  await client.connect();
+  try {
+    await client.query(`SET search_path = ${pg.escapeIdentifier(schema)}`);
+    const { rows } = await client.query<Record<string, string>>(`
+      SELECT count(*) AS users,
+             count(*) FILTER (WHERE e.balance <> coalesce(l.sum, 0) OR e.held <> coalesce(h.held, 0)) AS bad,
+             sum(e.held) AS held,
+             (SELECT count(*) FROM ledger_entries WHERE kind = 'charge') AS charges,
+             (SELECT coalesce(-sum(amount), 0) FROM ledger_entries WHERE kind = 'charge') AS charged
+      FROM end_users e
+      LEFT JOIN (SELECT user_id, sum(amount) AS sum FROM ledger_entries GROUP BY user_id) l ON l.user_id = e.id
+      LEFT JOIN (SELECT user_id, sum(amount) AS held FROM holds WHERE status = 'open' GROUP BY user_id) h
+        ON h.user_id = e.id`);
+    return rows[0];
+  } finally {
+    await client.query(`DROP SCHEMA IF EXISTS ${pg.escapeIdentifier(schema)} CASCADE`).catch(() => {});
+    await client.end();
+  }
 }
 
 /** Ends every child still running (by its own pid), on the way out. */

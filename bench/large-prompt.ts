@@ -8,36 +8,13 @@
  * Default sizes: 50 KB, 1 MB, 4 MB (BODY_LIMIT_BYTES allows 4 MiB). `BENCH_TIMEOUT_MS` (default
  * 120 000) bounds one request.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
-import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
+import { start, stop, stopAll } from './harness.ts';
 
-const here = dirname(fileURLToPath(import.meta.url));
 const sizes = process.argv.slice(2).map(Number);
 if (!sizes.length) sizes.push(50_000, 1_000_000, 4_000_000);
 const timeoutMs = Number(process.env.BENCH_TIMEOUT_MS ?? 120_000);
-const children: ChildProcess[] = [];
-
-async function start(
-  script: string,
-  env: Record<string, string>,
-): Promise<{ child: ChildProcess; info: any }> {
-  const child = spawn(process.execPath, [join(here, script)], {
-    cwd: join(here, '..'),
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  children.push(child);
-  const first = await new Promise<string>((resolve, reject) => {
-    createInterface({ input: child.stdout! }).once('line', resolve);
-    child.once('exit', (code) => reject(new Error(`${script} exited with ${code}`)));
-  });
-  return { child, info: JSON.parse(first) };
-}
-
 /** CPU time (user + system) of a process so far, in ms. */
 function cpuMs(pid: number): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
@@ -53,7 +30,7 @@ async function main() {
       .join(', ')}; ${os.cpus().length} CPUs; Node ${process.version}`,
   );
   const upstream = await start('upstream.ts', {});
-  const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl, BENCH_USERS: '2' });
+  const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '2' });
   const { url, apiKey } = tollgate.info as { url: string; apiKey: string };
   const pid = tollgate.child.pid!;
   // Warm-up: the first request loads the project and compiles the hot paths.
@@ -110,6 +87,8 @@ async function main() {
       );
     }
   }
+  await stop(tollgate);
+  await stop(upstream);
 }
 
 main()
@@ -117,6 +96,4 @@ main()
     console.error(err);
     process.exitCode = 1;
   })
-  .finally(() => {
-    for (const child of children) child.kill('SIGTERM');
-  });
+  .finally(stopAll);

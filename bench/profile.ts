@@ -1,10 +1,8 @@
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { Pool } from 'undici';
+import { start, stop, stopAll } from './harness.ts';
 
 /**
  * `npm run bench:profile`: where a Tollgate process spends its CPU on charged requests. Starts the
@@ -15,29 +13,8 @@ import { Pool } from 'undici';
  * folder of src/, or Node's own), heaviest first; then by function again without idle time and the
  * system calls that write to sockets (wall time the kernel and the scheduler take, not Tollgate's code).
  */
-const here = dirname(fileURLToPath(import.meta.url));
 const REQUESTS = Number(process.env.PROFILE_REQUESTS ?? 20_000);
 const CONCURRENCY = 16;
-
-async function start(script: string, env: Record<string, string>, args: string[] = []) {
-  const child = spawn(process.execPath, [...args, join(here, script)], {
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const reader = createInterface({ input: child.stdout! });
-  const first = await new Promise<string>((resolve, reject) => {
-    reader.once('line', resolve);
-    child.once('exit', (code) => reject(new Error(`${script} exited with ${code}`)));
-  });
-  return { child, info: JSON.parse(first) as Record<string, string> };
-}
-
-function stop(child: ReturnType<typeof spawn>): Promise<void> {
-  return new Promise((resolve) => {
-    child.once('exit', () => resolve());
-    child.kill('SIGTERM');
-  });
-}
 
 interface ProfileNode {
   id: number;
@@ -62,11 +39,16 @@ function moduleOf(url: string, name: string): string {
 async function main() {
   const profDir = mkdtempSync(join(tmpdir(), 'tollgate-profile-'));
   const upstream = await start('upstream.ts', {});
-  const tollgate = await start('tollgate.ts', { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200' }, [
-    '--cpu-prof',
-    `--cpu-prof-dir=${profDir}`,
-    '--max-semi-space-size=16', // as the image runs it (Dockerfile)
-  ]);
+  // From source: the profile names src/ files and packages, which the bundle's chunks would hide.
+  const tollgate = await start(
+    'tollgate.ts',
+    { UPSTREAM: upstream.info.baseUrl!, BENCH_USERS: '200', BENCH_FROM: 'source' },
+    [
+      '--cpu-prof',
+      `--cpu-prof-dir=${profDir}`,
+      '--max-semi-space-size=16', // as the image runs it (Dockerfile)
+    ],
+  );
   const pool = new Pool(tollgate.info.url!, { connections: CONCURRENCY, pipelining: 1 });
   let sent = 0;
   const started = performance.now();
@@ -101,8 +83,8 @@ async function main() {
     return `${statement}: ${count} batches, ${size.toFixed(1)} requests and ${ms.toFixed(2)} ms each on average`;
   });
   await pool.close();
-  await stop(tollgate.child);
-  await stop(upstream.child);
+  await stop(tollgate);
+  await stop(upstream);
 
   const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
   if (!file) throw new Error('no profile was written');
@@ -160,4 +142,4 @@ async function main() {
   console.log(`\nProfile: ${join(profDir, file)}`);
 }
 
-await main();
+await main().finally(stopAll);

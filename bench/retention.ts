@@ -1,8 +1,4 @@
-import { type ChildProcess, spawn } from 'node:child_process';
 import os from 'node:os';
-import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
 import { Pool } from 'undici';
 import { createContext } from '../src/app/context.ts';
@@ -11,6 +7,7 @@ import { idBound } from '../src/core/ids.ts';
 import { createProject } from '../src/projects/service.ts';
 import { pruneOnce } from '../src/retention/index.ts';
 import { createSubscription } from '../src/webhooks/subscriptions.ts';
+import { start, stop, stopAll } from './harness.ts';
 import { writeResultsBlock } from './report.ts';
 
 /**
@@ -22,25 +19,10 @@ import { writeResultsBlock } from './report.ts';
  * BENCH_SECONDS (15) for the runs without pruning. Writes docs/benchmarks.md between the retention
  * markers (BENCH_WRITE=0: print only).
  */
-const here = dirname(fileURLToPath(import.meta.url));
 const ROWS = Number(process.env.BENCH_PRUNE_ROWS ?? 1_000_000);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 16);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 15);
 const USERS = 200;
-const children: ChildProcess[] = [];
-
-async function start(script: string, env: Record<string, string>): Promise<Record<string, string>> {
-  const child = spawn(process.execPath, [join(here, script)], {
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  children.push(child);
-  const line = await new Promise<string>((resolve, reject) => {
-    createInterface({ input: child.stdout! }).once('line', resolve);
-    child.once('exit', (code) => reject(new Error(`${script} exited with ${code}`)));
-  });
-  return JSON.parse(line);
-}
 
 interface LoadResult {
   requests: number;
@@ -104,7 +86,7 @@ const load = () =>
 async function main(): Promise<void> {
   const upstream = await start('upstream.ts', {});
   const tollgate = await start('tollgate.ts', {
-    UPSTREAM: upstream.baseUrl!,
+    UPSTREAM: upstream.info.baseUrl!,
     BENCH_USERS: String(USERS),
     // The proxy's own retention job stays out of the way: this driver prunes.
     RETENTION_INTERVAL_SECONDS: '86400',
@@ -119,8 +101,8 @@ async function main(): Promise<void> {
     WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
   });
   const ctx = await createContext(config, {
-    schema: tollgate.schema!,
-    busPrefix: `${tollgate.schema}-prune:`,
+    schema: tollgate.info.schema!,
+    busPrefix: `${tollgate.info.schema}-prune:`,
   });
   try {
     // Old rows in another project of the same schema (same tables, same indexes as the chat load).
@@ -165,8 +147,8 @@ async function main(): Promise<void> {
     const seedSeconds = (performance.now() - seeding) / 1000;
     console.log(`seeded ${fmt(quarter * 4)} old rows in ${fmt(seedSeconds, 1)} s (load ${load()})`);
 
-    const origin = new URL(tollgate.url!).origin;
-    const apiKey = tollgate.apiKey!;
+    const origin = new URL(tollgate.info.url!).origin;
+    const apiKey = tollgate.info.apiKey!;
     // Warm-up.
     {
       const until = performance.now() + 3000;
@@ -220,6 +202,8 @@ async function main(): Promise<void> {
     if (process.env.BENCH_WRITE !== '0') writeResultsBlock('retention-benchmark', 'Retention', text);
   } finally {
     await ctx.close();
+    await stop(tollgate);
+    await stop(upstream);
   }
 }
 
@@ -228,6 +212,4 @@ main()
     console.error(err);
     process.exitCode = 1;
   })
-  .finally(async () => {
-    for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
-  });
+  .finally(stopAll);

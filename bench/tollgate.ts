@@ -1,26 +1,34 @@
+import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, statSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { sql } from 'kysely';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { createContext } from '../src/app/context.ts';
-import { startServing } from '../src/cli/serve.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { applyPricing } from '../src/models/service.ts';
 import { createProject } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
 
 /**
- * Tollgate as the benchmark runs it: a real `tollgate proxy` server (the same startServing as the CLI)
- * on real Postgres and Redis, in its own schema, with a per-token model on the benchmark's provider and
- * BENCH_USERS connected users with large balances. The project has no webhook subscriptions, so no
- * events are written (as for any unsubscribed project). A second project, the same but with rate limits
- * (project, key, user; requests and tokens) and spend caps set high enough never to refuse, measures
- * what limits cost (src/limits). Prints `{"url", "apiKey", "limitsApiKey", "schema"}` when ready.
+ * Tollgate as the benchmark runs it: the shipped `tollgate proxy` command (dist/bin/tollgate.js, the
+ * bundle the image runs, rebuilt when its sources are newer; BENCH_FROM=source runs cmd/tollgate.ts from
+ * source instead) on real Postgres and Redis, in a schema of its own, with a per-token model on the
+ * benchmark's provider and BENCH_USERS connected users with large balances. The project has no webhook
+ * subscriptions, so no events are written (as for any unsubscribed project). A second project, the same
+ * but with rate limits (project, key, user; requests and tokens) and spend caps set high enough never to
+ * refuse, measures what limits cost (src/limits).
  *
- * On SIGTERM it waits for settles in flight, gives its slices back (escrow), checks the ledger (balance = Σ entries, nothing held) and
- * reports what it found on stdout before dropping its schema.
+ * This process sets the schema up, then becomes the server (execve, same pid): the server starts fresh,
+ * as a pod does, with none of the set-up's memory. bench/serving-probe.mjs, loaded into it, prints
+ * `{"url", "apiKey", "limitsApiKey", "schema", "served"}` once it answers and its memory on SIGUSR2. On
+ * SIGTERM the command shuts down as in production (settles in flight finish, slices go back); the
+ * driver's `stop` (bench/harness.ts) then checks the ledger and drops the schema.
  */
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '..');
+const from = process.env.BENCH_FROM ?? 'bundle';
 const schema = `bench_${randomBytes(4).toString('hex')}`;
 const users = Number(process.env.BENCH_USERS ?? 1000);
 const config = loadConfig({
@@ -85,42 +93,74 @@ for (const p of [project, limited.project]) {
     );
   }
 }
-const running = await startServing(ctx);
+await ctx.close();
 
-// The driver samples memory with SIGUSR2: a full GC, then the process's memory on stdout. The handler
-// is in place before the ready line: until then SIGUSR2 would end the process.
-process.on('SIGUSR2', () => {
-  (globalThis as { gc?: () => void }).gc?.();
-  const { rss, heapUsed } = process.memoryUsage();
-  process.stdout.write(`${JSON.stringify({ memory: { rss, heapUsed } })}\n`);
-});
-process.stdout.write(
-  `${JSON.stringify({ url: running.url, apiKey, limitsApiKey: limited.apiKey, schema })}\n`,
+// The served process is the shipped command (`tollgate proxy`, bundled in dist/bin/ as the image runs
+// it) or, with BENCH_FROM=source, cmd/tollgate.ts run from source. It replaces this one (execve: the same
+// pid, so the driver's CPU and memory readings are the server's), with this process's Node flags.
+const port = await freePort();
+const database = new URL(config.DATABASE_URL!);
+database.searchParams.set('options', `-c search_path=${schema}`);
+if (!process.execve) throw new Error('bench/tollgate.ts needs process.execve (Node ≥ 22.15, not on Windows)');
+process.execve(
+  process.execPath,
+  [
+    process.execPath,
+    ...process.execArgv.filter((a) => a !== '--expose-gc'),
+    '--expose-gc',
+    '--import',
+    join(here, 'serving-probe.mjs'),
+    entry(),
+    'proxy',
+  ],
+  {
+    ...process.env,
+    NODE_ENV: 'production', // as the image
+    HOST: '127.0.0.1',
+    PORT: String(port),
+    LOG_LEVEL: process.env.LOG_LEVEL ?? 'warn',
+    DATABASE_URL: database.toString(),
+    REDIS_URL: config.REDIS_URL ?? '',
+    TOLLGATE_ENCRYPTION_KEY: config.TOLLGATE_ENCRYPTION_KEY!,
+    TOLLGATE_DATA_DIR: config.TOLLGATE_DATA_DIR,
+    TOLLGATE_ALLOW_PRIVATE_PROVIDERS: 'true',
+    BENCH_READY: JSON.stringify({
+      url: `http://127.0.0.1:${port}`,
+      apiKey,
+      limitsApiKey: limited.apiKey,
+      schema,
+      served: from,
+    }),
+  },
 );
 
-process.on('SIGTERM', async () => {
-  const { chatServiceOf } = await import('../src/chat/routes.ts');
-  await chatServiceOf(ctx)?.idle();
-  // shutdown gives the pod's slices back (escrow): nothing may stay held after it
-  await ctx.billing.close();
-  const { rows } = await sql<{ users: string; bad: string; held: string; charges: string; charged: string }>`
-    SELECT count(*) AS users,
-           count(*) FILTER (WHERE e.balance <> coalesce(l.sum, 0) OR e.held <> coalesce(h.held, 0)) AS bad,
-           sum(e.held) AS held,
-           (SELECT count(*) FROM ledger_entries WHERE kind = 'charge') AS charges,
-           (SELECT coalesce(-sum(amount), 0) FROM ledger_entries WHERE kind = 'charge') AS charged
-    FROM end_users e
-    LEFT JOIN (SELECT user_id, sum(amount) AS sum FROM ledger_entries GROUP BY user_id) l ON l.user_id = e.id
-    LEFT JOIN (SELECT user_id, sum(amount) AS held FROM holds WHERE status = 'open' GROUP BY user_id) h
-      ON h.user_id = e.id
-  `.execute(ctx.db);
-  process.stdout.write(`${JSON.stringify({ ledger: rows[0] })}\n`);
-  await running.stop().catch(() => {});
-  const cleanup = await createContext(config, {});
-  await sql
-    .raw(`DROP SCHEMA IF EXISTS ${schema} CASCADE`)
-    .execute(cleanup.db)
-    .catch(() => {});
-  await cleanup.close();
-  process.exit(0);
-});
+/** The file the served process runs; the bundle is built first when a source file is newer than it. */
+function entry(): string {
+  if (from === 'source') return join(root, 'cmd/tollgate.ts');
+  if (from !== 'bundle') throw new Error(`BENCH_FROM must be bundle or source, not ${from}`);
+  const bundle = join(root, 'dist/bin/tollgate.js');
+  const built = existsSync(bundle) ? statSync(bundle).mtimeMs : 0;
+  const newest = Math.max(
+    ...['cmd', 'src'].flatMap((dir) =>
+      readdirSync(join(root, dir), { recursive: true, withFileTypes: true })
+        .filter((f) => f.isFile())
+        .map((f) => statSync(join(f.parentPath, f.name)).mtimeMs),
+    ),
+    statSync(join(root, 'rolldown.config.ts')).mtimeMs,
+  );
+  if (newest > built) {
+    process.stderr.write('bench: building dist/bin (npm run build), its sources changed\n');
+    execFileSync('npm', ['run', '--silent', 'build'], { cwd: root, stdio: ['ignore', 'ignore', 'inherit'] });
+  }
+  return bundle;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as AddressInfo;
+      server.close(() => resolve(port));
+    });
+    server.once('error', reject);
+  });
+}

@@ -255,7 +255,7 @@ async function main(): Promise<void> {
         'sh',
         image!,
         '-c',
-        'cat > /tmp/pricing.yaml && exec node /app/dist/cmd/tollgate.js models apply --project "$0" --file /tmp/pricing.yaml',
+        'cat > /tmp/pricing.yaml && exec node /app/dist/bin/tollgate.js models apply --project "$0" --file /tmp/pricing.yaml',
         project.id,
       ],
       pricing,

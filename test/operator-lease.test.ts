@@ -10,6 +10,7 @@ import { GROUP, PLURAL, VERSION } from '../src/operator/api.ts';
 import { type KubeClients, makeClients } from '../src/operator/runtime/kube.ts';
 import { LeaderElector } from '../src/operator/runtime/leader-election.ts';
 import type { WebhookSubscription } from '../src/operator/status.ts';
+import { bundledCommand } from './helpers/bundle.ts';
 import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from './helpers/context.ts';
 import { type KubeTarget, kubeTarget, realCluster } from './helpers/fake-kube-apiserver.ts';
 import { seedProject } from './helpers/server.ts';
@@ -196,7 +197,35 @@ describe('leader election', () => {
   });
 });
 
-describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
+/**
+ * The entry point twice: from source, as the tests and `npm run tollgate` run it, and as the container
+ * image runs it — rolldown's bundle (rolldown.config.ts, built by ./helpers/bundle.ts) under
+ * `node --max-semi-space-size=16` — where the operator's chunk, the Kubernetes client (CommonJS) and the
+ * rest load as bundled. Each has its own Lease, pod name and resource.
+ */
+const entryPoints = [
+  {
+    name: 'from source',
+    args: async () => [new URL('../cmd/tollgate.ts', import.meta.url).pathname],
+    lease: 'tollgate-operator',
+    pod: 'entrypoint-pod',
+    resource: 'from-the-cli',
+  },
+  {
+    name: 'bundled, as the image runs it',
+    args: async () => ['--max-semi-space-size=16', await bundledCommand()],
+    lease: 'tollgate-operator-bundled',
+    pod: 'bundled-pod',
+    resource: 'from-the-bundle',
+  },
+];
+
+describe.skipIf(!realPostgres).each(entryPoints)('tollgate operator (the entry point, $name)', (entry) => {
+  let command: string[];
+  beforeAll(async () => {
+    command = await entry.args(); // the bundle is built here, within the hook's time-out
+  });
+
   it('serves /healthz, /readyz and /metrics, leads, reconciles, and releases the lease on SIGTERM', async () => {
     const id = newTestId();
     const ctx = await createTestContext({}, { id }); // the schema, migrated
@@ -224,7 +253,7 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
       const proc = spawn(
         process.execPath,
         [
-          new URL('../cmd/tollgate.ts', import.meta.url).pathname,
+          ...command,
           'operator',
           // Against the fake server it watches every namespace; a real cluster is limited to the test's.
           ...(target.fake ? [] : ['--namespace', target.namespace]),
@@ -240,7 +269,9 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
             HOST: '127.0.0.1',
             OPERATOR_PORT: '0',
             WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
-            POD_NAME: 'entrypoint-pod',
+            POD_NAME: entry.pod,
+            // From source the Lease keeps its default name (tollgate-operator).
+            ...(entry.lease === 'tollgate-operator' ? {} : { OPERATOR_LEASE_NAME: entry.lease }),
             OPERATOR_LEASE_NAMESPACE: target.namespace,
             OPERATOR_LEASE_DURATION_SECONDS: '3',
             OPERATOR_RENEW_DEADLINE_SECONDS: '2',
@@ -274,17 +305,17 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
       expect(readyz.status).toBe(200);
       expect(await readyz.json()).toMatchObject({
         status: 'ready',
-        identity: 'entrypoint-pod',
+        identity: entry.pod,
         migrations: 'ok',
       });
 
       const lease = await target.until(async () => {
         try {
           const l = await kube.coordination.readNamespacedLease({
-            name: 'tollgate-operator',
+            name: entry.lease,
             namespace: target.namespace,
           });
-          return l.spec?.holderIdentity === 'entrypoint-pod' ? l : undefined;
+          return l.spec?.holderIdentity === entry.pod ? l : undefined;
         } catch {
           return undefined;
         }
@@ -304,7 +335,7 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
         body: {
           apiVersion: `${GROUP}/${VERSION}`,
           kind: 'WebhookSubscription',
-          metadata: { name: 'from-the-cli' },
+          metadata: { name: entry.resource },
           spec: { paywallId: projectId, url: 'https://127.0.0.1:9/hooks', events: ['*'] },
         },
       });
@@ -314,7 +345,7 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
           version: VERSION,
           namespace: target.namespace,
           plural: PLURAL,
-          name: 'from-the-cli',
+          name: entry.resource,
         })) as WebhookSubscription;
         return r.status?.conditions?.some((c) => c.reason === 'Synced') ? r : undefined;
       }, 'the resource to be reconciled');
@@ -325,13 +356,13 @@ describe.skipIf(!realPostgres)('tollgate operator (the entry point)', () => {
         .executeTakeFirst();
       expect(row).toMatchObject({
         project_id: projectId,
-        created_by: `k8s:${target.namespace}/from-the-cli`,
+        created_by: `k8s:${target.namespace}/${entry.resource}`,
       });
 
       child.kill('SIGTERM');
       expect(await exited).toBe(0);
       const released = await kube.coordination.readNamespacedLease({
-        name: 'tollgate-operator',
+        name: entry.lease,
         namespace: target.namespace,
       });
       expect(released.spec?.holderIdentity ?? '').toBe('');
