@@ -33,12 +33,17 @@ RUN npm run build \
   && chmod 0755 dist/bin/tollgate.js \
   && find dist -name '*.map' -delete
 
-# ---- production dependencies only, without what nothing loads at run time ----
-# Pruned from the same install (no second download); then TypeScript sources and declarations, source
-# maps and markdown go: about 70 MB of the 180 MB.
+# ---- the few files of node_modules the bundle reads at run time ----
+# rolldown.config.ts lists them (runtimeFiles): the embedded Postgres of `tollgate dev`, the tokenizer's
+# o200k table and `yaml`; everything else is inside dist/bin. Copied from the same install (no second
+# download), without TypeScript sources and declarations, source maps and markdown.
 FROM modules AS deps
-RUN npm prune --omit=dev --no-audit --no-fund --loglevel=error \
-  && find node_modules -type f \( -name '*.ts' -o -name '*.mts' -o -name '*.cts' -o -name '*.map' \
+COPY rolldown.config.ts ./
+RUN mkdir /runtime \
+  && node -e "import('./rolldown.config.ts').then((m) => console.log(m.runtimeFiles.join('\\n')))" > /tmp/runtime-files \
+  && test -s /tmp/runtime-files \
+  && while read -r file; do cp -a --parents "$file" /runtime/; done < /tmp/runtime-files \
+  && find /runtime/node_modules -type f \( -name '*.ts' -o -name '*.mts' -o -name '*.cts' -o -name '*.map' \
        -o -iname '*.md' -o -iname '*.markdown' \) -delete
 
 # ---- runtime ----
@@ -53,7 +58,7 @@ RUN groupadd --system --gid 10001 tollgate \
        --shell /usr/sbin/nologin tollgate \
   && node --version
 WORKDIR /app
-COPY --from=deps /src/node_modules ./node_modules
+COPY --from=deps /runtime/node_modules ./node_modules
 COPY --from=build /src/dist ./dist
 COPY package.json ./
 COPY README.md ./

@@ -76,7 +76,7 @@ async function main() {
   const metrics = await (await fetch(`${tollgate.info.url}/metrics`)).text();
   const sample = (name: string, statement: string) =>
     Number(metrics.match(new RegExp(`^${name}\\{statement="${statement}"\\} (\\S+)`, 'm'))?.[1] ?? 0);
-  const batches = ['hold', 'close'].map((statement) => {
+  const batches = ['take', 'apply'].map((statement) => {
     const count = sample('tollgate_billing_batch_size_count', statement);
     const size = sample('tollgate_billing_batch_size_sum', statement) / count;
     const ms = (1000 * sample('tollgate_billing_batch_duration_seconds_sum', statement)) / count;
@@ -86,14 +86,13 @@ async function main() {
   await stop(tollgate);
   await stop(upstream);
 
-  const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'));
-  if (!file) throw new Error('no profile was written');
-  const profile = JSON.parse(readFileSync(join(profDir, file), 'utf8')) as {
-    nodes: ProfileNode[];
-    startTime: number;
-    endTime: number;
-    samples: number[];
-  };
+  // The set-up process writes a profile too as it becomes the server (execve); the server's ends last.
+  type Profile = { nodes: ProfileNode[]; startTime: number; endTime: number; samples: number[] };
+  const profiles = readdirSync(profDir)
+    .filter((f) => f.endsWith('.cpuprofile'))
+    .map((f) => JSON.parse(readFileSync(join(profDir, f), 'utf8')) as Profile);
+  if (!profiles.length) throw new Error('no profile was written');
+  const profile = profiles.reduce((a, b) => (b.endTime > a.endTime ? b : a));
   const total = profile.samples.length;
   const byFunction = new Map<string, number>();
   const byModule = new Map<string, number>();
@@ -113,7 +112,7 @@ async function main() {
   const idle = (byFunction.get('(idle)') ?? 0) / total;
   const pct = (n: number) => `${((100 * n) / total).toFixed(1)} %`;
   console.log(
-    `${REQUESTS} requests in ${seconds.toFixed(1)} s at concurrency ${CONCURRENCY} (half streamed); ${total} samples, idle ${(100 * idle).toFixed(1)} %`,
+    `${REQUESTS} requests in ${seconds.toFixed(1)} s at concurrency ${CONCURRENCY} (${process.env.PROFILE_STREAM === '1' ? 'all' : process.env.PROFILE_STREAM === '0' ? 'none' : 'half'} streamed); ${total} samples, idle ${(100 * idle).toFixed(1)} %`,
   );
   console.log(`Billing statements: ${batches.join('; ')}`);
   console.log('\nSelf time by module (share of all samples):');
@@ -139,7 +138,7 @@ async function main() {
     .slice(0, 30)) {
     console.log(`  ${`${((100 * hits) / busy).toFixed(1)} %`.padStart(7)}  ${fn}`);
   }
-  console.log(`\nProfile: ${join(profDir, file)}`);
+  console.log(`\nProfiles: ${profDir}`);
 }
 
 await main().finally(stopAll);

@@ -1,22 +1,17 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
 
 /**
  * The `tollgate` command as it ships: rolldown.config.ts's bundle, built once per test process with
- * rolldown's JavaScript API into a fresh directory (never `dist/`, which `make build` owns), removed when
- * the process exits.
- *
- * The directory lives inside the repository, under node_modules/.cache, so the bundle resolves what it
- * leaves outside itself as it does from dist/ or the image's /app/dist: bare imports
- * (`@electric-sql/pglite`) and `createRequire(import.meta.url)` lookups (`gpt-tokenizer`'s data file,
- * `yaml`) from the repository's node_modules, and src/metrics/registry.ts's walk up from
- * `import.meta.dirname` the repository's package.json. That walk (and src/dashboard/home.ts's) looks in
- * 5 directories, the chunk's own and 4 above it. Metrics live in a chunk: from
- * `<repo>/node_modules/.cache/tollgate-bundle-<random>/bin/chunks` the repository is 5 above, out of
- * reach (the build info then says version="unknown"), so the output has no `bin/` level:
- * `<repo>/node_modules/.cache/tollgate-bundle-<pid>-<random>/tollgate.js`, chunks 4 below the repository
- * (dist/bin/chunks is 3 below it, as /app/dist/bin/chunks is below /app in the image).
+ * rolldown's JavaScript API, laid out as the image lays it out — `<dir>/package.json`,
+ * `<dir>/dist/bin/tollgate.js` and its chunks, and a `<dir>/node_modules` holding only rolldown.config.ts's
+ * `runtimeFiles` (linked from the repository's) — in a fresh directory under the system's temporary
+ * directory, never `dist/` (which `make build` owns). Whatever the bundle would read from node_modules
+ * beyond that list fails here as it would in the image: nothing above `<dir>` has a node_modules.
+ * src/metrics/registry.ts and src/dashboard/home.ts find `<dir>/package.json` three directories above the
+ * chunks, as in dist/bin/chunks and the image's /app/dist/bin/chunks.
  *
  * Removal: on 'exit', and on SIGTERM / SIGINT, which is how vitest ends its fork workers (SIGTERM, without
  * an 'exit' event) — the signal is raised again afterwards unless someone else listens for it, so the
@@ -27,21 +22,20 @@ export const repoRoot = resolve(import.meta.dirname, '..', '..');
 
 let built: Promise<string> | undefined;
 
-/** The path of the bundle's entry, `tollgate.js` (built on the first call; later calls share it). */
+/** The path of the bundle's entry, `<dir>/dist/bin/tollgate.js` (built on the first call; later calls share it). */
 export function bundledCommand(): Promise<string> {
   built ??= buildBundle();
   return built;
 }
 
 async function buildBundle(): Promise<string> {
-  const [{ build }, { default: config }] = await Promise.all([
+  const [{ build }, { default: config, runtimeFiles }] = await Promise.all([
     import('rolldown'),
     import('../../rolldown.config.ts'),
   ]);
   if (Array.isArray(config.output) || !config.output)
     throw new Error('rolldown.config.ts: expected exactly one output');
-  const cache = join(repoRoot, 'node_modules', '.cache');
-  mkdirSync(cache, { recursive: true });
+  const cache = tmpdir();
   removeOrphans(cache);
   const dir = join(cache, `tollgate-bundle-${process.pid}-${randomBytes(4).toString('hex')}`);
   const remove = () => {
@@ -59,12 +53,23 @@ async function buildBundle(): Promise<string> {
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
   try {
-    await build({ ...config, cwd: repoRoot, logLevel: 'warn', output: { ...config.output, dir } });
+    mkdirSync(dir);
+    copyFileSync(join(repoRoot, 'package.json'), join(dir, 'package.json'));
+    for (const file of runtimeFiles) {
+      mkdirSync(dirname(join(dir, file)), { recursive: true });
+      symlinkSync(join(repoRoot, file), join(dir, file));
+    }
+    await build({
+      ...config,
+      cwd: repoRoot,
+      logLevel: 'warn',
+      output: { ...config.output, dir: join(dir, 'dist', 'bin') },
+    });
   } catch (err) {
-    rmSync(dir, { recursive: true, force: true });
+    remove();
     throw err;
   }
-  const entry = join(dir, 'tollgate.js');
+  const entry = join(dir, 'dist', 'bin', 'tollgate.js');
   if (!existsSync(entry)) throw new Error(`the bundle has no ${entry}`);
   return entry;
 }
