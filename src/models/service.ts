@@ -24,9 +24,10 @@ export interface ApplyResult {
 
 /** Parses and validates a pricing YAML document; problems become 400s naming the field. */
 export function parsePricingFile(text: string): PricingFile {
+  const parser = yaml(); // outside the try: a failure to load the library is not the file's fault
   let doc: unknown;
   try {
-    doc = yaml().parse(text);
+    doc = parser.parse(text);
   } catch (err) {
     throw badRequest(`pricing file is not valid YAML: ${(err as Error).message.split('\n')[0]}`, 'file');
   }
