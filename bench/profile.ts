@@ -7,14 +7,14 @@ import { start, stop, stopAll } from './harness.ts';
 /**
  * `npm run bench:profile`: where a Tollgate process spends its CPU on charged requests. Starts the
  * benchmark's provider and Tollgate (bench/upstream.ts, bench/tollgate.ts) with `--cpu-prof`, sends
- * PROFILE_REQUESTS (default 20000) per-token chat requests at concurrency 16 — half streamed, or all
+ * PROFILE_REQUESTS (default 20000) per-token chat requests at concurrency PROFILE_CONCURRENCY (16) — half streamed, or all
  * (PROFILE_STREAM=1) or none (PROFILE_STREAM=0) — then
  * stops Tollgate and prints the self time by function and by module (a package of node_modules, a
  * folder of src/, or Node's own), heaviest first; then by function again without idle time and the
  * system calls that write to sockets (wall time the kernel and the scheduler take, not Tollgate's code).
  */
 const REQUESTS = Number(process.env.PROFILE_REQUESTS ?? 20_000);
-const CONCURRENCY = 16;
+const CONCURRENCY = Number(process.env.PROFILE_CONCURRENCY ?? 16);
 
 interface ProfileNode {
   id: number;
