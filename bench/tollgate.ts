@@ -3,13 +3,13 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, readdirSync, statSync } from 'node:fs';
 import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { createContext } from '../src/app/context.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { applyPricing } from '../src/models/service.ts';
 import { createProject } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
+import { here, root } from './harness.ts';
 
 /**
  * Tollgate as the benchmark runs it: the shipped `tollgate proxy` command (dist/bin/tollgate.js, the
@@ -26,8 +26,6 @@ import { connectUser } from '../src/users/service.ts';
  * SIGTERM the command shuts down as in production (settles in flight finish, slices go back); the
  * driver's `stop` (bench/harness.ts) then checks the ledger and drops the schema.
  */
-const here = dirname(fileURLToPath(import.meta.url));
-const root = join(here, '..');
 const from = process.env.BENCH_FROM ?? 'bundle';
 const schema = `bench_${randomBytes(4).toString('hex')}`;
 const users = Number(process.env.BENCH_USERS ?? 1000);

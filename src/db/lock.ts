@@ -32,7 +32,8 @@ export function lockFileOf(dataDir: string): string {
   return join(resolve(dataDir), 'tollgate.lock');
 }
 
-function alive(pid: number): boolean {
+/** Whether a process with that pid exists (on this machine), whoever owns it. */
+export function processAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;
@@ -93,7 +94,7 @@ export function acquireEmbeddedLock(dataDir: string): HeldLock {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
     const owner = readLock(file);
-    if (owner && owner.pid !== process.pid && alive(owner.pid)) {
+    if (owner && owner.pid !== process.pid && processAlive(owner.pid)) {
       throw new EmbeddedDatabaseLocked(resolve(dataDir), owner);
     }
     if (owner && owner.pid === process.pid) {

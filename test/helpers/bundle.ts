@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
+import { processAlive } from '../../src/db/lock.ts';
 
 /**
  * The `tollgate` command as it ships: rolldown.config.ts's bundle, built once per test process with
@@ -78,16 +79,7 @@ async function buildBundle(): Promise<string> {
 function removeOrphans(cache: string): void {
   for (const name of readdirSync(cache)) {
     const pid = Number(/^tollgate-bundle-(\d+)-[0-9a-f]+$/.exec(name)?.[1]);
-    if (!pid || pid === process.pid || alive(pid)) continue;
+    if (!pid || pid === process.pid || processAlive(pid)) continue;
     rmSync(join(cache, name), { recursive: true, force: true });
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
