@@ -5,7 +5,7 @@ import { type ChatRequest, chatRequestSchema, messageSchema } from './schema.ts'
  * The common chat completion request checked without zod: text messages of the plain roles, the fields
  * Tollgate reads, any field the schema does not name. When a body is one of those and valid, the result
  * is what `chatRequestSchema` returns — the same object, key for key and in the same order (the schema's
- * keys first, in its order, then the others as sent; test/chat-schema-fast.test.ts holds the two
+ * keys first, in its order, then the others as sent; test/proxy/chat-schema-fast.test.ts holds the two
  * together). Anything else (another field of the schema, content parts, tool calls, an invalid value)
  * returns undefined and goes to zod, which accepts it or words the error. zod's parse of the whole
  * superset schema was the largest part of the validation of a request.

@@ -10,7 +10,7 @@ import type { ChatMessage, ChatRequest } from './schema.ts';
  * Token counting for o200k_base (the encoding of current OpenAI models): gpt-tokenizer's pre-tokenizer
  * and vocabulary (its `.tiktoken` file), tiktoken's merge rule. Used for the hold of per-token requests,
  * for charging when a provider reports no `usage`, and to enforce the completion bound while streaming.
- * The count is exactly gpt-tokenizer's (test/chat-token-counting.test.ts).
+ * The count is exactly gpt-tokenizer's (test/proxy/chat-token-counting.test.ts).
  *
  * The vocabulary is read on the first count (a process that counts nothing never holds it) into a
  * compact table (./bpe-table.ts): about 5 MB, where importing gpt-tokenizer's o200k module kept some

@@ -42,7 +42,7 @@ export async function createTestContext(
     TOLLGATE_SIGNUP: 'open',
     // A hold per request: a pod's slice of a wallet is what its request reserves and comes back as soon
     // as its last request settles, so tests read each request's hold in \`holds\` and \`held\` as 0 once
-    // their requests are done. test/billing-escrow.test.ts (and the billing property, read-your-writes
+    // their requests are done. test/billing/billing-escrow.test.ts (and the billing property, read-your-writes
     // and 5×N tests) run escrow with slices of 16 requests, given back after 30 s idle.
     ESCROW_IDLE_MS: '0',
     ESCROW_SLICE_REQUESTS: '1',

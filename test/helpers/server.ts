@@ -45,7 +45,7 @@ export interface SeededProject {
  * The hold margin seeded per-token models get unless they set one (or `familyMargins` is passed): the
  * mock upstream's names (`mock-model`, …) belong to no tokenizer family, whose default (the largest
  * measured, 1.9) would change every hold the tests compute; they were written against 1.1, the o200k
- * family's margin, which `promptTokensUpperBound` still uses when given none. test/hold-margin.test.ts
+ * family's margin, which `promptTokensUpperBound` still uses when given none. test/billing/hold-margin.test.ts
  * covers the family defaults.
  */
 export const TEST_HOLD_MARGIN = '1.1';

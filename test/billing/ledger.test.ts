@@ -1,0 +1,257 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { AppContext } from '../../src/app/context.ts';
+import { findWallet } from '../../src/billing/ledger.ts';
+import { Money } from '../../src/core/money.ts';
+import type { Project } from '../../src/db/schema.ts';
+import { recordEverything } from '../../src/events/outbox.ts';
+import { getProject } from '../../src/projects/service.ts';
+import { connectUser } from '../../src/users/service.ts';
+import { heldByOpenHolds } from '../helpers/chat-fixture.ts';
+import { createTestContext } from '../helpers/context.ts';
+import { seedProject } from '../helpers/server.ts';
+
+const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+
+let ctx: AppContext;
+let project: Project;
+
+beforeAll(async () => {
+  ctx = await createTestContext();
+  // This file checks the ledger's own events; which events a project wants is the webhooks' concern.
+  ctx.events.filter = recordEverything;
+  project = await getProject(ctx.db, (await seedProject(ctx)).projectId);
+});
+afterAll(() => ctx.close());
+
+/**
+ * The invariants of the ledger: the cached balance equals the sum of the user's entries, and the cached
+ * held amount the sum of the user's open holds.
+ */
+async function expectLedgerConsistent(externalId: string) {
+  const wallet = (await findWallet(ctx.db, project.id, externalId))!;
+  const entries = await ctx.db
+    .selectFrom('ledger_entries')
+    .selectAll()
+    .where('user_id', '=', wallet.userId)
+    .execute();
+  const sum = entries.reduce((acc, e) => acc.plus(e.amount), new Money(0));
+  const held = await heldByOpenHolds(ctx, wallet.userId);
+  expect(sum.toFixed()).toBe(new Money(wallet.balance).toFixed());
+  expect(held.toFixed()).toBe(new Money(wallet.held).toFixed());
+  return { wallet, entries };
+}
+
+describe('ledger', () => {
+  it('deposits, charges and refuses what the wallet cannot cover', async () => {
+    await connectUser(ctx.db, ctx.events, project, 'alice', trigger);
+    const dep = await ctx.billing.deposit({
+      project,
+      externalId: 'alice',
+      amount: '5.00',
+      source: 'test',
+      trigger,
+    });
+    expect(dep.wallet.balance).toBe('5');
+    expect(dep.event?.data).toMatchObject({
+      amount: '5.00',
+      currency: 'usd',
+      activityId: dep.entry.id,
+      externalUserId: 'alice',
+    });
+    const ok = await ctx.billing.charge({
+      project,
+      externalId: 'alice',
+      amount: '1.25',
+      source: 'api',
+      trigger,
+    });
+    expect(ok.ok && ok.wallet.balance).toBe('3.75');
+    const refused = await ctx.billing.charge({
+      project,
+      externalId: 'alice',
+      amount: '3.76',
+      source: 'api',
+      trigger,
+    });
+    expect(refused).toMatchObject({ ok: false, reason: 'insufficient_balance', required: '3.76' });
+    const stranger = await ctx.billing.charge({
+      project,
+      externalId: 'nobody',
+      amount: '1',
+      source: 'api',
+      trigger,
+    });
+    expect(stranger).toMatchObject({ ok: false, reason: 'not_connected' });
+    await expectLedgerConsistent('alice');
+  });
+
+  it('holds, settles the real cost (above the hold too, into debt), and releases the rest', async () => {
+    await connectUser(ctx.db, ctx.events, project, 'bob', trigger);
+    await ctx.billing.deposit({
+      project,
+      externalId: 'bob',
+      amount: '1.00',
+      source: 'test',
+      trigger,
+    });
+    const hold = await ctx.billing.hold({
+      project,
+      externalId: 'bob',
+      amount: '0.6',
+      purpose: 'chat',
+    });
+    if (!hold.ok) throw new Error('hold refused');
+    const second = await ctx.billing.hold({
+      project,
+      externalId: 'bob',
+      amount: '0.5',
+      purpose: 'chat',
+    });
+    expect(second).toMatchObject({ ok: false, reason: 'insufficient_balance' });
+    const settled = await ctx.billing.settle({
+      project,
+      hold: hold.hold,
+      cost: '0.000000150001',
+      source: 'chat',
+      trigger,
+      externalId: 'bob',
+      model: 'm',
+      metadata: {},
+      description: 'test',
+    });
+    expect(settled.charged).toBe('0.000000150001');
+    expect(settled.wallet).toMatchObject({ balance: '0.999999849999', held: '0' });
+    // settling again changes nothing
+    const again = await ctx.billing.settle({
+      project,
+      hold: hold.hold,
+      cost: '0.1',
+      source: 'chat',
+      trigger,
+      externalId: 'bob',
+      model: 'm',
+      metadata: {},
+      description: 'test',
+    });
+    expect(again).toEqual({ charged: '0', shortfall: '0', wallet: undefined });
+    const capped = await ctx.billing.hold({
+      project,
+      externalId: 'bob',
+      amount: '0.1',
+      purpose: 'chat',
+    });
+    if (!capped.ok) throw new Error('hold refused');
+    const over = await ctx.billing.settle({
+      project,
+      hold: capped.hold,
+      cost: '5',
+      source: 'chat',
+      trigger,
+      externalId: 'bob',
+      model: 'm',
+      metadata: {},
+      description: 'test',
+    });
+    // the real cost is charged whole: the excess over the hold comes from the balance, and what the
+    // balance cannot cover leaves it below zero
+    expect(over).toMatchObject({ charged: '5', shortfall: '4.000000150001' });
+    expect(over.wallet).toMatchObject({
+      balance: '-4.000000150001',
+      held: '0',
+      available: '-4.000000150001',
+    });
+    const { entries } = await expectLedgerConsistent('bob');
+    expect(entries.map((e) => e.kind).sort()).toEqual(['charge', 'charge', 'deposit']);
+    const latest = async (type: string) =>
+      (
+        await ctx.db
+          .selectFrom('events')
+          .select('envelope')
+          .where('type', '=', type)
+          .orderBy('seq', 'desc')
+          .executeTakeFirstOrThrow()
+      ).envelope;
+    expect(await latest('balance.charge.created')).toMatchObject({
+      data: { amount: '5', externalUserId: 'bob', balance: '-4.000000150001' },
+      subject: { externalId: 'bob' },
+    });
+    expect(await latest('balance.debt.created')).toMatchObject({
+      data: {
+        amount: '4.000000150001',
+        charged: '5',
+        holdAmount: '0.1',
+        debt: '4.000000150001',
+        balance: '-4.000000150001',
+        externalUserId: 'bob',
+      },
+    });
+    // in debt, nothing is admitted
+    const refused = await ctx.billing.hold({ project, externalId: 'bob', amount: '0.01', purpose: 'chat' });
+    expect(refused).toMatchObject({ ok: false, reason: 'insufficient_balance' });
+    // a deposit that covers the debt clears it
+    await ctx.billing.deposit({ project, externalId: 'bob', amount: '5', source: 'test', trigger });
+    expect(await latest('balance.debt.cleared')).toMatchObject({
+      data: { amount: '4.000000150001', balance: '0.999999849999', externalUserId: 'bob' },
+    });
+    const served = await ctx.billing.hold({ project, externalId: 'bob', amount: '0.01', purpose: 'chat' });
+    expect(served.ok).toBe(true);
+    if (served.ok) await ctx.billing.release(served.hold);
+    await expectLedgerConsistent('bob');
+  });
+
+  it('never lets concurrent holds overspend', async () => {
+    await connectUser(ctx.db, ctx.events, project, 'carol', trigger);
+    await ctx.billing.deposit({
+      project,
+      externalId: 'carol',
+      amount: '1.00',
+      source: 'test',
+      trigger,
+    });
+    const results = await Promise.all(
+      Array.from({ length: 25 }, () =>
+        ctx.billing.hold({
+          project,
+          externalId: 'carol',
+          amount: '0.2',
+          purpose: 'chat',
+        }),
+      ),
+    );
+    expect(results.filter((r) => r.ok)).toHaveLength(5);
+    for (const r of results) if (r.ok) await ctx.billing.release(r.hold);
+    const { wallet } = await expectLedgerConsistent('carol');
+    expect(wallet).toMatchObject({ balance: '1', held: '0' });
+  });
+
+  it('sweeps holds whose request died', async () => {
+    await connectUser(ctx.db, ctx.events, project, 'dave', trigger);
+    await ctx.billing.deposit({
+      project,
+      externalId: 'dave',
+      amount: '1.00',
+      source: 'test',
+      trigger,
+    });
+    const hold = await ctx.billing.hold({
+      project,
+      externalId: 'dave',
+      amount: '0.7',
+      purpose: 'chat',
+    });
+    if (!hold.ok) throw new Error('hold refused');
+    await ctx.db
+      .updateTable('holds')
+      .set({ expires_at: new Date(Date.now() - 1000) })
+      .where('id', '=', hold.hold.id)
+      .execute();
+    expect(await ctx.billing.sweep()).toBeGreaterThanOrEqual(1);
+    expect(
+      await ctx.db.selectFrom('holds').select('status').where('id', '=', hold.hold.id).executeTakeFirst(),
+    ).toEqual({
+      status: 'expired',
+    });
+    const { wallet } = await expectLedgerConsistent('dave');
+    expect(wallet.available).toBe('1');
+  });
+});

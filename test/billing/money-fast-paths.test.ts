@@ -1,0 +1,116 @@
+import { Decimal } from 'decimal.js';
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { promptTokensUpperBound } from '../../src/chat/tokens.ts';
+import { formatAmount, Money } from '../../src/core/money.ts';
+import { tokenCost, tokenHold } from '../../src/metering/cost.ts';
+
+/**
+ * The request path prices and formats amounts without decimal.js where it can (plain decimal strings,
+ * integer units of a price): every result must be decimal.js's, digit for digit.
+ */
+
+/** formatAmount as it was: through decimal.js. */
+function referenceFormat(value: Decimal.Value): string {
+  const s = new Money(value).toFixed();
+  return s.includes('.') ? s.replace(/0+$/, '').replace(/\.$/, '') : s;
+}
+
+const MILLION = new Money(1_000_000);
+
+/** tokenCost as it was: decimal.js all the way. */
+function referenceCost(
+  p: { inputPerMillion: Money; outputPerMillion: Money; cachedInputPerMillion?: Money },
+  input: number,
+  output: number,
+  cachedInput = 0,
+): string {
+  const cached = Math.min(cachedInput, input);
+  return referenceFormat(
+    p.inputPerMillion
+      .times(input - cached)
+      .plus((p.cachedInputPerMillion ?? p.inputPerMillion).times(cached))
+      .plus(p.outputPerMillion.times(output))
+      .div(MILLION),
+  );
+}
+
+const decimalText = fc
+  .tuple(
+    fc.boolean(),
+    fc.stringMatching(/^\d{1,30}$/),
+    fc.option(fc.stringMatching(/^\d{1,30}$/), { nil: undefined }),
+  )
+  .map(
+    ([negative, whole, fraction]) =>
+      `${negative ? '-' : ''}${whole}${fraction === undefined ? '' : `.${fraction}`}`,
+  );
+
+const price = fc.oneof(
+  fc.constantFrom('0', '0.15', '0.6', '2.5', '10', '0.000001', '1000000000', '60.000000', '1e-7', '1e-20'),
+  fc
+    .tuple(fc.nat(100_000), fc.nat(999_999), fc.nat(6))
+    .map(([whole, fraction, digits]) =>
+      digits === 0 ? String(whole) : `${whole}.${String(fraction).padStart(6, '0').slice(0, digits)}`,
+    ),
+);
+const tokens = fc.oneof(
+  fc.nat(1000),
+  fc.nat(10_000_000),
+  fc.constantFrom(0, 1, 2 ** 31, 2 ** 40, 2 ** 52, 9e15),
+);
+
+describe('amounts on the request path', () => {
+  it('formatAmount is decimal.js’s canonical form for strings, decimals and numbers', () => {
+    const samples = ['0', '-0', '-0.000', '000.000', '007.50', '-0.50', '0.000123000', '100000.000000000000'];
+    for (const v of [...samples, '1e-7', '-1e-7', '.5', '+1', 0, 0.1, -5, 1e21]) {
+      expect(formatAmount(v)).toBe(referenceFormat(v));
+    }
+    fc.assert(
+      fc.property(decimalText, (text) => {
+        expect(formatAmount(text)).toBe(referenceFormat(text));
+        expect(formatAmount(new Money(text))).toBe(referenceFormat(text));
+        expect(formatAmount(new Decimal(text))).toBe(referenceFormat(text));
+      }),
+      { numRuns: 5000 },
+    );
+    expect(() => formatAmount('abc')).toThrow();
+  });
+
+  it('tokenCost and tokenHold are exact, as with decimal.js', () => {
+    fc.assert(
+      fc.property(
+        price,
+        price,
+        fc.option(price, { nil: undefined }),
+        tokens,
+        tokens,
+        tokens,
+        (input, output, cached, i, o, c) => {
+          const p = {
+            inputPerMillion: new Money(input),
+            outputPerMillion: new Money(output),
+            ...(cached === undefined ? {} : { cachedInputPerMillion: new Money(cached) }),
+          };
+          expect(tokenCost(p, i, o, c)).toBe(referenceCost(p, i, o, c));
+          const full = { ...p, cachedInputPerMillion: p.cachedInputPerMillion ?? p.inputPerMillion };
+          const dearer = Money.max(full.inputPerMillion, full.cachedInputPerMillion);
+          expect(tokenHold(full, i, o)).toBe(
+            referenceCost({ inputPerMillion: dearer, outputPerMillion: full.outputPerMillion }, i, o),
+          );
+        },
+      ),
+      { numRuns: 5000 },
+    );
+  });
+
+  it('the prompt bound is ceil(count × margin), as with decimal.js', () => {
+    const margins = ['1', '1.1', '1.25', '1.7', '1.9', '10', '1.001', '9.999', '01.5'];
+    fc.assert(
+      fc.property(fc.constantFrom(...margins), tokens, (margin, count) => {
+        expect(promptTokensUpperBound(count, margin)).toBe(new Money(count).times(margin).ceil().toNumber());
+      }),
+      { numRuns: 5000 },
+    );
+  });
+});

@@ -1,0 +1,489 @@
+import { describe, expect, it } from 'vitest';
+import { ApiError } from '../../src/core/errors.ts';
+import { chatToMessages, messagesStreamToChat, messageToChat } from '../../src/messages/from-chat.ts';
+import { chatStreamToMessages, chatToMessage, messagesToChat } from '../../src/messages/translate.ts';
+import type { SseMessage } from '../../src/upstream/types.ts';
+
+/**
+ * The Messages ⇄ Chat Completions translation as pure functions, table-tested: each row of the README's
+ * mapping tables, both directions, and the fields that are refused with a 400 naming them.
+ */
+const base = { model: 'm', max_tokens: 10 };
+const user = (content: unknown) => ({ role: 'user', content });
+
+describe('Messages → Chat Completions (messagesToChat)', () => {
+  const cases: Array<[string, Record<string, unknown>, Record<string, unknown>]> = [
+    [
+      'a string system',
+      { system: 'S', messages: [user('Hi')] },
+      {
+        messages: [
+          { role: 'system', content: 'S' },
+          { role: 'user', content: 'Hi' },
+        ],
+      },
+    ],
+    [
+      'system text blocks',
+      {
+        system: [
+          { type: 'text', text: 'A' },
+          { type: 'text', text: 'B', cache_control: { type: 'ephemeral' } },
+        ],
+        messages: [],
+      },
+      { messages: [{ role: 'system', content: 'A\nB' }] },
+    ],
+    [
+      'an image by URL, a text document',
+      {
+        messages: [
+          user([
+            { type: 'image', source: { type: 'url', url: 'https://x/y.png' } },
+            { type: 'document', source: { type: 'text', media_type: 'text/plain', data: 'doc' } },
+          ]),
+        ],
+      },
+      {
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'image_url', image_url: { url: 'https://x/y.png' } },
+              { type: 'text', text: 'doc' },
+            ],
+          },
+        ],
+      },
+    ],
+    [
+      'a PDF document',
+      {
+        messages: [
+          user([
+            {
+              type: 'document',
+              title: 'a.pdf',
+              source: { type: 'base64', media_type: 'application/pdf', data: 'JVB' },
+            },
+          ]),
+        ],
+      },
+      {
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'file', file: { filename: 'a.pdf', file_data: 'data:application/pdf;base64,JVB' } },
+            ],
+          },
+        ],
+      },
+    ],
+    [
+      'tool results before the user text, an error result',
+      {
+        messages: [
+          user([
+            { type: 'tool_result', tool_use_id: 't1', content: [{ type: 'text', text: 'ok' }] },
+            { type: 'tool_result', tool_use_id: 't2', content: 'boom', is_error: true },
+            { type: 'text', text: 'and?' },
+          ]),
+        ],
+      },
+      {
+        messages: [
+          { role: 'tool', tool_call_id: 't1', content: 'ok' },
+          { role: 'tool', tool_call_id: 't2', content: 'Error: boom' },
+          { role: 'user', content: [{ type: 'text', text: 'and?' }] },
+        ],
+      },
+    ],
+    [
+      'tool choice any without parallel calls, sampling, user, thinking',
+      {
+        messages: [],
+        tools: [{ name: 'f', input_schema: { type: 'object' } }],
+        tool_choice: { type: 'any', disable_parallel_tool_use: true },
+        temperature: 0.5,
+        top_p: 0.9,
+        stop_sequences: ['X'],
+        metadata: { user_id: 'u' },
+        thinking: { type: 'enabled', budget_tokens: 8000 },
+      },
+      {
+        tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }],
+        tool_choice: 'required',
+        parallel_tool_calls: false,
+        temperature: 0.5,
+        top_p: 0.9,
+        stop: ['X'],
+        user: 'u',
+        reasoning_effort: 'medium',
+      },
+    ],
+    [
+      'a named tool choice',
+      { messages: [], tool_choice: { type: 'tool', name: 'f' } },
+      { tool_choice: { type: 'function', function: { name: 'f' } } },
+    ],
+    [
+      'streaming asks for usage',
+      { messages: [], stream: true },
+      { stream: true, stream_options: { include_usage: true } },
+    ],
+    ['max_completion_tokens for gpt-5', { model: 'gpt-5-mini', messages: [] }, { max_completion_tokens: 10 }],
+  ];
+  it.each(cases)('%s', (_name, body, expected) => {
+    expect(messagesToChat({ ...base, ...body })).toMatchObject(expected);
+  });
+
+  const refused: Array<[string, Record<string, unknown>, string]> = [
+    ['top_k', { messages: [], top_k: 3 }, 'top_k'],
+    ['mcp_servers', { messages: [], mcp_servers: [{}] }, 'mcp_servers'],
+    [
+      'a server tool',
+      { messages: [], tools: [{ type: 'web_search_20250305', name: 'web_search' }] },
+      'tools.0',
+    ],
+    [
+      'a thinking block in the history',
+      { messages: [{ role: 'assistant', content: [{ type: 'thinking', thinking: 't', signature: 's' }] }] },
+      'messages.0.content.0',
+    ],
+    [
+      'a file image',
+      { messages: [user([{ type: 'image', source: { type: 'file', file_id: 'f' } }])] },
+      'messages.0.content.0.source',
+    ],
+    [
+      'an image tool result',
+      {
+        messages: [
+          user([{ type: 'tool_result', tool_use_id: 't', content: [{ type: 'image', source: {} }] }]),
+        ],
+      },
+      'messages.0.content.0.content.0',
+    ],
+  ];
+  it.each(refused)('refuses %s with a 400 naming it', (_name, body, param) => {
+    const err = (() => {
+      try {
+        messagesToChat({ ...base, ...body });
+      } catch (e) {
+        return e;
+      }
+    })() as ApiError;
+    expect(err).toBeInstanceOf(ApiError);
+    expect(err.status).toBe(400);
+    expect(err.param).toBe(param);
+  });
+
+  it('answers: text, tool calls, stop reasons and usage', () => {
+    const message = chatToMessage(
+      {
+        id: 'chatcmpl-1',
+        choices: [
+          {
+            finish_reason: 'tool_calls',
+            message: {
+              content: 'Let me see',
+              tool_calls: [{ id: 'c', function: { name: 'f', arguments: '{"a":1}' } }],
+            },
+          },
+        ],
+        usage: { prompt_tokens: 10, completion_tokens: 3, prompt_tokens_details: { cached_tokens: 4 } },
+      },
+      'm',
+    );
+    expect(message).toEqual({
+      id: 'msg_1',
+      type: 'message',
+      role: 'assistant',
+      model: 'm',
+      content: [
+        { type: 'text', text: 'Let me see' },
+        { type: 'tool_use', id: 'c', name: 'f', input: { a: 1 } },
+      ],
+      stop_reason: 'tool_use',
+      stop_sequence: null,
+      usage: {
+        input_tokens: 6,
+        output_tokens: 3,
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: 4,
+      },
+    });
+    for (const [finish, stop] of [
+      ['stop', 'end_turn'],
+      ['length', 'max_tokens'],
+      ['content_filter', 'refusal'],
+    ]) {
+      expect(
+        chatToMessage({ choices: [{ finish_reason: finish, message: { content: 'x' } }] }, 'm').stop_reason,
+      ).toBe(stop);
+    }
+  });
+});
+
+describe('Chat Completions → Messages (chatToMessages)', () => {
+  const cases: Array<[string, Record<string, unknown>, Record<string, unknown>]> = [
+    [
+      'system and developer messages, consecutive user turns merged',
+      {
+        messages: [
+          { role: 'system', content: 'A' },
+          { role: 'developer', content: [{ type: 'text', text: 'B' }] },
+          user('x'),
+          user('y'),
+        ],
+      },
+      {
+        system: 'A\n\nB',
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'text', text: 'x' },
+              { type: 'text', text: 'y' },
+            ],
+          },
+        ],
+      },
+    ],
+    [
+      'a data URL image, a URL image, a PDF file',
+      {
+        messages: [
+          user([
+            { type: 'image_url', image_url: { url: 'data:image/png;base64,AAA' } },
+            { type: 'image_url', image_url: { url: 'https://x/y.png' } },
+            { type: 'file', file: { file_data: 'data:application/pdf;base64,JVB' } },
+          ]),
+        ],
+      },
+      {
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAA' } },
+              { type: 'image', source: { type: 'url', url: 'https://x/y.png' } },
+              { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: 'JVB' } },
+            ],
+          },
+        ],
+      },
+    ],
+    [
+      'tool calls and their results',
+      {
+        messages: [
+          {
+            role: 'assistant',
+            content: null,
+            tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: '{"a":1}' } }],
+          },
+          { role: 'tool', tool_call_id: 'c', content: 'ok' },
+        ],
+      },
+      {
+        messages: [
+          { role: 'assistant', content: [{ type: 'tool_use', id: 'c', name: 'f', input: { a: 1 } }] },
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'c', content: 'ok' }] },
+        ],
+      },
+    ],
+    [
+      'tools, a named choice without parallel calls, sampling, stop, user',
+      {
+        messages: [],
+        tools: [
+          { type: 'function', function: { name: 'f', description: 'd', parameters: { type: 'object' } } },
+        ],
+        tool_choice: { type: 'function', function: { name: 'f' } },
+        parallel_tool_calls: false,
+        temperature: 0.3,
+        stop: 'END',
+        user: 'u',
+        max_completion_tokens: 50,
+      },
+      {
+        tools: [{ name: 'f', description: 'd', input_schema: { type: 'object' } }],
+        tool_choice: { type: 'tool', name: 'f', disable_parallel_tool_use: true },
+        temperature: 0.3,
+        stop_sequences: ['END'],
+        metadata: { user_id: 'u' },
+        max_tokens: 50,
+      },
+    ],
+  ];
+  it.each(cases)('%s', (_name, body, expected) => {
+    expect(chatToMessages({ model: 'm', max_tokens: 10, ...body })).toMatchObject(expected);
+  });
+
+  const refused: Array<[string, Record<string, unknown>, string]> = [
+    ['n > 1', { n: 2 }, 'n'],
+    ['response_format', { response_format: { type: 'json_object' } }, 'response_format'],
+    ['a temperature above 1', { temperature: 1.5 }, 'temperature'],
+    [
+      'an audio part',
+      { messages: [user([{ type: 'input_audio', input_audio: {} }])] },
+      'messages.0.content.0',
+    ],
+    ['a function message', { messages: [{ role: 'function', name: 'f', content: 'x' }] }, 'messages.0.role'],
+  ];
+  it.each(refused)('refuses %s with a 400 naming it', (_name, body, param) => {
+    let err: unknown;
+    try {
+      chatToMessages({ model: 'm', max_tokens: 10, messages: [], ...body });
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(ApiError);
+    expect((err as ApiError).param).toBe(param);
+  });
+
+  it('answers: text, thinking, tool use, stop reasons and usage', () => {
+    const completion = messageToChat(
+      {
+        id: 'msg_1',
+        content: [
+          { type: 'thinking', thinking: 'hmm', signature: 's' },
+          { type: 'text', text: 'Hi' },
+          { type: 'tool_use', id: 't', name: 'f', input: { a: 1 } },
+        ],
+        stop_reason: 'tool_use',
+        usage: {
+          input_tokens: 5,
+          cache_creation_input_tokens: 2,
+          cache_read_input_tokens: 3,
+          output_tokens: 4,
+        },
+      },
+      'm',
+    );
+    expect(completion).toMatchObject({
+      id: 'chatcmpl-1',
+      choices: [
+        {
+          finish_reason: 'tool_calls',
+          message: {
+            content: 'Hi',
+            reasoning_content: 'hmm',
+            tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: '{"a":1}' } }],
+          },
+        },
+      ],
+      usage: {
+        prompt_tokens: 10,
+        completion_tokens: 4,
+        total_tokens: 14,
+        prompt_tokens_details: { cached_tokens: 3 },
+      },
+    });
+  });
+});
+
+async function collect(events: AsyncIterable<SseMessage>): Promise<Array<Record<string, unknown> | string>> {
+  const out: Array<Record<string, unknown> | string> = [];
+  for await (const e of events) out.push(e.data === '[DONE]' ? '[DONE]' : JSON.parse(e.data));
+  return out;
+}
+
+async function* of(items: unknown[]): AsyncGenerator<SseMessage> {
+  for (const item of items)
+    yield { event: undefined, data: typeof item === 'string' ? item : JSON.stringify(item) };
+}
+
+describe('streams', () => {
+  it('chat chunks → Anthropic events (text, then a tool call, usage at the end)', async () => {
+    const chunk = (delta: unknown, finish: string | null = null) => ({
+      id: 'chatcmpl-9',
+      choices: [{ index: 0, delta, finish_reason: finish }],
+    });
+    const events = await collect(
+      chatStreamToMessages(
+        of([
+          chunk({ role: 'assistant', content: '' }),
+          chunk({ content: 'Hi' }),
+          chunk({ tool_calls: [{ index: 0, id: 'c', function: { name: 'f', arguments: '{"a"' } }] }),
+          chunk({ tool_calls: [{ index: 0, function: { arguments: ':1}' } }] }),
+          chunk({}, 'tool_calls'),
+          { id: 'chatcmpl-9', choices: [], usage: { prompt_tokens: 7, completion_tokens: 2 } },
+          '[DONE]',
+        ]),
+        'm',
+      ),
+    );
+    expect(events.map((e) => (e as { type: string }).type)).toEqual([
+      'message_start',
+      'content_block_start',
+      'content_block_delta',
+      'content_block_stop',
+      'content_block_start',
+      'content_block_delta',
+      'content_block_delta',
+      'content_block_stop',
+      'message_delta',
+      'message_stop',
+    ]);
+    expect(events[4]).toMatchObject({ index: 1, content_block: { type: 'tool_use', id: 'c', name: 'f' } });
+    expect(events[8]).toMatchObject({
+      delta: { stop_reason: 'tool_use' },
+      usage: { input_tokens: 7, output_tokens: 2 },
+    });
+  });
+
+  it('a chat stream without [DONE] ends without message_stop', async () => {
+    const events = await collect(
+      chatStreamToMessages(of([{ id: 'x', choices: [{ delta: { content: 'a' } }] }]), 'm'),
+    );
+    expect(events.map((e) => (e as { type: string }).type)).not.toContain('message_stop');
+  });
+
+  it('Anthropic events → chat chunks (text, tool use, finish, usage, [DONE])', async () => {
+    const chunks = await collect(
+      messagesStreamToChat(
+        of([
+          {
+            type: 'message_start',
+            message: {
+              id: 'msg_9',
+              usage: { input_tokens: 5, cache_read_input_tokens: 2, output_tokens: 1 },
+            },
+          },
+          { type: 'ping' },
+          { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } },
+          { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Hi' } },
+          { type: 'content_block_stop', index: 0 },
+          {
+            type: 'content_block_start',
+            index: 1,
+            content_block: { type: 'tool_use', id: 't', name: 'f', input: {} },
+          },
+          { type: 'content_block_delta', index: 1, delta: { type: 'input_json_delta', partial_json: '{}' } },
+          { type: 'content_block_stop', index: 1 },
+          { type: 'message_delta', delta: { stop_reason: 'tool_use' }, usage: { output_tokens: 6 } },
+          { type: 'message_stop' },
+        ]),
+        'm',
+      ),
+    );
+    const deltas = chunks
+      .slice(0, -2)
+      .map((c) => (c as { choices: Array<{ delta: unknown }> }).choices[0]!.delta);
+    expect(deltas).toEqual([
+      { role: 'assistant', content: '' },
+      { content: 'Hi' },
+      { tool_calls: [{ index: 0, id: 't', type: 'function', function: { name: 'f', arguments: '' } }] },
+      { tool_calls: [{ index: 0, function: { arguments: '{}' } }] },
+      {},
+    ]);
+    expect(chunks.at(-2)).toMatchObject({
+      choices: [],
+      usage: { prompt_tokens: 7, completion_tokens: 6, prompt_tokens_details: { cached_tokens: 2 } },
+    });
+    expect(chunks.at(-1)).toBe('[DONE]');
+  });
+});
