@@ -24,8 +24,8 @@ import {
   UpstreamError,
 } from '../upstream/types.ts';
 import { type Admission, admit } from './admission.ts';
-import type { Exchange, MeteredApi, MeteredBody, ReportedUsage, StreamReader } from './api.ts';
-import { meteredPricing, requestCost, type TokenUsage, tokenHold } from './cost.ts';
+import type { Exchange, MeteredApi, MeteredBody, StreamReader } from './api.ts';
+import { meteredPricing, type TokenUsage, tokenHold } from './cost.ts';
 import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
 import type { EventsObserver } from './events-observer.ts';
 import type { LimitsObserver } from './limits-observer.ts';
@@ -41,6 +41,7 @@ import {
   sendStream,
   sseMessage,
 } from './relay.ts';
+import { settleInput, usageOf } from './settlement.ts';
 import type { TracingObserver } from './tracing-observer.ts';
 import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
 
@@ -71,30 +72,20 @@ import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
  */
 export class MeteredFlow {
   readonly #ctx: MeteringContext;
-  /** Routing with fallback (src/routing). */
-  readonly #router: Router;
-  readonly #paywall: MeteringParts['paywall'];
-  readonly #pending: Pending;
-  readonly #limits: LimitsObserver;
-  readonly #events: EventsObserver;
-  readonly #tracing: TracingObserver;
+  /** The router, the observers the flow asks for more than a notice (limits, events, tracing), … */
+  readonly #parts: MeteringParts;
   /** Told at each step, in this order. */
   readonly #observers: readonly MeteringObserver[];
 
   constructor(ctx: MeteringContext, parts: MeteringParts) {
     this.#ctx = ctx;
-    this.#router = parts.router;
-    this.#paywall = parts.paywall;
-    this.#pending = parts.pending;
-    this.#limits = parts.limits;
-    this.#events = parts.events;
-    this.#tracing = parts.tracing;
+    this.#parts = parts;
     this.#observers = [parts.limits, parts.metrics, parts.events, parts.tracing];
   }
 
   /** Resolves when every settle, release and event write started so far has finished. */
   idle(): Promise<void> {
-    return this.#pending.idle();
+    return this.#parts.pending.idle();
   }
 
   handle<B extends MeteredBody>(
@@ -104,8 +95,8 @@ export class MeteredFlow {
     reply: FastifyReply,
   ): Promise<FastifyReply> {
     // Tracing off: straight in, no span and no extra promise.
-    if (!this.#tracing.enabled) return this.#handle(api, body, client, reply, undefined);
-    return this.#tracing.request(api, body, client, reply, (span) =>
+    if (!this.#parts.tracing.enabled) return this.#handle(api, body, client, reply, undefined);
+    return this.#parts.tracing.request(api, body, client, reply, (span) =>
       this.#handle(api, body, client, reply, span),
     );
   }
@@ -124,7 +115,7 @@ export class MeteredFlow {
 
     // ---- admit: limits, then the hold (one span with a child for each when tracing) ----
     const admission = await (span
-      ? this.#tracing.admission(amount, () => this.#admit(x, client, reply, amount))
+      ? this.#parts.tracing.admission(amount, () => this.#admit(x, client, reply, amount))
       : this.#admit(x, client, reply, amount));
     if (!admission.ok) {
       return this.#refuse(x, 'reason' in admission ? this.#paywalled(x, admission) : admission, reply);
@@ -135,10 +126,17 @@ export class MeteredFlow {
 
     // ---- forward (routing: the model's routes, with fallback, behind one Provider) ----
     const upstreamBody = api.upstreamBody(body, x.model, x.bound);
-    const provider = this.#router.provider(x.project, x.model, this.#events.routing(x));
+    const provider = this.#parts.router.provider(x.project, x.model, this.#parts.events.routing(x));
     reply.header('x-tollgate-request-id', x.requestId);
-    if (x.stream) return this.#stream(x, provider, upstreamBody, reply);
-    return this.#complete(x, provider, upstreamBody, reply);
+    const watch = new ClientWatch(reply);
+    const call = {
+      path: api.upstreamPath,
+      body: upstreamBody,
+      signal: watch.abort.signal,
+      headers: x.upstreamHeaders,
+    };
+    if (x.stream) return this.#stream(x, provider, call, reply, watch);
+    return this.#complete(x, provider, call, reply, watch);
   }
 
   /** The request's model, end user and provider, checked; the exchange the other steps fill in. */
@@ -217,7 +215,7 @@ export class MeteredFlow {
     reply: FastifyReply,
     amount: string,
   ): Promise<Admission | Refusal> {
-    if (this.#limits.applies(x.project)) return this.#limitedAdmit(x, client, reply, amount);
+    if (this.#parts.limits.applies(x.project)) return this.#limitedAdmit(x, client, reply, amount);
     return this.#hold(x, amount);
   }
 
@@ -228,7 +226,7 @@ export class MeteredFlow {
     amount: string,
   ): Promise<Admission | Refusal> {
     const check = () => this.#checkLimits(x, client, reply, amount);
-    const refusal = await (x.span ? this.#tracing.step('tollgate.limits', check) : check());
+    const refusal = await (x.span ? this.#parts.tracing.step('tollgate.limits', check) : check());
     return refusal ?? this.#hold(x, amount);
   }
 
@@ -239,7 +237,7 @@ export class MeteredFlow {
     reply: FastifyReply,
     amount: string,
   ): Promise<Refusal | undefined> {
-    const refusal = await this.#limits.check(x, client.apiKeyId, reply, amount);
+    const refusal = await this.#parts.limits.check(x, client.apiKeyId, reply, amount);
     if (refusal?.decision !== 'rate_limited') return refusal;
     for (const o of this.#observers) o.refused?.(x, refusal);
     throw refusal.rate.error;
@@ -257,7 +255,7 @@ export class MeteredFlow {
         purpose: x.api.name,
         trigger: x.trigger,
       });
-    return (x.span ? this.#tracing.step('tollgate.hold', hold) : hold()).catch((err) => {
+    return (x.span ? this.#parts.tracing.step('tollgate.hold', hold) : hold()).catch((err) => {
       this.#released(x); // a reservation made by the limits goes back
       throw err;
     });
@@ -269,7 +267,7 @@ export class MeteredFlow {
     return {
       ok: false,
       decision: paywallDecision(refusal),
-      link: this.#paywall(x.project, x.externalId, refusal),
+      link: this.#parts.paywall(x.project, x.externalId, refusal),
       paywall: refusal,
     };
   }
@@ -294,7 +292,7 @@ export class MeteredFlow {
     }
     const watch = new ClientWatch(reply);
     try {
-      const answer = await this.#router.passthrough(request.project, {
+      const answer = await this.#parts.router.passthrough(request.project, {
         method: request.method,
         path,
         body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
@@ -310,18 +308,19 @@ export class MeteredFlow {
     }
   }
 
+  /** Forwards a request answered at once, and relays the answer once it is charged. */
   async #complete<B extends MeteredBody>(
     x: Exchange<B>,
     provider: Provider,
-    upstreamBody: Record<string, unknown>,
+    call: UpstreamCall,
     reply: FastifyReply,
+    watch: ClientWatch,
   ): Promise<FastifyReply> {
-    const watch = new ClientWatch(reply);
     const upstreamStarted = performance.now();
     let text: string;
     let reading: ReturnType<MeteredApi<B>['read']>;
     try {
-      const answer = await provider.complete(callOf(x, upstreamBody, watch));
+      const answer = await provider.complete(call);
       text = answer.text;
       reading = x.api.read(answer.json);
     } catch (err) {
@@ -344,17 +343,21 @@ export class MeteredFlow {
     return reply;
   }
 
+  /**
+   * Forwards a streamed request and relays its events as they arrive, up to the output bound the hold
+   * pays for; the stream's end is written once it is charged.
+   */
   async #stream<B extends MeteredBody>(
     x: Exchange<B>,
     provider: Provider,
-    upstreamBody: Record<string, unknown>,
+    call: UpstreamCall,
     reply: FastifyReply,
+    watch: ClientWatch,
   ): Promise<FastifyReply> {
-    const watch = new ClientWatch(reply);
     const upstreamStarted = performance.now();
     let events: AsyncIterable<SseMessage>;
     try {
-      events = await provider.stream(callOf(x, upstreamBody, watch));
+      events = await provider.stream(call);
     } catch (err) {
       watch.stop();
       if (watch.gone) return this.#abandoned(x, reply);
@@ -364,7 +367,7 @@ export class MeteredFlow {
     const sink = new SseSink(
       reply,
       // (Rate limit headers are only ever set when the project has limits.)
-      this.#limits.applies(x.project)
+      this.#parts.limits.applies(x.project)
         ? { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId }
         : { 'x-tollgate-request-id': x.requestId },
       () => {
@@ -488,7 +491,7 @@ export class MeteredFlow {
     const hold = x.hold;
     if (!hold) return;
     x.hold = undefined;
-    this.#pending.track(this.#ctx.billing.release(hold), x, 'release');
+    this.#parts.pending.track(this.#ctx.billing.release(hold), x, 'release');
   }
 
   #released(x: Exchange): void {
@@ -509,54 +512,23 @@ export class MeteredFlow {
     for (const o of this.#observers) o.ended?.(x, end, usage);
     const hold = x.hold;
     x.hold = undefined;
-    return this.#pending.track(this.#settle(x, hold, usage, end), x, 'settle');
+    return this.#parts.pending.track(this.#settle(x, hold, usage, end), x, 'settle');
   }
 
   /** After the request's `started` event: the charge, with its `proxy.request.completed` event. */
   async #settle(x: Exchange, hold: Hold | undefined, usage: TokenUsage, end: Ending): Promise<void> {
     await x.startedEvent;
-    const completed = this.#events.completed(x, usage, end);
+    const completed = this.#parts.events.completed(x, usage, end);
     if (!hold) {
-      if (completed) await this.#events.record(x, 'proxy.request.completed', completed('0'));
+      if (completed) await this.#parts.events.record(x, 'proxy.request.completed', completed('0'));
       return;
     }
+    const billing = this.#ctx.billing;
+    const input = settleInput(x, hold, usage, end, completed);
     const { charged } = await (x.span
-      ? this.#tracing.settle(x, () => this.#charge(x, hold, usage, end, completed))
-      : this.#charge(x, hold, usage, end, completed));
+      ? this.#parts.tracing.settle(x, () => billing.settle(input))
+      : billing.settle(input));
     for (const o of this.#observers) o.settled?.(x, charged);
-  }
-
-  #charge(
-    x: Exchange,
-    hold: Hold,
-    usage: TokenUsage,
-    end: Ending,
-    completed: ((amount: string) => Record<string, unknown>) | undefined,
-  ) {
-    const source = usageSourceOf(end.usage);
-    return this.#ctx.billing.settle({
-      project: x.project,
-      hold,
-      cost: requestCost(x.pricing, usage),
-      source: x.api.name,
-      model: x.model.id,
-      trigger: x.trigger,
-      externalId: x.externalId,
-      lowBalanceThreshold: x.project.settings.lowBalanceThreshold,
-      metadata: {
-        requestId: x.requestId,
-        model: x.model.id,
-        api: x.api.name,
-        inputTokens: usage.input,
-        cachedInputTokens: usage.cachedInput,
-        outputTokens: usage.output,
-        reasoningTokens: usage.reasoning,
-        usageSource: source,
-        outcome: end.outcome,
-      },
-      description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
-      ...(completed ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
-    });
   }
 }
 
@@ -593,41 +565,6 @@ export interface PassthroughRequest {
   readonly project: ProjectContext;
   readonly method: string;
   readonly body: unknown;
-}
-
-/** The provider call of a request. */
-function callOf(x: Exchange, body: Record<string, unknown>, watch: ClientWatch): UpstreamCall {
-  return { path: x.api.upstreamPath, body, signal: watch.abort.signal, headers: x.upstreamHeaders };
-}
-
-/**
- * Tokens to charge: the provider's usage, exactly as reported, or Tollgate's own count (o200k) of what
- * it did not report — the prompt it forwarded and the output that reached the client.
- */
-export function usageOf<B extends MeteredBody>(
-  x: Exchange<B>,
-  usage: ReportedUsage | undefined,
-  produced: number,
-): TokenUsage {
-  const input = usage?.input ?? x.inputCount ?? x.api.countInput(x.body);
-  return {
-    input,
-    cachedInput: Math.min(usage?.cachedInput ?? 0, input),
-    output: usage?.output ?? produced,
-    reasoning: usage?.reasoning ?? 0,
-  };
-}
-
-/**
- * Where a charge's tokens came from: `provider` (its usage had input and output), `tollgate` (it sent
- * none: Tollgate's count, an estimate) or `mixed` (it reported some fields; Tollgate counted the rest).
- */
-export type UsageSource = 'provider' | 'tollgate' | 'mixed';
-
-export function usageSourceOf(usage: ReportedUsage | undefined): UsageSource {
-  if (usage?.input === undefined && usage?.output === undefined) return 'tollgate';
-  if (usage.input !== undefined && usage.output !== undefined) return 'provider';
-  return 'mixed';
 }
 
 /**
