@@ -7,7 +7,13 @@ import type { RateLimit } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { chargedSince, fromUnits, periodOf, type SpendCaps, type SpendPeriod, toUnits } from './spend.ts';
-import { type CounterStore, MemoryCounterStore, RedisCounterStore } from './store.ts';
+import {
+  type CounterStore,
+  type CounterTake,
+  MemoryCounterStore,
+  RedisCounterStore,
+  type TakeResult,
+} from './store.ts';
 
 /**
  * Rate limits and spend caps of metered requests, checked before the paywall's hold (a refused request
@@ -60,18 +66,11 @@ export type LimitDecision =
   | { ok: false; headers: Record<string, string>; rate: RateRefusal; spend?: undefined }
   | { ok: false; headers: Record<string, string>; spend: SpendRefusal; rate?: undefined };
 
-interface Counter {
-  key: string;
-  cap: number;
-  cost: number;
-  ttlMs: number;
-  /** Rate counters start at 0; spend counters are seeded from the ledger (undefined until read). */
-  seed: number | undefined;
+/** Rate counters start at 0 (`seed`); spend counters are seeded from the ledger (undefined until read). */
+interface Counter extends CounterTake {
   rate?: { scope: Scope; limit: 'requests' | 'tokens' };
   spend?: { period: SpendPeriod; cap: string; start: Date; end: Date };
 }
-
-type TakeResult = Awaited<ReturnType<CounterStore['take']>>;
 
 interface Ticket {
   tokenKeys: string[];
@@ -216,23 +215,14 @@ export class Limits {
    * it): seeded from the ledger's charges of the period, where the key is still missing, and taken again.
    */
   async #take(req: LimitRequest, counters: Counter[]): Promise<TakeResult> {
-    const keys = counters.map((c) => c.key);
-    const take = () =>
-      this.store.take(
-        keys,
-        counters.map((c) => c.cap),
-        counters.map((c) => c.cost),
-        counters.map((c) => c.ttlMs),
-        counters.map((c) => c.seed),
-      );
-    let result = await take();
+    let result = await this.store.take(counters);
     for (let round = 0; result.needsSeed.length; round++) {
       if (round === 3) throw new Error('spend counters could not be seeded');
       for (const i of result.needsSeed) {
         const c = counters[i]!;
         c.seed ??= toUnits(await chargedSince(this.#ctx.db, req.project.id, req.externalId, c.spend!.start));
       }
-      result = await take();
+      result = await this.store.take(counters);
     }
     return result;
   }

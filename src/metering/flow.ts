@@ -24,7 +24,7 @@ import {
   UpstreamError,
 } from '../upstream/types.ts';
 import { type Admission, admit } from './admission.ts';
-import type { Exchange, MeteredApi, MeteredBody, StreamReader } from './api.ts';
+import type { AnswerReading, Exchange, MeteredApi, MeteredBody, StreamReader } from './api.ts';
 import { meteredPricing, type TokenUsage, tokenHold } from './cost.ts';
 import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
 import type { EventsObserver } from './events-observer.ts';
@@ -309,16 +309,16 @@ export class MeteredFlow {
   }
 
   /** Forwards a request answered at once, and relays the answer once it is charged. */
-  async #complete<B extends MeteredBody>(
-    x: Exchange<B>,
+  async #complete(
+    x: Exchange,
     provider: Provider,
     call: UpstreamCall,
     reply: FastifyReply,
     watch: ClientWatch,
   ): Promise<FastifyReply> {
-    const upstreamStarted = performance.now();
     let text: string;
-    let reading: ReturnType<MeteredApi<B>['read']>;
+    let reading: AnswerReading;
+    const upstreamStarted = performance.now();
     try {
       const answer = await provider.complete(call);
       text = answer.text;
