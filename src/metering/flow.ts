@@ -30,7 +30,7 @@ import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
 import type { EventsObserver } from './events-observer.ts';
 import type { LimitsObserver } from './limits-observer.ts';
 import type { MetricsObserver } from './metrics-observer.ts';
-import { type Ending, type MeteringObserver, paywallDecision, type Refusal } from './observer.ts';
+import { type Ending, type LinkRefusal, type MeteringObserver, paywallDecision } from './observer.ts';
 import type { Pending } from './pending.ts';
 import {
   abandon,
@@ -214,7 +214,7 @@ export class MeteredFlow {
     client: MeteredClient,
     reply: FastifyReply,
     amount: string,
-  ): Promise<Admission | Refusal> {
+  ): Promise<Admission | LinkRefusal> {
     if (this.#parts.limits.applies(x.project)) return this.#limitedAdmit(x, client, reply, amount);
     return this.#hold(x, amount);
   }
@@ -224,7 +224,7 @@ export class MeteredFlow {
     client: MeteredClient,
     reply: FastifyReply,
     amount: string,
-  ): Promise<Admission | Refusal> {
+  ): Promise<Admission | LinkRefusal> {
     const check = () => this.#checkLimits(x, client, reply, amount);
     const refusal = await (x.span ? this.#parts.tracing.step('tollgate.limits', check) : check());
     return refusal ?? this.#hold(x, amount);
@@ -236,7 +236,7 @@ export class MeteredFlow {
     client: MeteredClient,
     reply: FastifyReply,
     amount: string,
-  ): Promise<Refusal | undefined> {
+  ): Promise<LinkRefusal | undefined> {
     const refusal = await this.#parts.limits.check(x, client.apiKeyId, reply, amount);
     if (refusal?.decision !== 'rate_limited') return refusal;
     for (const o of this.#observers) o.refused?.(x, refusal);
@@ -262,7 +262,7 @@ export class MeteredFlow {
   }
 
   /** A paywall refusal as the client is answered: the connect or top-up link. */
-  #paywalled(x: Exchange, refusal: PaywallRefusal): Refusal {
+  #paywalled(x: Exchange, refusal: PaywallRefusal): LinkRefusal {
     x.userId = refusal.wallet?.userId ?? '';
     return {
       ok: false,
@@ -273,10 +273,9 @@ export class MeteredFlow {
   }
 
   /** Answers a refused request with its link reply in its API's shape; no provider call, no charge. */
-  #refuse(x: Exchange, refusal: Refusal, reply: FastifyReply): FastifyReply {
+  #refuse(x: Exchange, refusal: LinkRefusal, reply: FastifyReply): FastifyReply {
     for (const o of this.#observers) o.refused?.(x, refusal);
     this.#released(x);
-    if (refusal.decision === 'rate_limited') throw refusal.rate.error;
     reply.header('x-tollgate-paywall', refusal.decision);
     const answer = x.api.refusal(refusal.link, x);
     if (answer.kind === 'stream') return sendStream(reply, answer.body);

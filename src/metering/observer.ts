@@ -45,6 +45,9 @@ export type Refusal = { ok: false } & (
   | { decision: 'connect_required' | 'topup_required'; link: LinkReply; paywall: PaywallRefusal }
 );
 
+/** A refusal answered with a link reply (a spend cap, the paywall). */
+export type LinkRefusal = Extract<Refusal, { link: LinkReply }>;
+
 /** The paywall decision of a refused admission, as the metrics and `x-tollgate-paywall` name it. */
 export function paywallDecision(refusal: PaywallRefusal): 'connect_required' | 'topup_required' {
   return refusal.reason === 'not_connected' ? 'connect_required' : 'topup_required';

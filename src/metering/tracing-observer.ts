@@ -3,7 +3,13 @@ import { failed, type Span, SpanStatusCode, type Tracing } from '../tracing/inde
 import type { Admission } from './admission.ts';
 import type { Exchange, MeteredApi, MeteredBody } from './api.ts';
 import type { TokenUsage } from './cost.ts';
-import { type Ending, type MeteringObserver, paywallDecision, type Refusal } from './observer.ts';
+import {
+  type Ending,
+  type LinkRefusal,
+  type MeteringObserver,
+  paywallDecision,
+  type Refusal,
+} from './observer.ts';
 
 /**
  * The spans of metered requests (src/tracing), when tracing is on: a server span per request continuing
@@ -55,7 +61,7 @@ export class TracingObserver implements MeteringObserver {
   }
 
   /** Runs the admission (limits, then the hold) in a `tollgate.admission` span; the paywall's decision on it. */
-  async admission<T extends Admission | Refusal>(amount: string, admit: () => Promise<T>): Promise<T> {
+  async admission<T extends Admission | LinkRefusal>(amount: string, admit: () => Promise<T>): Promise<T> {
     const tracing = this.#tracing;
     const span = tracing.start('tollgate.admission', { 'tollgate.amount.held': amount });
     try {
