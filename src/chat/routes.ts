@@ -1,25 +1,19 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
-import type { AppContext } from '../app/context.ts';
 import { addFastPath } from '../core/validation.ts';
-import { existingFlowOf, type MeteredFlow, meteredFlowOf } from '../metering/flow.ts';
 import { chatApi } from './api.ts';
 import { fastChatRequest } from './schema-fast.ts';
 
-/** The metered flow serving a context (tests wait on `idle()` for settles after a response). */
-export function chatServiceOf(ctx: AppContext): MeteredFlow | undefined {
-  return existingFlowOf(ctx);
-}
-
-/** `POST /v1/chat/completions` (registered inside the authenticated `/v1` scope). */
+/**
+ * `POST /v1/chat/completions` (registered inside the authenticated `/v1` scope), served by the metered
+ * flow the server publishes as `app.metering` (src/metering/plugin.ts).
+ */
 export async function chatRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
-  const flow = meteredFlowOf(app.ctx);
-  // Settles still running when the server stops are finished before the database closes.
-  app.addHook('onClose', () => flow.close());
+  const flow = app.metering;
   // The common request is checked without zod (./schema-fast.ts); the rest by the schema.
   addFastPath(chatApi.schema, fastChatRequest);
   app.post('/chat/completions', { schema: { body: chatApi.schema } }, (request, reply) =>
-    flow.handle(chatApi, request, reply, request.body),
+    flow.handle(chatApi, request.body, request, reply),
   );
 }

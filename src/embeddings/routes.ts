@@ -1,14 +1,13 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
-import { meteredFlowOf } from '../metering/flow.ts';
 import { embeddingsApi } from './api.ts';
 
-/** `POST /v1/embeddings` (metered per input token, paywalled with a 402). */
+/** `POST /v1/embeddings` (metered per input token, paywalled with a 402), through `app.metering`. */
 export async function embeddingsRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const flow = meteredFlowOf(app.ctx);
-  app.addHook('onClose', () => flow.close());
-  app.post('/embeddings', { schema: { body: embeddingsApi.schema } }, (request, reply) =>
-    flow.handle(embeddingsApi, request, reply, request.body),
-  );
+  const flow = plain.metering;
+  plain
+    .withTypeProvider<ZodTypeProvider>()
+    .post('/embeddings', { schema: { body: embeddingsApi.schema } }, (request, reply) =>
+      flow.handle(embeddingsApi, request.body, request, reply),
+    );
 }

@@ -20,6 +20,7 @@ import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { spendCapRoutes } from '../limits/routes.ts';
 import { messagesRoutes } from '../messages/routes.ts';
+import { metering } from '../metering/plugin.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
 import { paymentUserRoutes, paymentWebhookRoutes } from '../payments/routes.ts';
@@ -139,6 +140,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   // One set of sign-in and sign-up limits for the admin API and the dashboard.
   await app.register(accountLimits);
   await app.register(adminRoutes, { prefix: '/admin/v1' });
+  // The metered flow (`app.metering`) the metered APIs' routes serve through.
+  await app.register(metering);
   await app.register(dashboardRoutes, { prefix: '/dashboard' });
   await app.register(
     async (v1) => {

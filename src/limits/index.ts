@@ -1,10 +1,19 @@
-import type { AppContext } from '../app/context.ts';
+import type { Logger } from 'pino';
+import type { Config } from '../config/index.ts';
 import { ApiError } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
+import type { Database } from '../db/index.ts';
 import type { RateLimit } from '../db/schema.ts';
+import type { Metrics } from '../metrics/registry.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { chargedSince, fromUnits, periodOf, type SpendCaps, type SpendPeriod, toUnits } from './spend.ts';
-import { type CounterStore, MemoryCounterStore, RedisCounterStore } from './store.ts';
+import {
+  type CounterStore,
+  type CounterTake,
+  MemoryCounterStore,
+  RedisCounterStore,
+  type TakeResult,
+} from './store.ts';
 
 /**
  * Rate limits and spend caps of metered requests, checked before the paywall's hold (a refused request
@@ -57,13 +66,8 @@ export type LimitDecision =
   | { ok: false; headers: Record<string, string>; rate: RateRefusal; spend?: undefined }
   | { ok: false; headers: Record<string, string>; spend: SpendRefusal; rate?: undefined };
 
-interface Counter {
-  key: string;
-  cap: number;
-  cost: number;
-  ttlMs: number;
-  /** Rate counters start at 0; spend counters are seeded from the ledger (undefined until read). */
-  seed: number | undefined;
+/** Rate counters start at 0 (`seed`); spend counters are seeded from the ledger (undefined until read). */
+interface Counter extends CounterTake {
   rate?: { scope: Scope; limit: 'requests' | 'tokens' };
   spend?: { period: SpendPeriod; cap: string; start: Date; end: Date };
 }
@@ -77,13 +81,22 @@ interface Ticket {
   spendUnits: number;
 }
 
+/** What the limits use of the app (the composition root passes its context). */
+export interface LimitsContext {
+  config: Pick<Config, 'REDIS_URL' | 'LIMITS_FAIL_OPEN'>;
+  bus: { prefix: string };
+  db: Database;
+  metrics: Pick<Metrics, 'rateLimited' | 'spendCapped' | 'limitsBackendErrors'>;
+  log: Logger;
+}
+
 export class Limits {
-  readonly #ctx: AppContext;
+  readonly #ctx: LimitsContext;
   readonly store: CounterStore;
   readonly #prefix: string;
   readonly #tickets = new WeakMap<object, Ticket>();
 
-  constructor(ctx: AppContext) {
+  constructor(ctx: LimitsContext) {
     this.#ctx = ctx;
     this.store = ctx.config.REDIS_URL
       ? new RedisCounterStore(ctx.config.REDIS_URL)
@@ -109,7 +122,37 @@ export class Limits {
     const now = Date.now();
     const window = Math.floor(now / WINDOW_MS);
     const resetMs = (window + 1) * WINDOW_MS - now;
-    const project = req.project.id;
+    const rate = this.#rateCounters(req, window);
+    const units = toUnits(amount);
+    const counters = rate.counters;
+    this.#addSpendCounters(counters, req, units, now);
+    if (!counters.length) return { ok: true, headers: {} };
+    let result: TakeResult;
+    try {
+      result = await this.#take(req, counters);
+    } catch (err) {
+      this.#unavailable(req.project, err);
+      return { ok: true, headers: {} };
+    }
+    const headers = rateHeaders(counters, result.values, resetMs);
+    if (result.denied >= 0) return this.#refusal(req, counters, result, headers, resetMs, amount);
+    const ticket: Ticket = {
+      tokenKeys: [],
+      tokens: rate.tokens ?? 0,
+      tokenDelta: 0,
+      spendKeys: [],
+      spendUnits: units,
+    };
+    for (const c of counters) {
+      if (c.rate?.limit === 'tokens') ticket.tokenKeys.push(c.key);
+      if (c.spend) ticket.spendKeys.push(c.key);
+    }
+    if (ticket.tokenKeys.length || ticket.spendKeys.length) this.#tickets.set(owner, ticket);
+    return { ok: true, headers };
+  }
+
+  /** The request and token counters of the project's, key's and user's rate limits in this window. */
+  #rateCounters(req: LimitRequest, window: number): { counters: Counter[]; tokens: number | undefined } {
     const counters: Counter[] = [];
     let tokens: number | undefined;
     const limits = req.project.limits;
@@ -117,7 +160,7 @@ export class Limits {
     for (const scope of SCOPES) {
       const limit: RateLimit | undefined = limits?.[scope];
       if (!limit) continue;
-      const base = `${this.#prefix}{${project}}:${scope}:${encodeURIComponent(ids[scope])}:${window}`;
+      const base = `${this.#prefix}{${req.project.id}}:${scope}:${encodeURIComponent(ids[scope])}:${window}`;
       const ttlMs = WINDOW_MS * 2;
       if (limit.rpm !== undefined) {
         counters.push({
@@ -141,101 +184,90 @@ export class Limits {
         });
       }
     }
+    return { counters, tokens };
+  }
+
+  /** Adds the user's spend counters of the day and month, reserving `units` (none when nothing is held). */
+  #addSpendCounters(counters: Counter[], req: LimitRequest, units: number, now: number): void {
     const caps = capsOf(req.project, req.externalId);
-    const units = toUnits(amount);
-    if (caps && units > 0) {
-      const user = encodeURIComponent(req.externalId);
-      const date = new Date(now);
-      for (const [period, cap] of [
-        ['day', caps.daily],
-        ['month', caps.monthly],
-      ] as const) {
-        if (cap === undefined) continue;
-        const p = periodOf(period, date);
-        counters.push({
-          key: `${this.#prefix}{${project}}:spend:${user}:${p.id}`,
-          cap: toUnits(cap, 'down'),
-          cost: units,
-          ttlMs: p.end.getTime() - now + 86_400_000,
-          seed: undefined,
-          spend: { period, cap, start: p.start, end: p.end },
-        });
-      }
+    if (!caps || units <= 0) return;
+    const user = encodeURIComponent(req.externalId);
+    const date = new Date(now);
+    for (const [period, cap] of [
+      ['day', caps.daily],
+      ['month', caps.monthly],
+    ] as const) {
+      if (cap === undefined) continue;
+      const p = periodOf(period, date);
+      counters.push({
+        key: `${this.#prefix}{${req.project.id}}:spend:${user}:${p.id}`,
+        cap: toUnits(cap, 'down'),
+        cost: units,
+        ttlMs: p.end.getTime() - now + 86_400_000,
+        seed: undefined,
+        spend: { period, cap, start: p.start, end: p.end },
+      });
     }
-    if (!counters.length) return { ok: true, headers: {} };
-    const keys = counters.map((c) => c.key);
-    const take = () =>
-      this.store.take(
-        keys,
-        counters.map((c) => c.cap),
-        counters.map((c) => c.cost),
-        counters.map((c) => c.ttlMs),
-        counters.map((c) => c.seed),
+  }
+
+  /**
+   * Takes every counter in one atomic step. A spend counter's first request of the period (or Redis lost
+   * it): seeded from the ledger's charges of the period, where the key is still missing, and taken again.
+   */
+  async #take(req: LimitRequest, counters: Counter[]): Promise<TakeResult> {
+    let result = await this.store.take(counters);
+    for (let round = 0; result.needsSeed.length; round++) {
+      if (round === 3) throw new Error('spend counters could not be seeded');
+      for (const i of result.needsSeed) {
+        const c = counters[i]!;
+        c.seed ??= toUnits(await chargedSince(this.#ctx.db, req.project.id, req.externalId, c.spend!.start));
+      }
+      result = await this.store.take(counters);
+    }
+    return result;
+  }
+
+  /** The decision of a request a counter refused: over a rate limit (a 429) or at a spend cap. */
+  #refusal(
+    req: LimitRequest,
+    counters: Counter[],
+    result: TakeResult,
+    headers: Record<string, string>,
+    resetMs: number,
+    amount: string,
+  ): LimitDecision {
+    const project = req.project.id;
+    const c = counters[result.denied]!;
+    if (c.rate) {
+      const retryAfterSeconds = Math.max(1, Math.ceil(resetMs / 1000));
+      const unit = c.rate.limit === 'requests' ? 'requests per min (RPM)' : 'tokens per min (TPM)';
+      const who = c.rate.scope === 'key' ? 'API key' : c.rate.scope === 'user' ? 'end user' : 'project';
+      const error = new ApiError(
+        429,
+        'rate_limit_error',
+        `Rate limit reached for the ${who} on ${unit}: Limit ${c.cap}, Used ${result.values[result.denied]}, Requested ${c.cost}. Please try again in ${retryAfterSeconds}s.`,
+        { code: 'rate_limit_exceeded', headers: { ...headers, 'retry-after': String(retryAfterSeconds) } },
       );
-    let result: Awaited<ReturnType<CounterStore['take']>>;
-    try {
-      result = await take();
-      // A spend counter's first request of the period (or Redis lost it): seed it from the ledger's
-      // charges of the period. The seed is set only where the key is still missing.
-      for (let round = 0; result.needsSeed.length; round++) {
-        if (round === 3) throw new Error('spend counters could not be seeded');
-        for (const i of result.needsSeed) {
-          const c = counters[i]!;
-          c.seed ??= toUnits(await chargedSince(this.#ctx.db, project, req.externalId, c.spend!.start));
-        }
-        result = await take();
-      }
-    } catch (err) {
-      this.#unavailable(req.project, err);
-      return { ok: true, headers: {} };
-    }
-    const headers = rateHeaders(counters, result.values, resetMs);
-    if (result.denied >= 0) {
-      const c = counters[result.denied]!;
-      if (c.rate) {
-        const retryAfterSeconds = Math.max(1, Math.ceil(resetMs / 1000));
-        const unit = c.rate.limit === 'requests' ? 'requests per min (RPM)' : 'tokens per min (TPM)';
-        const who = c.rate.scope === 'key' ? 'API key' : c.rate.scope === 'user' ? 'end user' : 'project';
-        const error = new ApiError(
-          429,
-          'rate_limit_error',
-          `Rate limit reached for the ${who} on ${unit}: Limit ${c.cap}, Used ${result.values[result.denied]}, Requested ${c.cost}. Please try again in ${retryAfterSeconds}s.`,
-          { code: 'rate_limit_exceeded', headers: { ...headers, 'retry-after': String(retryAfterSeconds) } },
-        );
-        this.#ctx.metrics.rateLimited.inc({ project, scope: c.rate.scope, limit: c.rate.limit });
-        return {
-          ok: false,
-          headers,
-          rate: { error, scope: c.rate.scope, limit: c.rate.limit, value: c.cap, retryAfterSeconds },
-        };
-      }
-      const spend = c.spend!;
-      this.#ctx.metrics.spendCapped.inc({ project, period: spend.period });
+      this.#ctx.metrics.rateLimited.inc({ project, scope: c.rate.scope, limit: c.rate.limit });
       return {
         ok: false,
         headers,
-        spend: {
-          period: spend.period,
-          cap: spend.cap,
-          spent: fromUnits(result.values[result.denied]!),
-          required: amount,
-          resetsAt: spend.end,
-        },
+        rate: { error, scope: c.rate.scope, limit: c.rate.limit, value: c.cap, retryAfterSeconds },
       };
     }
-    const ticket: Ticket = {
-      tokenKeys: [],
-      tokens: tokens ?? 0,
-      tokenDelta: 0,
-      spendKeys: [],
-      spendUnits: units,
+    const spend = c.spend!;
+    this.#ctx.metrics.spendCapped.inc({ project, period: spend.period });
+    return {
+      ok: false,
+      headers,
+      spend: {
+        period: spend.period,
+        cap: spend.cap,
+        spent: fromUnits(result.values[result.denied]!),
+        required: amount,
+        resetsAt: spend.end,
+      },
     };
-    for (const c of counters) {
-      if (c.rate?.limit === 'tokens') ticket.tokenKeys.push(c.key);
-      if (c.spend) ticket.spendKeys.push(c.key);
-    }
-    if (ticket.tokenKeys.length || ticket.spendKeys.length) this.#tickets.set(owner, ticket);
-    return { ok: true, headers };
   }
 
   /** Nothing was served (refused, failed, abandoned): the request uses no tokens and spends nothing. */

@@ -8,20 +8,29 @@ import { Redis } from 'ioredis';
 export interface CounterStore {
   readonly kind: 'redis' | 'memory';
   /**
-   * Atomically: when every `used + cost <= limit`, adds each cost and returns `denied: -1`; else adds
-   * nothing and returns the index of the first counter over its limit. `values` are the counters after.
-   * A missing key counts from `seeds[i]` when given (`needsSeed` lists missing keys without a seed).
+   * Atomically: when every `used + cost <= cap`, adds each cost and returns `denied: -1`; else adds
+   * nothing and returns the index of the first counter over its cap. `values` are the counters after.
+   * A missing key counts from its `seed` when given (`needsSeed` lists missing keys without a seed).
    */
-  take(
-    keys: string[],
-    limits: number[],
-    costs: number[],
-    ttlMs: number[],
-    seeds?: Array<number | undefined>,
-  ): Promise<{ denied: number; values: number[]; needsSeed: number[] }>;
+  take(counters: readonly CounterTake[]): Promise<TakeResult>;
   /** Adds `delta` to each existing key (a correction; a key that expired stays gone). */
   adjust(keys: string[], deltas: number[]): Promise<void>;
   close(): Promise<void>;
+}
+
+/** One counter of a take: its key, cap, the cost to add, its time to live, and its seed (if known). */
+export interface CounterTake {
+  key: string;
+  cap: number;
+  cost: number;
+  ttlMs: number;
+  seed: number | undefined;
+}
+
+export interface TakeResult {
+  denied: number;
+  values: number[];
+  needsSeed: number[];
 }
 
 // KEYS: counters. ARGV: n, then per key: limit, cost, ttl ms, seed ('' when none).
@@ -93,17 +102,13 @@ export class RedisCounterStore implements CounterStore {
     this.#redis = redis as RedisWithScripts;
   }
 
-  async take(
-    keys: string[],
-    limits: number[],
-    costs: number[],
-    ttlMs: number[],
-    seeds: Array<number | undefined> = [],
-  ) {
-    const args: Array<string | number> = [keys.length];
-    keys.forEach((_, i) => {
-      args.push(limits[i]!, costs[i]!, ttlMs[i]!, seeds[i] === undefined ? '' : seeds[i]!);
-    });
+  async take(counters: readonly CounterTake[]): Promise<TakeResult> {
+    const keys: string[] = [];
+    const args: Array<string | number> = [counters.length];
+    for (const c of counters) {
+      keys.push(c.key);
+      args.push(c.cap, c.cost, c.ttlMs, c.seed ?? '');
+    }
     const [denied, values, missing] = await this.#redis.tgTake(keys.length, ...keys, ...args);
     return { denied: denied === -2 ? -1 : denied, values: values.map(Number), needsSeed: missing };
   }
@@ -122,35 +127,29 @@ export class MemoryCounterStore implements CounterStore {
   readonly #counters = new Map<string, { value: number; expires: number }>();
   #sweeps = 0;
 
-  async take(
-    keys: string[],
-    limits: number[],
-    costs: number[],
-    ttlMs: number[],
-    seeds: Array<number | undefined> = [],
-  ) {
+  async take(counters: readonly CounterTake[]): Promise<TakeResult> {
     const now = Date.now();
     if (++this.#sweeps % 1000 === 0) this.#sweep(now);
     const values: number[] = [];
     const needsSeed: number[] = [];
-    keys.forEach((key, i) => {
-      const entry = this.#live(key, now);
+    counters.forEach((c, i) => {
+      const entry = this.#live(c.key, now);
       if (entry) values.push(entry.value);
-      else if (seeds[i] !== undefined) {
-        this.#counters.set(key, { value: seeds[i]!, expires: now + ttlMs[i]! });
-        values.push(seeds[i]!);
+      else if (c.seed !== undefined) {
+        this.#counters.set(c.key, { value: c.seed, expires: now + c.ttlMs });
+        values.push(c.seed);
       } else {
         needsSeed.push(i);
         values.push(0);
       }
     });
     if (needsSeed.length) return { denied: -1, values, needsSeed };
-    const denied = keys.findIndex((_, i) => values[i]! + costs[i]! > limits[i]!);
+    const denied = counters.findIndex((c, i) => values[i]! + c.cost > c.cap);
     if (denied === -1) {
-      keys.forEach((key, i) => {
-        const entry = this.#live(key, now) ?? { value: 0, expires: now + ttlMs[i]! };
-        entry.value += costs[i]!;
-        this.#counters.set(key, entry);
+      counters.forEach((c, i) => {
+        const entry = this.#live(c.key, now) ?? { value: 0, expires: now + c.ttlMs };
+        entry.value += c.cost;
+        this.#counters.set(c.key, entry);
         values[i] = entry.value;
       });
     }

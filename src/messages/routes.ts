@@ -1,7 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { ApiError, notFound } from '../core/errors.ts';
-import { meteredFlowOf } from '../metering/flow.ts';
 import { anthropicError, countMessagesInput, messagesApi } from './api.ts';
 import { countTokensRequestSchema } from './schema.ts';
 
@@ -13,15 +12,14 @@ import { countTokensRequestSchema } from './schema.ts';
  */
 export async function messagesRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
-  const flow = meteredFlowOf(app.ctx);
-  app.addHook('onClose', () => flow.close());
+  const flow = app.metering;
   // Errors are rendered in OpenAI's shape by the server's error handler; reshaped here for this scope.
   app.addHook('onSend', async (_request, reply, payload) => {
     if (reply.statusCode < 400 || typeof payload !== 'string') return payload;
     return reshapeError(reply.statusCode, payload);
   });
   app.post('/messages', { schema: { body: messagesApi.schema } }, (request, reply) =>
-    flow.handle(messagesApi, request, reply, request.body),
+    flow.handle(messagesApi, request.body, request, reply),
   );
   app.post('/messages/count_tokens', { schema: { body: countTokensRequestSchema } }, async (request) => {
     const body = request.body;

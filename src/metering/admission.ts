@@ -1,6 +1,6 @@
-import type { AppContext } from '../app/context.ts';
+import type { Logger } from 'pino';
 import type { PaywallRefusal, Trigger } from '../billing/ledger.ts';
-import type { Hold } from '../billing/service.ts';
+import type { BillingService, Hold } from '../billing/service.ts';
 import { ApiError, DATABASE_RETRY_AFTER_SECONDS } from '../core/errors.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
@@ -26,7 +26,13 @@ export interface AdmissionInput {
 
 export type Admission = { ok: true; userId: string; hold: Hold | undefined } | PaywallRefusal;
 
-export async function admit(ctx: AppContext, input: AdmissionInput): Promise<Admission> {
+/** What the admission uses of the app. */
+export interface AdmissionContext {
+  billing: Pick<BillingService, 'hold' | 'subscription'>;
+  log: Logger;
+}
+
+export async function admit(ctx: AdmissionContext, input: AdmissionInput): Promise<Admission> {
   const { project, model, pricing, externalId } = input;
   try {
     if (pricing.mode === 'subscription') {

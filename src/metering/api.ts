@@ -1,4 +1,4 @@
-import type { FastifyRequest } from 'fastify';
+import type { IncomingHttpHeaders } from 'node:http';
 import type { z } from 'zod';
 import type { Trigger } from '../billing/ledger.ts';
 import type { Hold } from '../billing/service.ts';
@@ -12,9 +12,10 @@ import type { SseMessage } from '../upstream/types.ts';
 import type { MeteredPricing, TokenUsage } from './cost.ts';
 
 /**
- * One of OpenAI's APIs as the metered flow (flow.ts) serves it. The flow owns what every API shares —
- * the end user, the paywall decision and hold, forwarding, settling from usage, events and metrics —
- * and asks its adapter (src/chat/api.ts, src/responses/api.ts, src/embeddings/api.ts) for the rest:
+ * One of the APIs the metered flow (flow.ts) serves. The flow owns what every API shares — the end
+ * user, the paywall decision and hold, forwarding, settling from usage, and the observers (limits,
+ * metrics, events, tracing) — and asks its adapter (src/chat/api.ts, src/responses/api.ts,
+ * src/embeddings/api.ts, src/messages/api.ts) for the rest:
  * how to parse and count a request, where it goes upstream, how to read usage from the answer, how a
  * refused user is answered, and how a stream is relayed.
  */
@@ -53,13 +54,18 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
    * The end user named in the body when it is not `user` (the Messages API's `metadata.user_id`);
    * `undefined` lets the `X-Service-User` header name it.
    */
-  endUser?(body: B, request: FastifyRequest): string | undefined;
+  endUser?(body: B, client: ClientHeaders): string | undefined;
   /** Client headers to forward to the provider. */
-  upstreamHeaders?(request: FastifyRequest): Record<string, string> | undefined;
+  upstreamHeaders?(client: ClientHeaders): Record<string, string> | undefined;
   /** The hold counts the prompt times this factor (a provider whose tokenizer counts more than o200k). */
   readonly inputMargin?: number;
   /** An error inside a stream (or before its first event) in this API's shape; OpenAI's otherwise. */
   renderError?(error: ApiError): { event: string | undefined; body: unknown };
+}
+
+/** The client's request as an API reads it: its headers (the route passes the request itself). */
+export interface ClientHeaders {
+  readonly headers: IncomingHttpHeaders;
 }
 
 export interface MeteredBody {

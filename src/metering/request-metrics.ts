@@ -1,4 +1,3 @@
-import type { ModelRow } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import { CounterSeries, HistogramSeries } from '../metrics/series.ts';
 
@@ -72,21 +71,4 @@ export class RequestMetrics {
     });
     this.#firstToken.observe(seconds);
   }
-}
-
-/** The request metrics of a model row, per Metrics (rows live in the project cache). */
-const byRow = new WeakMap<Metrics, WeakMap<ModelRow, RequestMetrics>>();
-
-export function requestMetricsOf(metrics: Metrics, project: string, model: ModelRow): RequestMetrics {
-  let rows = byRow.get(metrics);
-  if (!rows) {
-    rows = new WeakMap();
-    byRow.set(metrics, rows);
-  }
-  let found = rows.get(model);
-  if (!found) {
-    found = new RequestMetrics(metrics, project, model.id);
-    rows.set(model, found);
-  }
-  return found;
 }

@@ -1,11 +1,11 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { meteredFlowOf } from '../metering/flow.ts';
 import { responsesApi } from './api.ts';
 
 /**
- * `POST /v1/responses` (metered, paywalled), and the Responses API's own sub-resources passed through
+ * `POST /v1/responses` (metered, paywalled: through `app.metering`), and the Responses API's own
+ * sub-resources passed through
  * unmetered to providers that support them — only these, as OpenAI's API reference lists them:
  *
  * - `GET /v1/responses/{id}` (retrieve), `DELETE /v1/responses/{id}` (delete)
@@ -36,10 +36,9 @@ function queryOf(request: FastifyRequest): string {
 
 export async function responsesRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
-  const flow = meteredFlowOf(app.ctx);
-  app.addHook('onClose', () => flow.close());
+  const flow = app.metering;
   app.post('/responses', { schema: { body: responsesApi.schema } }, (request, reply) =>
-    flow.handle(responsesApi, request, reply, request.body),
+    flow.handle(responsesApi, request.body, request, reply),
   );
 
   const pass = (suffix: string) => (request: FastifyRequest, reply: FastifyReply) => {

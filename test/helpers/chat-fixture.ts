@@ -1,7 +1,6 @@
 import OpenAI from 'openai';
 import type { AppContext } from '../../src/app/context.ts';
 import { findWallet, type WalletState } from '../../src/billing/ledger.ts';
-import { chatServiceOf } from '../../src/chat/routes.ts';
 import { Money } from '../../src/core/money.ts';
 import type { Project } from '../../src/db/schema.ts';
 import type { ModelSpec } from '../../src/models/pricing.ts';
@@ -76,7 +75,7 @@ export async function startChatFixture(options: {
     },
     wallet: (user) => findWallet(ctx.db, project.id, user),
     async settled() {
-      await chatServiceOf(ctx)?.idle();
+      await server.app.metering.idle();
       await ctx.billing.idle();
     },
     async giveBack(user) {

@@ -110,8 +110,7 @@ describe.skipIf(!twoPods)('rate limits across two pods sharing Redis', () => {
     // Another user is not limited by alice's requests.
     expect((await chat(s.pods[1]!, s.apiKey, 'bob')).status).toBe(200);
     // A refused request did not touch money: alice has four charges, no open hold.
-    for (const pod of s.pods)
-      await (await import('../../src/metering/flow.ts')).existingFlowOf(pod.ctx)?.idle();
+    for (const pod of s.pods) await pod.app.metering.idle();
     const events = await s.pods[0]!.ctx.db.selectFrom('events')
       .select('envelope')
       .where('project_id', '=', s.projectId)
@@ -166,7 +165,7 @@ describe('tokens per minute', () => {
     expect(first.status).toBe(200);
     const estimate = 1000 - Number(first.headers.get('x-ratelimit-remaining-tokens'));
     expect(estimate).toBeGreaterThan(0);
-    await (await import('../../src/metering/flow.ts')).existingFlowOf(s.pods[0]!.ctx)?.idle();
+    await s.pods[0]!.app.metering.idle();
     const used = first.body.usage.prompt_tokens + first.body.usage.completion_tokens;
     const res = await fetch(`${s.pods[0]!.url}/v1/chat/completions`, {
       method: 'POST',

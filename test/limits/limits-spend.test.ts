@@ -4,7 +4,6 @@ import type { AppContext } from '../../src/app/context.ts';
 import { Money } from '../../src/core/money.ts';
 import type { ProjectLimits } from '../../src/db/schema.ts';
 import { periodOf, setUserSpendCaps } from '../../src/limits/spend.ts';
-import { existingFlowOf } from '../../src/metering/flow.ts';
 import type { ModelSpec } from '../../src/models/pricing.ts';
 import { applyPricing } from '../../src/models/service.ts';
 import { getProject } from '../../src/projects/service.ts';
@@ -85,7 +84,7 @@ async function setup(env: Record<string, string>, podCount: number): Promise<Set
       });
     },
     async idle() {
-      for (const pod of pods) await existingFlowOf(pod.ctx)?.idle();
+      for (const pod of pods) await pod.app.metering.idle();
     },
     async charges(user) {
       await s.idle();

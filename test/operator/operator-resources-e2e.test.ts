@@ -2,7 +2,6 @@ import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
-import { chatServiceOf } from '../../src/chat/routes.ts';
 import { Money } from '../../src/core/money.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
 import { type RunningOperator, startOperator } from '../../src/operator/main.ts';
@@ -157,7 +156,7 @@ describe('examples/k8s applied with the operator running', () => {
 
   async function charges(user: string): Promise<string[]> {
     const { ctx } = server;
-    await chatServiceOf(ctx)?.idle();
+    await server.app.metering.idle();
     await ctx.billing.idle();
     const rows = await ctx.db
       .selectFrom('ledger_entries')

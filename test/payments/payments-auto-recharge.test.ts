@@ -4,7 +4,6 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
 import { findWallet } from '../../src/billing/ledger.ts';
-import { chatServiceOf } from '../../src/chat/routes.ts';
 import { Money } from '../../src/core/money.ts';
 import { rechargeServiceOf } from '../../src/payments/routes.ts';
 import { connectUser } from '../../src/users/service.ts';
@@ -134,12 +133,12 @@ const intentCreates = (customer: string) =>
   );
 
 /** Every settle, every recharge started after it, and every webhook the stand-in sent for it, done. */
-async function quiet(...ctxs: AppContext[]) {
-  for (const ctx of ctxs) {
-    await chatServiceOf(ctx)?.idle();
+async function quiet(...servers: TestServer[]) {
+  for (const { ctx, app } of servers) {
+    await app.metering.idle();
     await ctx.billing.idle();
   }
-  for (const ctx of ctxs) await rechargeServiceOf(ctx)!.idle();
+  for (const { ctx } of servers) await rechargeServiceOf(ctx)!.idle();
   await stand.idle();
 }
 
@@ -172,7 +171,7 @@ describe('auto-recharge', () => {
     const crossings: number[] = [];
     for (let i = 1; i <= 31; i++) {
       expect(await chat(f.client, 'rita')).not.toMatch(LINK);
-      await quiet(f.ctx);
+      await quiet(f.server);
       if (intentCreates(card.customer_id).length > crossings.length) crossings.push(i);
     }
     // 1.00 − 11 × 0.05 = 0.45 < 0.50: recharged to 1.45; 20 chats later 0.45 again.
@@ -227,7 +226,7 @@ describe('auto-recharge', () => {
         trigger,
       });
       expect(charged.ok).toBe(true);
-      await quiet(f.ctx);
+      await quiet(f.server);
       // The recharge is in flight (its webhook held back): the request is refused now, not held up.
       expect(intentCreates(card.customer_id)).toHaveLength(1);
       expect((await rechargesOf(f.ctx, 'hank')).map((r) => r.status)).toEqual(['pending']);
@@ -240,7 +239,7 @@ describe('auto-recharge', () => {
         source: 'api',
         trigger,
       });
-      await quiet(f.ctx);
+      await quiet(f.server);
       expect(intentCreates(card.customer_id)).toHaveLength(1);
     } finally {
       stand.holdIntentEvents(false);
@@ -266,12 +265,12 @@ describe('auto-recharge', () => {
         source: 'api',
         trigger,
       });
-      await quiet(f.ctx);
+      await quiet(f.server);
       const [pending] = await rechargesOf(f.ctx, 'lena');
       expect(pending).toMatchObject({ status: 'pending' });
       const recharges = rechargeServiceOf(f.ctx)!;
       await recharges.scan();
-      await quiet(f.ctx);
+      await quiet(f.server);
       expect((await rechargesOf(f.ctx, 'lena'))[0]!.status).toBe('pending'); // not silent long enough
       // An hour later, the PaymentIntent was canceled at Stripe and no event ever came.
       stand.intents.get(pending!.payment_intent_id!)!.status = 'canceled';
@@ -281,7 +280,7 @@ describe('auto-recharge', () => {
         .where('id', '=', pending!.id)
         .execute();
       await recharges.scan();
-      await quiet(f.ctx);
+      await quiet(f.server);
     } finally {
       stand.holdIntentEvents(false);
     }
@@ -302,7 +301,7 @@ describe('auto-recharge', () => {
     );
     stand.cardOutcome(card.payment_method_id!, 'decline');
     for (let i = 0; i < 11; i++) await chat(f.client, 'dora');
-    await quiet(f.ctx);
+    await quiet(f.server);
     expect(intentCreates(card.customer_id)).toHaveLength(1);
     const [recharge] = await rechargesOf(f.ctx, 'dora');
     expect(recharge).toMatchObject({ status: 'failed', failure_code: 'card_declined' });
@@ -326,7 +325,7 @@ describe('auto-recharge', () => {
     });
     // Off: more chats below the threshold charge nothing, and run into the top-up link when dry.
     for (let i = 0; i < 10; i++) await chat(f.client, 'dora');
-    await quiet(f.ctx);
+    await quiet(f.server);
     expect(intentCreates(card.customer_id)).toHaveLength(1);
     expect(await chat(f.client, 'dora')).toContain('/topup/');
 
@@ -373,7 +372,7 @@ describe('auto-recharge', () => {
       source: 'api',
       trigger,
     });
-    await quiet(f.ctx);
+    await quiet(f.server);
     expect((await rechargesOf(f.ctx, 'abe'))[0]).toMatchObject({
       status: 'failed',
       failure_code: 'authentication_required',
@@ -522,13 +521,13 @@ describe.skipIf(!twoPods)('the monthly cap across pods (needs Postgres)', () => 
     const clients = [client(podA), client(podB)];
     const replies = await Promise.all(Array.from({ length: 32 }, (_, i) => chat(clients[i % 2]!, 'carl')));
     for (const reply of replies) expect(reply).not.toMatch(LINK);
-    await quiet(podA.ctx, podB.ctx);
+    await quiet(podA, podB);
     // Both pods' jobs, at once and again: the cap (10 = two recharges of 5) still holds.
     const scans = () => Promise.all([podA, podB, podA, podB].map((p) => rechargeServiceOf(p.ctx)!.scan()));
     await scans();
-    await quiet(podA.ctx, podB.ctx);
+    await quiet(podA, podB);
     await scans();
-    await quiet(podA.ctx, podB.ctx);
+    await quiet(podA, podB);
 
     const recharges = await rechargesOf(podA.ctx, 'carl');
     expect(recharges.map((r) => r.status)).toEqual(['succeeded', 'succeeded']);
