@@ -1,6 +1,5 @@
 import type { V1Secret } from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { Failure } from './failure.ts';
 import type { KubeClients, KubeObject } from './runtime/kube.ts';
 import type { Resource } from './status.ts';
 
@@ -74,7 +73,7 @@ export interface KindHandler<R extends Resource = Resource> {
 
 export const managedByOf = (kind: string, namespace: string, name: string) => `${kind} ${namespace}/${name}`;
 
-const sameNamespace = (a: KubeObject, b: KubeObject) => a.metadata.namespace === b.metadata.namespace;
+export const sameNamespace = (a: KubeObject, b: KubeObject) => a.metadata.namespace === b.metadata.namespace;
 
 /** Watches the Secrets (same namespace) a resource reads or writes. */
 export function secretWatch<R extends Resource>(namesOf: (resource: R) => string[]): Watch<R> {
@@ -84,35 +83,27 @@ export function secretWatch<R extends Resource>(namesOf: (resource: R) => string
   };
 }
 
-/** Watches the Project resource (same namespace) a resource refers to: it may unblock it. */
-export function projectWatch<R extends Resource>(refOf: (resource: R) => string | undefined): Watch<R> {
-  return {
-    kind: 'Project',
-    affects: (project, r) => sameNamespace(project, r) && refOf(r) === project.metadata.name,
-  };
-}
-
 /** Watches every object of a kind in the resource's namespace. */
 export function namespaceWatch<R extends Resource>(kind: string): Watch<R> {
   return { kind, affects: sameNamespace };
 }
 
-/** The projects Project resources manage, as the kinds that refer to one read them. */
-export interface ProjectLookup {
-  projectByManager(managedBy: string): Promise<{ id: string; currency: string } | undefined>;
-}
+export const synced = (message: string, rest: Omit<Synced, 'reason' | 'message'> = {}): Synced => ({
+  reason: 'Synced',
+  message,
+  ...rest,
+});
+export const normal = (reason: string, message: string): RecordedEvent => ({
+  type: 'Normal',
+  reason,
+  message,
+});
+/** The events of a finalize that undid something (`message`), or none. */
+export const finalized = (message: string | undefined): RecordedEvent[] =>
+  message ? [normal('Finalized', message)] : [];
 
-/** The project a `projectRef` names: the row its Project resource manages (ProjectNotFound otherwise). */
-export async function requireProject(
-  store: ProjectLookup,
-  namespace: string,
-  name: string | undefined,
-): Promise<{ id: string; currency: string }> {
-  if (!name) throw new Failure('InvalidSpec', 'spec.projectRef.name is required', false);
-  const project = await store.projectByManager(managedByOf('Project', namespace, name));
-  if (!project) throw projectNotFound(namespace, name);
-  return project;
-}
-
-export const projectNotFound = (namespace: string, name: string) =>
-  new Failure('ProjectNotFound', `Project ${namespace}/${name} does not exist or is not Ready yet`, true);
+/** "Updated" after a spec change; "Put back" when the rows changed outside the resource (drift). */
+export const updateEvent = (r: Resource, what: string) =>
+  r.status?.observedGeneration !== r.metadata.generation
+    ? normal('Updated', `Updated ${what}`)
+    : normal('DriftCorrected', `Put back ${what} changed outside the resource`);

@@ -52,6 +52,10 @@ export function setCondition(
   return list;
 }
 
+/** The status' project id, for finalizers: the Project resource may be gone already. */
+export const statusProject = (r: { status?: ResourceStatus }) =>
+  typeof r.status?.projectId === 'string' ? r.status.projectId : undefined;
+
 export function readyCondition(resource: { status?: ResourceStatus }): Condition | undefined {
   return resource.status?.conditions?.find((c) => c.type === 'Ready');
 }

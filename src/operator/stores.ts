@@ -22,8 +22,8 @@ import {
   updateSubscription,
   validateSubscriptionInput,
 } from '../webhooks/subscriptions.ts';
-import type { ProjectLookup } from './handler.ts';
 import type { ApiKeyStore } from './resources/api-key.ts';
+import type { ProjectLookup } from './resources/common.ts';
 import type { LimitPolicyStore } from './resources/limit-policy.ts';
 import type { ModelProviderStore } from './resources/model-provider.ts';
 import type { PriceListStore } from './resources/price-list.ts';

@@ -1,25 +1,16 @@
 import type { V1Secret } from '@kubernetes/client-node';
 import { sha256Hex } from '../../core/crypto.ts';
 import { Failure } from '../failure.ts';
-import {
-  type HandlerContext,
-  type KindHandler,
-  type ProjectLookup,
-  projectWatch,
-  requireProject,
-  secretWatch,
-} from '../handler.ts';
+import { finalized, type HandlerContext, type KindHandler, normal, secretWatch, synced } from '../handler.ts';
 import { FIELD_MANAGER, statusOf } from '../runtime/kube.ts';
 import type { Resource } from '../status.ts';
 import {
-  finalized,
-  finalizerOf,
-  normal,
   ownedSecret,
+  type ProjectLookup,
   type ProjectRef,
-  projectRefOf,
+  projectOf,
+  projectScoped,
   secretValue,
-  synced,
 } from './common.ts';
 
 /**
@@ -59,13 +50,14 @@ const apiKeySecretName = (r: Resource<ApiKeySpec>) => r.spec?.secretName || `${r
 
 export function apiKeyHandler(store: ApiKeyStore): KindHandler<Resource<ApiKeySpec>> {
   return {
-    kind: 'ApiKey',
-    plural: 'apikeys',
-    finalizer: finalizerOf('ApiKey'),
-    watches: [projectWatch(projectRefOf), secretWatch((r) => [apiKeySecretName(r)])],
+    ...projectScoped<Resource<ApiKeySpec>>(
+      'ApiKey',
+      'apikeys',
+      secretWatch((r) => [apiKeySecretName(r)]),
+    ),
     async sync(r, h) {
       const namespace = r.metadata.namespace ?? '';
-      const project = await requireProject(store, namespace, projectRefOf(r));
+      const project = await projectOf(store, r);
       const secretName = apiKeySecretName(r);
       let key = await store.findByManager(h.managedBy);
       if (key && key.project_id !== project.id)

@@ -1,9 +1,10 @@
 import type { V1OwnerReference, V1Secret } from '@kubernetes/client-node';
 import { API_VERSION, GROUP } from '../api.ts';
-import type { RecordedEvent, Synced } from '../handler.ts';
+import { Failure } from '../failure.ts';
+import { type KindHandler, managedByOf, sameNamespace, type Watch } from '../handler.ts';
 import type { Resource } from '../status.ts';
 
-/** What the kinds of src/operator/resources share: spec and status helpers, events, Secrets. */
+/** What the kinds of src/operator/resources share: the project a resource belongs to, Secrets, comparisons. */
 
 export interface ProjectRef {
   projectRef?: { name?: string };
@@ -12,30 +13,46 @@ export interface ProjectRef {
 export const finalizerOf = (kind: string) => `${GROUP}/${kind.toLowerCase()}`;
 export const projectRefOf = (r: Resource<ProjectRef>) => r.spec?.projectRef?.name;
 
-export const synced = (message: string, rest: Omit<Synced, 'reason' | 'message'> = {}): Synced => ({
-  reason: 'Synced',
-  message,
-  ...rest,
-});
-export const normal = (reason: string, message: string): RecordedEvent => ({
-  type: 'Normal',
-  reason,
-  message,
-});
-/** The events of a finalize that undid something (`message`), or none. */
-export const finalized = (message: string | undefined): RecordedEvent[] =>
-  message ? [normal('Finalized', message)] : [];
+/** The projects Project resources manage, as the kinds that refer to one read them. */
+export interface ProjectLookup {
+  projectByManager(managedBy: string): Promise<{ id: string; currency: string } | undefined>;
+}
 
-const specChanged = (r: Resource) => r.status?.observedGeneration !== r.metadata.generation;
-/** "Updated" after a spec change; "Put back" when the rows changed outside the resource (drift). */
-export const updateEvent = (r: Resource, what: string) =>
-  specChanged(r)
-    ? normal('Updated', `Updated ${what}`)
-    : normal('DriftCorrected', `Put back ${what} changed outside the resource`);
+export const projectNotFound = (namespace: string, name: string) =>
+  new Failure('ProjectNotFound', `Project ${namespace}/${name} does not exist or is not Ready yet`, true);
 
-/** The status' project id, for finalizers: the Project resource may be gone already. */
-export const statusProject = (r: Resource) =>
-  typeof r.status?.projectId === 'string' ? r.status.projectId : undefined;
+/** The project `spec.projectRef` names: the row its Project resource manages (ProjectNotFound otherwise). */
+export async function projectOf(
+  store: ProjectLookup,
+  r: Resource<ProjectRef>,
+): Promise<{ id: string; currency: string }> {
+  const namespace = r.metadata.namespace ?? '';
+  const name = projectRefOf(r);
+  if (!name) throw new Failure('InvalidSpec', 'spec.projectRef.name is required', false);
+  const project = await store.projectByManager(managedByOf('Project', namespace, name));
+  if (!project) throw projectNotFound(namespace, name);
+  return project;
+}
+
+/** Watches the Project resource (same namespace) a resource refers to: it may unblock it. */
+export function projectWatch<R extends Resource>(refOf: (resource: R) => string | undefined): Watch<R> {
+  return {
+    kind: 'Project',
+    affects: (project, r) => sameNamespace(project, r) && refOf(r) === project.metadata.name,
+  };
+}
+
+/**
+ * The frame of a kind whose resources belong to a project by `spec.projectRef`: its names, its finalizer,
+ * and the watch of that Project (its change may unblock them) before the kind's own `watches`.
+ */
+export function projectScoped<R extends Resource<ProjectRef>>(
+  kind: string,
+  plural: string,
+  ...watches: Watch<R>[]
+): Pick<KindHandler<R>, 'kind' | 'plural' | 'finalizer' | 'watches'> {
+  return { kind, plural, finalizer: finalizerOf(kind), watches: [projectWatch<R>(projectRefOf), ...watches] };
+}
 
 /** A key of a Secret (`data`, else `stringData`); undefined when missing or empty. */
 export function secretValue(secret: V1Secret, key: string): string | undefined {

@@ -2,19 +2,9 @@ import { parseInput } from '../../core/validation.ts';
 import type { ProjectLimits } from '../../db/schema.ts';
 import { limitsSchema } from '../../models/pricing.ts';
 import { Failure } from '../failure.ts';
-import { type KindHandler, type ProjectLookup, projectWatch, requireProject } from '../handler.ts';
-import type { Resource } from '../status.ts';
-import {
-  canonical,
-  finalized,
-  finalizerOf,
-  normal,
-  type ProjectRef,
-  projectRefOf,
-  statusProject,
-  synced,
-  updateEvent,
-} from './common.ts';
+import { finalized, type KindHandler, normal, synced, updateEvent } from '../handler.ts';
+import { type Resource, statusProject } from '../status.ts';
+import { canonical, type ProjectLookup, type ProjectRef, projectOf, projectScoped } from './common.ts';
 
 /** The LimitPolicy kind: the limits of a project. */
 
@@ -36,12 +26,9 @@ export interface LimitPolicyStore extends ProjectLookup {
 
 export function limitPolicyHandler(store: LimitPolicyStore): KindHandler<Resource<LimitPolicySpec>> {
   return {
-    kind: 'LimitPolicy',
-    plural: 'limitpolicies',
-    finalizer: finalizerOf('LimitPolicy'),
-    watches: [projectWatch(projectRefOf)],
+    ...projectScoped<Resource<LimitPolicySpec>>('LimitPolicy', 'limitpolicies'),
     async sync(r, h) {
-      const project = await requireProject(store, r.metadata.namespace ?? '', projectRefOf(r));
+      const project = await projectOf(store, r);
       const { projectRef: _ref, ...declared } = r.spec ?? {};
       let limits: ProjectLimits;
       try {

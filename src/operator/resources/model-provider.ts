@@ -1,25 +1,16 @@
 import type { ProviderConfig } from '../../routing/providers.ts';
 import { Failure } from '../failure.ts';
 import {
+  finalized,
   type HandlerContext,
   type KindHandler,
-  type ProjectLookup,
-  projectWatch,
-  requireProject,
-  secretWatch,
-} from '../handler.ts';
-import { type Resource, readyCondition } from '../status.ts';
-import {
-  finalized,
-  finalizerOf,
   normal,
-  type ProjectRef,
-  projectRefOf,
-  secretValue,
-  statusProject,
+  secretWatch,
   synced,
   updateEvent,
-} from './common.ts';
+} from '../handler.ts';
+import { type Resource, readyCondition, statusProject } from '../status.ts';
+import { type ProjectLookup, type ProjectRef, projectOf, projectScoped, secretValue } from './common.ts';
 
 /** The ModelProvider kind: a provider of a project (base URL, key from a Secret, timeouts). */
 
@@ -81,13 +72,11 @@ function drift(current: ProviderConfig, baseUrl: string, apiKey: string | null, 
 
 export function modelProviderHandler(store: ModelProviderStore): KindHandler<ModelProvider> {
   return {
-    kind: 'ModelProvider',
-    plural: 'modelproviders',
-    finalizer: finalizerOf('ModelProvider'),
-    watches: [
-      projectWatch(projectRefOf),
+    ...projectScoped<ModelProvider>(
+      'ModelProvider',
+      'modelproviders',
       secretWatch((r) => (r.spec?.secretRef?.name ? [r.spec.secretRef.name] : [])),
-    ],
+    ),
     async sync(r, h) {
       const spec = r.spec ?? {};
       if ((spec.type ?? 'openai-compatible') !== 'openai-compatible')
@@ -97,7 +86,7 @@ export function modelProviderHandler(store: ModelProviderStore): KindHandler<Mod
           false,
         );
       if (!spec.baseUrl) throw new Failure('InvalidSpec', 'spec.baseUrl is required', false);
-      const project = await requireProject(store, r.metadata.namespace ?? '', projectRefOf(r));
+      const project = await projectOf(store, r);
       const name = providerNameOf(r);
       const apiKey = await providerKey(r, h);
       const current = await store.find(project.id, name);

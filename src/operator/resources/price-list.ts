@@ -2,25 +2,9 @@ import { parseInput } from '../../core/validation.ts';
 import { DEFAULT_ENDPOINTS, type PricingFile, pricingFileSchema } from '../../models/pricing.ts';
 import type { ApplyResult } from '../../models/service.ts';
 import { Failure } from '../failure.ts';
-import {
-  type KindHandler,
-  namespaceWatch,
-  type ProjectLookup,
-  projectWatch,
-  requireProject,
-} from '../handler.ts';
-import type { Resource } from '../status.ts';
-import {
-  canonical,
-  finalized,
-  finalizerOf,
-  normal,
-  type ProjectRef,
-  projectRefOf,
-  statusProject,
-  synced,
-  updateEvent,
-} from './common.ts';
+import { finalized, type KindHandler, namespaceWatch, normal, synced, updateEvent } from '../handler.ts';
+import { type Resource, statusProject } from '../status.ts';
+import { canonical, type ProjectLookup, type ProjectRef, projectOf, projectScoped } from './common.ts';
 
 /** The PriceList kind: the models of a project and their prices, as a pricing file declares them. */
 
@@ -95,14 +79,11 @@ function parseFile(r: PriceList, currency: string): PricingFile {
 
 export function priceListHandler(store: PriceListStore): KindHandler<PriceList> {
   return {
-    kind: 'PriceList',
-    plural: 'pricelists',
-    finalizer: finalizerOf('PriceList'),
-    invalidReason: 'InvalidPrice',
     // A provider that changes may satisfy the routes of the price lists of its namespace.
-    watches: [projectWatch(projectRefOf), namespaceWatch('ModelProvider')],
+    ...projectScoped<PriceList>('PriceList', 'pricelists', namespaceWatch('ModelProvider')),
+    invalidReason: 'InvalidPrice',
     async sync(r, h) {
-      const project = await requireProject(store, r.metadata.namespace ?? '', projectRefOf(r));
+      const project = await projectOf(store, r);
       const file = parseFile(r, project.currency);
       const current = await store.current(project.id);
       const events = [];

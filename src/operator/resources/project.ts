@@ -1,8 +1,8 @@
 import type { Project, ProjectSettings } from '../../db/schema.ts';
 import { Failure } from '../failure.ts';
-import type { KindHandler } from '../handler.ts';
+import { finalized, type KindHandler, normal, synced, updateEvent } from '../handler.ts';
 import type { Resource } from '../status.ts';
-import { canonical, finalized, finalizerOf, normal, synced, updateEvent } from './common.ts';
+import { canonical, finalizerOf } from './common.ts';
 
 /** The Project kind: a project whose name, currency and settings the resource declares. */
 

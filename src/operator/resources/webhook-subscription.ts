@@ -7,15 +7,14 @@ import {
   type HandlerContext,
   type KindHandler,
   managedByOf as managedByKind,
-  type ProjectLookup,
-  projectNotFound,
-  projectWatch,
+  normal,
   type RecordedEvent,
   secretWatch,
+  synced,
 } from '../handler.ts';
 import { FIELD_MANAGER, statusOf } from '../runtime/kube.ts';
 import { type Condition, type Resource, type ResourceStatus, readyCondition } from '../status.ts';
-import { normal, ownedSecret, secretValue, synced } from './common.ts';
+import { ownedSecret, type ProjectLookup, projectNotFound, projectWatch, secretValue } from './common.ts';
 
 /**
  * The WebhookSubscription kind: a webhook subscription of a project (by id, or by its Project resource),
