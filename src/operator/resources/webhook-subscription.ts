@@ -261,13 +261,14 @@ type ValidSpec = Extract<SpecCheck, { ok: true }>;
 async function target(store: SubscriptionStore, r: WebhookSubscription, check: ValidSpec, managedBy: string) {
   const namespace = r.metadata.namespace ?? '';
   const ref = check.projectRef;
-  const [projectId, row] = await service(async () => [
-    check.paywallId ??
+  const { projectId, row } = await service(async () => ({
+    projectId:
+      check.paywallId ??
       (ref !== undefined
         ? (await store.projectByManager(managedByKind('Project', namespace, ref)))?.id
         : undefined),
-    await store.findByManager(managedBy),
-  ]);
+    row: await store.findByManager(managedBy),
+  }));
   if (projectId === undefined) throw projectNotFound(namespace, ref ?? '');
   if (row && row.paywallId !== projectId)
     throw new Failure(
