@@ -70,7 +70,7 @@ export async function main(argv: string[]): Promise<number> {
       case 'dev':
         return await (await import('./serve.ts')).runDev(config);
       case 'operator': {
-        const { runOperator } = await import('../operator/main.ts');
+        const { runOperator } = await import('./operator.ts');
         return await runOperator(config, { namespaces: values.namespace ?? [] });
       }
       case 'worker':

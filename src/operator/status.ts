@@ -1,17 +1,10 @@
 import type { KubeObject } from './runtime/kube.ts';
 
-/** `spec` of a WebhookSubscription as the API server stores it. */
-export interface WebhookSubscriptionSpec {
-  paywallId?: string;
-  /** The Project resource (same namespace) instead of the id. */
-  projectRef?: { name?: string };
-  url?: string;
-  events?: string[];
-  description?: string;
-  customHeaders?: Record<string, string>;
-  secretRef?: { name?: string; key?: string };
-  active?: boolean;
-}
+/**
+ * The status every kind of the operator writes, the Kubernetes way: `observedGeneration`, the `Ready`
+ * condition (with its own observedGeneration), and the kind's own fields beside them; written as a merge
+ * patch of what changed.
+ */
 
 export interface Condition {
   type: string;
@@ -22,31 +15,18 @@ export interface Condition {
   lastTransitionTime: string;
 }
 
-export interface WebhookSubscriptionStatus {
-  subscriptionId?: string;
-  secretSuffix?: string;
-  /** `<secret name>/<key>@<resourceVersion>` of the Secret whose value the row holds. */
-  observedSecret?: string;
+export interface ResourceStatus {
   observedGeneration?: number;
   conditions?: Condition[];
-  consecutiveFailures?: number;
-  lastDeliveredAt?: string | null;
+  projectId?: string;
+  [field: string]: unknown;
 }
 
-export interface WebhookSubscription extends KubeObject {
-  spec?: WebhookSubscriptionSpec;
-  status?: WebhookSubscriptionStatus;
+/** A custom resource of group tollgate.dev as the operator reads it. */
+export interface Resource<S = unknown, T extends ResourceStatus = ResourceStatus> extends KubeObject {
+  spec?: S;
+  status?: T;
 }
-
-export type ReadyReason =
-  | 'Synced'
-  | 'InvalidSpec'
-  | 'SecretNotFound'
-  | 'DatabaseUnavailable'
-  | 'PaywallNotFound'
-  | 'ProjectNotFound'
-  | 'ReconcileError'
-  | 'EndpointDisabled';
 
 /**
  * Sets a condition the Kubernetes way: lastTransitionTime moves only when the status flips; reason,
@@ -72,20 +52,21 @@ export function setCondition(
   return list;
 }
 
-export function readyCondition(resource: WebhookSubscription): Condition | undefined {
+/** The status' project id, for finalizers: the Project resource may be gone already. */
+export const statusProject = (r: { status?: ResourceStatus }) =>
+  typeof r.status?.projectId === 'string' ? r.status.projectId : undefined;
+
+export function readyCondition(resource: { status?: ResourceStatus }): Condition | undefined {
   return resource.status?.conditions?.find((c) => c.type === 'Ready');
 }
 
 /** The fields of `next` that differ from `current` (a merge patch of the status), or undefined. */
-export function statusPatch(
-  current: WebhookSubscriptionStatus | undefined,
-  next: WebhookSubscriptionStatus,
-): WebhookSubscriptionStatus | undefined {
+export function statusPatch(current: object | undefined, next: object): Record<string, unknown> | undefined {
   const patch: Record<string, unknown> = {};
   const cur = (current ?? {}) as Record<string, unknown>;
   for (const [field, value] of Object.entries(next)) {
     if (value === undefined) continue;
     if (JSON.stringify(cur[field] ?? null) !== JSON.stringify(value)) patch[field] = value;
   }
-  return Object.keys(patch).length ? (patch as WebhookSubscriptionStatus) : undefined;
+  return Object.keys(patch).length ? patch : undefined;
 }

@@ -6,8 +6,8 @@
  * Writes one JSON line per leadership change on stdout; on SIGTERM shuts down like `tollgate operator`.
  */
 import { createContext } from '../../src/app/context.ts';
+import { startOperator } from '../../src/cli/operator.ts';
 import { loadConfig } from '../../src/config/index.ts';
-import { startOperator } from '../../src/operator/main.ts';
 import { kubeConfigForServer, loadKubeConfig, makeClients } from '../../src/operator/runtime/kube.ts';
 
 const id = process.env.TEST_ID;

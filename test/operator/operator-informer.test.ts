@@ -2,9 +2,9 @@ import { EventEmitter } from 'node:events';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { GROUP, PLURAL, VERSION } from '../../src/operator/api.ts';
+import type { WebhookSubscription } from '../../src/operator/resources/webhook-subscription.ts';
 import { Informer, type InformerEvent } from '../../src/operator/runtime/informer.ts';
 import { type KubeClients, makeClients } from '../../src/operator/runtime/kube.ts';
-import type { WebhookSubscription } from '../../src/operator/status.ts';
 import { type KubeTarget, kubeTarget, realCluster } from '../helpers/fake-kube-apiserver.ts';
 
 /**

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { ApiError } from '../../src/core/errors.ts';
+import { classifyServiceError } from '../../src/operator/failure.ts';
 import {
   checkSpec,
-  classifyServiceError,
   createdByOf,
   disabledByHealth,
   managedByOf,
@@ -10,9 +10,10 @@ import {
   type SubscriptionRow,
   secretNeedsPush,
   secretSourceOf,
-} from '../../src/operator/reconciler.ts';
+  type WebhookSubscription,
+} from '../../src/operator/resources/webhook-subscription.ts';
 import { WorkQueue } from '../../src/operator/runtime/workqueue.ts';
-import { setCondition, statusPatch, type WebhookSubscription } from '../../src/operator/status.ts';
+import { setCondition, statusPatch } from '../../src/operator/status.ts';
 
 const spec: {
   paywallId: string;

@@ -1,14 +1,18 @@
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
+import { startOperator } from '../../src/cli/operator.ts';
 import { buildServer } from '../../src/http/server.ts';
 import { FINALIZER, GROUP, PLURAL, VERSION } from '../../src/operator/api.ts';
-import { Controller } from '../../src/operator/controller.ts';
-import { type RunningOperator, startOperator, subscriptionStore } from '../../src/operator/main.ts';
+import { Manager } from '../../src/operator/manager.ts';
 import { Reconciler } from '../../src/operator/reconciler.ts';
+import type { RunningOperator } from '../../src/operator/replica.ts';
+import {
+  type WebhookSubscription,
+  webhookSubscriptionHandler,
+} from '../../src/operator/resources/webhook-subscription.ts';
 import { type KubeClients, makeClients, mergePatch } from '../../src/operator/runtime/kube.ts';
-import type { WebhookSubscription } from '../../src/operator/status.ts';
-import { subscriptionsChangedChannel } from '../../src/webhooks/filter.ts';
+import { subscriptionStore } from '../../src/operator/stores.ts';
 import { disableFailingSubscriptions } from '../../src/webhooks/health.ts';
 import {
   setSubscriptionActive,
@@ -406,7 +410,7 @@ describe('WebhookSubscription reconcile', () => {
     const resource = (await read('db-down'))!;
     const reconciler = new Reconciler({
       kube,
-      store,
+      handler: webhookSubscriptionHandler(store),
       log: ctx.log,
       identity: 'probe',
       getResource: () => resource,
@@ -549,15 +553,14 @@ describe('change notices from the database', () => {
   it("reconcile the paywall's resources at once, without waiting for the resync", async () => {
     const ns2 = `${ns}-notices`;
     if (!target.fake) await kube.core.createNamespace({ body: { metadata: { name: ns2 } } });
-    const controller = new Controller({
+    const controller = new Manager({
       kube,
-      store: subscriptionStore(ctx),
+      handlers: [webhookSubscriptionHandler(subscriptionStore(ctx))],
       log: ctx.log,
       metrics: ctx.metrics,
       namespaces: [ns2],
       identity: 'notices',
-      statusSyncMs: 3_600_000,
-      watchRows: (onPaywall) => ctx.bus.subscribe(subscriptionsChangedChannel, onPaywall),
+      resyncMs: 3_600_000,
     });
     try {
       await controller.start();
