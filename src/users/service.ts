@@ -9,24 +9,15 @@ import {
   type WalletState,
 } from '../billing/ledger.ts';
 import type { BillingService } from '../billing/service.ts';
-import type { Sealer } from '../core/crypto.ts';
 import { formatForCurrency } from '../core/money.ts';
 import type { Database, DB } from '../db/index.ts';
 import type { CreditGrant, LedgerEntry } from '../db/schema.ts';
 import type { EventRecorder } from '../events/outbox.ts';
 import type { ProjectContext } from '../projects/directory.ts';
-import {
-  connectReply,
-  createLinkToken,
-  type LinkKind,
-  type LinkPayload,
-  linkUrl,
-  topupReply,
-  verifyLinkToken,
-} from './links.ts';
+import { connectReply, type LinkSettings, topupReply } from './links.ts';
 
 /** A project as connecting needs it: its trial grant (`settings.trial`) when it has one. */
-type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'> &
+export type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'> &
   Partial<Pick<ProjectContext, 'currency' | 'settings'>>;
 
 export interface ConnectionChange {
@@ -158,8 +149,6 @@ export function balanceView(
 }
 
 // ---- credit grants ----
-
-export const GRANT_REASON_RE = /^[a-z][a-z0-9_-]{0,31}$/;
 
 export interface GrantRequest {
   user: string;
@@ -391,12 +380,6 @@ export async function depositFromApi(
   };
 }
 
-export interface LinkSettings {
-  sealer: Sealer;
-  publicBaseUrl: string;
-  ttlSeconds: number;
-}
-
 /**
  * Debits a wallet from the API (source `api`) inside the caller's transaction; the response body of
  * `POST /v1/user/charge`. A refusal is `success: false` with a reason and the assistant message that
@@ -501,108 +484,5 @@ function ledgerProject(project: ApiProject): LedgerProject {
   return { id: project.id, owner_user_id: project.owner_user_id, currency: project.currency };
 }
 
-// ---- links ----
-
-/** The expiry of the token at the end of a link URL we just made. */
-function expiresAtOf(url: string): string {
-  const body = url.slice(url.lastIndexOf('/') + 1).split('.')[0]!;
-  const payload = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as LinkPayload;
-  return new Date(payload.exp * 1000).toISOString();
-}
-
-/** The connect link of a user (and the message chat would show with it). */
-export function connectLink(links: LinkSettings, project: ApiProject, externalId: string) {
-  const reply = connectReply({ ...links, project, externalId });
-  return { url: reply.url, message: reply.message, expiresAt: expiresAtOf(reply.url) };
-}
-
-/** A top-up link, optionally for a suggested amount. */
-export function topupLink(
-  links: LinkSettings,
-  project: Pick<ProjectContext, 'id'>,
-  externalId: string,
-  amount: string | undefined,
-) {
-  const token = createLinkToken(links.sealer, {
-    kind: 'topup',
-    projectId: project.id,
-    externalId,
-    ...(amount ? { amount } : {}),
-    ttlSeconds: links.ttlSeconds,
-  });
-  const url = linkUrl(links.publicBaseUrl, 'topup', token);
-  return { url, expiresAt: expiresAtOf(url) };
-}
-
-export type LinkProblem = 'malformed' | 'forged' | 'expired' | 'wrong_kind' | 'used' | 'unknown_project';
-
-export type OpenedLink =
-  | { ok: true; payload: LinkPayload; project: ProjectContext }
-  | { ok: false; problem: LinkProblem };
-
-/** Checks a link token of the given kind: signature, expiry, project, and (connect links) prior use. */
-export async function openLink(
-  ctx: { sealer: Sealer; db: Database; projects: { get(id: string): Promise<ProjectContext | undefined> } },
-  kind: LinkKind,
-  token: string,
-): Promise<OpenedLink> {
-  const check = verifyLinkToken(ctx.sealer, token);
-  if (!check.ok) return { ok: false, problem: check.reason };
-  const payload = check.payload;
-  if (payload.k !== kind || typeof payload.p !== 'string' || typeof payload.u !== 'string')
-    return { ok: false, problem: 'wrong_kind' };
-  const project = await ctx.projects.get(payload.p);
-  if (!project) return { ok: false, problem: 'unknown_project' };
-  if (kind === 'connect') {
-    const used = await ctx.db
-      .selectFrom('used_link_tokens')
-      .select('nonce')
-      .where('nonce', '=', String(payload.n))
-      .executeTakeFirst();
-    if (used) return { ok: false, problem: 'used' };
-  }
-  return { ok: true, payload, project };
-}
-
-/**
- * Uses a connect link: records its nonce (a second use is refused) and connects the user, in one
- * transaction. Returns `used` when the link was used before (also by a concurrent request).
- */
-export async function useConnectLink(
-  db: Database,
-  events: EventRecorder,
-  project: ProjectRef,
-  payload: LinkPayload,
-): Promise<{ ok: true; change: ConnectionChange } | { ok: false; problem: 'used' }> {
-  const trigger = { source: 'connect_page', actorType: 'end_user', actorId: payload.u };
-  const result = await db.transaction().execute(async (tx) => {
-    const recorded = await tx
-      .insertInto('used_link_tokens')
-      .values({
-        nonce: String(payload.n),
-        project_id: project.id,
-        kind: payload.k,
-        external_id: payload.u,
-        expires_at: new Date(payload.exp * 1000),
-      })
-      .onConflict((oc) => oc.column('nonce').doNothing())
-      .returning('nonce')
-      .executeTakeFirst();
-    if (!recorded) return { ok: false as const, problem: 'used' as const };
-    const change = await connectUser(tx, events, project, payload.u, trigger);
-    return { ok: true as const, change };
-  });
-  if (result.ok && result.change.changed) events.wake();
-  return result;
-}
-
-/** Deletes the nonces of links that have expired anyway; returns how many. */
-export async function deleteExpiredLinkNonces(db: Database): Promise<number> {
-  const result = await db
-    .deleteFrom('used_link_tokens')
-    .where('expires_at', '<', sql<Date>`now()`)
-    .executeTakeFirst();
-  return Number(result.numDeletedRows);
-}
-
+export type { LinkSettings } from './links.ts';
 export type { ApiProject };

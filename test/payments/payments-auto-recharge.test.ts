@@ -6,7 +6,6 @@ import type { AppContext } from '../../src/app/context.ts';
 import { findWallet } from '../../src/billing/ledger.ts';
 import { chatServiceOf } from '../../src/chat/routes.ts';
 import { Money } from '../../src/core/money.ts';
-import { rechargeServiceOf } from '../../src/payments/routes.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
@@ -139,7 +138,7 @@ async function quiet(...ctxs: AppContext[]) {
     await chatServiceOf(ctx)?.idle();
     await ctx.billing.idle();
   }
-  for (const ctx of ctxs) await rechargeServiceOf(ctx)!.idle();
+  for (const ctx of ctxs) await ctx.payments.recharges.idle();
   await stand.idle();
 }
 
@@ -269,7 +268,7 @@ describe('auto-recharge', () => {
       await quiet(f.ctx);
       const [pending] = await rechargesOf(f.ctx, 'lena');
       expect(pending).toMatchObject({ status: 'pending' });
-      const recharges = rechargeServiceOf(f.ctx)!;
+      const recharges = f.ctx.payments.recharges;
       await recharges.scan();
       await quiet(f.ctx);
       expect((await rechargesOf(f.ctx, 'lena'))[0]!.status).toBe('pending'); // not silent long enough
@@ -524,7 +523,7 @@ describe.skipIf(!twoPods)('the monthly cap across pods (needs Postgres)', () => 
     for (const reply of replies) expect(reply).not.toMatch(LINK);
     await quiet(podA.ctx, podB.ctx);
     // Both pods' jobs, at once and again: the cap (10 = two recharges of 5) still holds.
-    const scans = () => Promise.all([podA, podB, podA, podB].map((p) => rechargeServiceOf(p.ctx)!.scan()));
+    const scans = () => Promise.all([podA, podB, podA, podB].map((p) => p.ctx.payments.recharges.scan()));
     await scans();
     await quiet(podA.ctx, podB.ctx);
     await scans();
