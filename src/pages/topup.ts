@@ -242,7 +242,7 @@ export async function topupPageRoutes(app: FastifyInstance): Promise<void> {
     const money = (v: string) =>
       `${formatForCurrency(v, payment.currency)} ${payment.currency.toUpperCase()}`;
     const wallet = await findWallet(ctx.db, project.id, payment.external_id);
-    const paid = payment.status !== 'pending' && payment.status !== 'failed';
+    const paid = ['paid', 'refunded', 'disputed'].includes(payment.status);
     const portal = portalLink(linkSettings(ctx), project.id, payment.external_id).url;
     return sendPage(
       reply,
