@@ -1,5 +1,5 @@
 import type { FastifyReply } from 'fastify';
-import { html, type Raw, raw } from './index.ts';
+import { html, htmlDocument, type Raw } from './index.ts';
 
 /**
  * The layout of the hosted end-user pages (src/pages: connect, top-up, checkout, done, portal): one
@@ -25,22 +25,13 @@ a{color:var(--accent)}
 `;
 
 function page(title: string, body: Raw): string {
-  return html`<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="robots" content="noindex">
-<title>${title}</title>
-<style>${raw(STYLE)}</style>
-</head>
-<body>
-<main>
+  return htmlDocument(
+    title,
+    STYLE,
+    html`<main>
 ${body}
-</main>
-</body>
-</html>
-`.html;
+</main>`,
+  );
 }
 
 /** Headers of every hosted-page answer. The token in the URL must not leak to the pages the user goes to next. */

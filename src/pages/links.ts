@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { safeEqual } from '../core/crypto.ts';
 import { sendPage } from '../html/hosted-page.ts';
 import { html } from '../html/index.ts';
-import type { LinkKind, LinkSettings } from '../users/links.ts';
+import type { LinkKind } from '../users/links.ts';
 import { type LinkProblem, type OpenedLink, openLink } from '../users/sessions.ts';
 
 /**
@@ -81,14 +81,6 @@ export async function openToken(
     return undefined;
   }
   return opened;
-}
-
-export function linkSettings(ctx: Ctx): LinkSettings {
-  return {
-    sealer: ctx.sealer,
-    publicBaseUrl: ctx.publicBaseUrl,
-    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
-  };
 }
 
 /**

@@ -5,8 +5,8 @@ import { sendPage } from '../html/hosted-page.ts';
 import { html, type Raw, raw } from '../html/index.ts';
 import { autoRechargeOf, setAutoRecharge } from '../payments/recharge.ts';
 import type { ProjectContext } from '../projects/directory.ts';
-import { newLinkUrl } from '../users/links.ts';
-import { CHECKOUT_STYLE, type Ctx, foreignPost, linkSettings, openToken, tokenParam } from './links.ts';
+import { linkSettingsOf, newLinkUrl } from '../users/links.ts';
+import { CHECKOUT_STYLE, type Ctx, foreignPost, openToken, tokenParam } from './links.ts';
 
 /**
  * The user's portal (`/portal/{token}`, a link from `POST /v1/user/portal` and the top-up pages): the
@@ -15,7 +15,7 @@ import { CHECKOUT_STYLE, type Ctx, foreignPost, linkSettings, openToken, tokenPa
  */
 
 function topupUrl(ctx: Ctx, projectId: string, externalId: string): string {
-  return newLinkUrl(linkSettings(ctx), { kind: 'topup', projectId, externalId });
+  return newLinkUrl(linkSettingsOf(ctx), { kind: 'topup', projectId, externalId });
 }
 
 export async function portalPageRoutes(app: FastifyInstance): Promise<void> {

@@ -10,12 +10,12 @@ import { PaymentProviderError } from '../payments/provider.ts';
 import { startCheckout } from '../payments/service.ts';
 import { checkSettings } from '../payments/settings.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import { linkSettingsOf } from '../users/links.ts';
 import { portalLink } from '../users/sessions.ts';
 import {
   CHECKOUT_STYLE,
   type Ctx,
   foreignPost,
-  linkSettings,
   openToken,
   problemPage,
   TOKEN_SHAPE,
@@ -68,7 +68,7 @@ async function checkoutPage(
   const custom = chosen
     ? ''
     : formatForCurrency(Money.max(new Money(needed ?? settings.minimum), settings.minimum), currency);
-  const portal = portalLink(linkSettings(ctx), project.id, user).url;
+  const portal = portalLink(linkSettingsOf(ctx), project.id, user).url;
   return sendPage(
     reply,
     input.status ?? 200,
@@ -243,7 +243,7 @@ export async function topupPageRoutes(app: FastifyInstance): Promise<void> {
       `${formatForCurrency(v, payment.currency)} ${payment.currency.toUpperCase()}`;
     const wallet = await findWallet(ctx.db, project.id, payment.external_id);
     const paid = ['paid', 'refunded', 'disputed'].includes(payment.status);
-    const portal = portalLink(linkSettings(ctx), project.id, payment.external_id).url;
+    const portal = portalLink(linkSettingsOf(ctx), project.id, payment.external_id).url;
     return sendPage(
       reply,
       200,

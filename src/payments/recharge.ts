@@ -35,10 +35,10 @@ export type RechargeContext = Omit<PaymentsContext, 'publicBaseUrl'>;
 
 /** A recharge's event (`payment.recharge.succeeded` or `.failed`), its provider's as the actor. */
 async function recordRecharge(
-  ctx: Pick<RechargeContext, 'events'>,
+  events: RechargeContext['events'],
   tx: Transaction<DB>,
-  project: Pick<ProjectContext, 'id' | 'owner_user_id'>,
   input: {
+    project: Pick<ProjectContext, 'id' | 'owner_user_id'>;
     type: EventType;
     provider: string;
     actorId: string;
@@ -48,8 +48,8 @@ async function recordRecharge(
   },
 ): Promise<void> {
   const { recharge } = input;
-  await ctx.events.record(tx, {
-    project,
+  await events.record(tx, {
+    project: input.project,
     type: input.type,
     trigger: { source: input.provider, actorType: 'payment_provider', actorId: input.actorId },
     subject: { type: 'user', id: recharge.user_id, externalId: input.externalId },
@@ -209,7 +209,8 @@ export async function failRecharge(
       })
       .where('user_id', '=', recharge.user_id)
       .execute();
-    await recordRecharge(ctx, tx, project, {
+    await recordRecharge(ctx.events, tx, {
+      project,
       type: 'payment.recharge.failed',
       provider: payment.provider,
       actorId: failure.actorId,
@@ -254,7 +255,8 @@ export async function rechargeSucceeded(
     .returningAll()
     .executeTakeFirstOrThrow();
   const month = await monthTotal(tx, recharge.user_id);
-  await recordRecharge(ctx, tx, project, {
+  await recordRecharge(ctx.events, tx, {
+    project,
     type: 'payment.recharge.succeeded',
     provider: input.provider,
     actorId: input.eventId,

@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { textInput } from '../core/validation.ts';
-import type { LinkSettings } from '../users/links.ts';
+import { linkSettingsOf } from '../users/links.ts';
 import { inCurrency, topupBody, userBody } from '../users/schema.ts';
 import { portalLink, topupLink } from '../users/sessions.ts';
 import { openConnection } from './connection.ts';
@@ -49,11 +49,7 @@ export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> 
 export async function paymentUserRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
-  const links = (): LinkSettings => ({
-    sealer: ctx.sealer,
-    publicBaseUrl: ctx.publicBaseUrl,
-    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
-  });
+  const links = () => linkSettingsOf(ctx);
   app.post('/user/portal', { schema: { body: userBody } }, async (request) => {
     const { user } = request.body;
     return { object: 'user.portal_link', user, ...portalLink(links(), request.project.id, user) };

@@ -70,6 +70,19 @@ export interface LinkSettings {
   ttlSeconds: number;
 }
 
+/** The link settings of the process (its signing key, public address and LINK_TOKEN_TTL_SECONDS). */
+export function linkSettingsOf(ctx: {
+  sealer: Sealer;
+  publicBaseUrl: string;
+  config: { LINK_TOKEN_TTL_SECONDS: number };
+}): LinkSettings {
+  return {
+    sealer: ctx.sealer,
+    publicBaseUrl: ctx.publicBaseUrl,
+    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
+  };
+}
+
 export const DEFAULT_CONNECT_MESSAGE =
   'To continue, connect your account to {project}. Open this link to connect: {link}';
 export const DEFAULT_TOPUP_MESSAGE =

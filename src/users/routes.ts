@@ -14,7 +14,7 @@ import {
   requestHash,
   withIdempotency,
 } from '../idempotency/index.ts';
-import type { LinkSettings } from './links.ts';
+import { linkSettingsOf } from './links.ts';
 import {
   activityQuery,
   alertsBody,
@@ -87,11 +87,7 @@ function send(reply: FastifyReply, result: IdempotentResult) {
 export async function userRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
-  const links = (): LinkSettings => ({
-    sealer: ctx.sealer,
-    publicBaseUrl: ctx.publicBaseUrl,
-    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
-  });
+  const links = () => linkSettingsOf(ctx);
   const money = { schema: { body: moneyBody }, preHandler: inCurrency };
 
   app.post('/user/balance/deposit', money, async (request, reply) => {

@@ -26,30 +26,24 @@ export interface ConnectionChange {
   changed: boolean;
 }
 
+type ConnectionSetter = (
+  db: Kysely<DB>,
+  events: EventRecorder,
+  project: ProjectRef,
+  externalId: string,
+  trigger: Trigger,
+) => Promise<ConnectionChange>;
+
 /**
  * Connects a user to the paywall (creating the user when unknown); emits `user.connected` on a change.
  * When db is an outer transaction, the caller calls `events.wake()` after committing it.
  */
-export async function connectUser(
-  db: Kysely<DB>,
-  events: EventRecorder,
-  project: ProjectRef,
-  externalId: string,
-  trigger: Trigger,
-): Promise<ConnectionChange> {
-  return setConnected(db, events, project, externalId, true, trigger);
-}
+export const connectUser: ConnectionSetter = (db, events, project, externalId, trigger) =>
+  setConnected(db, events, project, externalId, true, trigger);
 
 /** Disconnects a user; emits `user.disconnected` on a change. The wallet keeps its balance. */
-export async function disconnectUser(
-  db: Kysely<DB>,
-  events: EventRecorder,
-  project: ProjectRef,
-  externalId: string,
-  trigger: Trigger,
-): Promise<ConnectionChange> {
-  return setConnected(db, events, project, externalId, false, trigger);
-}
+export const disconnectUser: ConnectionSetter = (db, events, project, externalId, trigger) =>
+  setConnected(db, events, project, externalId, false, trigger);
 
 async function inTransaction<T>(db: Kysely<DB>, fn: (tx: Transaction<DB>) => Promise<T>): Promise<T> {
   if (db.isTransaction) return fn(db as Transaction<DB>);
@@ -194,32 +188,20 @@ export async function grantFromApi(
 ) {
   const result = await billing.grant(
     {
-      project: ledgerProject(project),
-      externalId: input.user,
-      amount: input.amount,
+      ...moneyMove(project, input, source, trigger),
       reason: input.reason,
       priority: input.priority,
       expiresAt: input.expiresAt === undefined ? undefined : new Date(input.expiresAt),
-      source,
-      trigger,
-      metadata: input.metadata,
     },
     tx,
   );
-  await recordAudit(tx, {
-    actor,
-    projectId: project.id,
-    action: 'credit.grant',
-    targetType: 'user',
-    targetId: input.user,
-    after: {
-      grant: result.grant.id,
-      amount: input.amount,
-      reason: input.reason,
-      priority: input.priority ?? 0,
-      expiresAt: input.expiresAt ?? null,
-      metadata: input.metadata ?? {},
-    },
+  await auditMove(tx, actor, project, 'credit.grant', input.user, {
+    grant: result.grant.id,
+    amount: input.amount,
+    reason: input.reason,
+    priority: input.priority ?? 0,
+    expiresAt: input.expiresAt ?? null,
+    metadata: input.metadata ?? {},
   });
   return {
     ...grantView(project, input.user, result.grant),
@@ -349,24 +331,11 @@ export async function depositFromApi(
   trigger: Trigger,
   actor: Actor,
 ) {
-  const result = await billing.deposit(
-    {
-      project: ledgerProject(project),
-      externalId: input.user,
-      amount: input.amount,
-      source: 'api',
-      trigger,
-      metadata: input.metadata,
-    },
-    tx,
-  );
-  await recordAudit(tx, {
-    actor,
-    projectId: project.id,
-    action: 'money.deposit',
-    targetType: 'user',
-    targetId: input.user,
-    after: { entry: result.entry.id, amount: input.amount, metadata: input.metadata ?? {} },
+  const result = await billing.deposit(moneyMove(project, input, 'api', trigger), tx);
+  await auditMove(tx, actor, project, 'money.deposit', input.user, {
+    entry: result.entry.id,
+    amount: input.amount,
+    metadata: input.metadata ?? {},
   });
   return {
     id: result.entry.id,
@@ -399,24 +368,16 @@ export async function chargeFromApi(
   const money = (v: string) => formatForCurrency(v, project.currency);
   const result = await billing.charge(
     {
-      project: ledgerProject(project),
-      externalId: input.user,
-      amount: input.amount,
-      source: 'api',
-      trigger,
-      metadata: input.metadata,
+      ...moneyMove(project, input, 'api', trigger),
       lowBalanceThreshold: project.settings.lowBalanceThreshold,
     },
     tx,
   );
   if (result.ok) {
-    await recordAudit(tx, {
-      actor,
-      projectId: project.id,
-      action: 'money.charge',
-      targetType: 'user',
-      targetId: input.user,
-      after: { entry: result.entry.id, amount: input.amount, metadata: input.metadata ?? {} },
+    await auditMove(tx, actor, project, 'money.charge', input.user, {
+      entry: result.entry.id,
+      amount: input.amount,
+      metadata: input.metadata ?? {},
     });
     return {
       success: true as const,
@@ -478,6 +439,30 @@ export async function chargeFromApi(
     available: money(result.wallet?.available ?? '0'),
     currency: project.currency,
   };
+}
+
+/** What every money move of the API gives the ledger: the wallet, the amount, the origin, the metadata. */
+function moneyMove(project: ApiProject, input: MoneyRequest, source: string, trigger: Trigger) {
+  return {
+    project: ledgerProject(project),
+    externalId: input.user,
+    amount: input.amount,
+    source,
+    trigger,
+    metadata: input.metadata,
+  };
+}
+
+/** The audit entry of a money move on a user's wallet (a deposit, a charge, a grant). */
+function auditMove(
+  tx: Transaction<DB>,
+  actor: Actor,
+  project: ApiProject,
+  action: string,
+  user: string,
+  after: Record<string, unknown>,
+) {
+  return recordAudit(tx, { actor, projectId: project.id, action, targetType: 'user', targetId: user, after });
 }
 
 function ledgerProject(project: ApiProject): LedgerProject {

@@ -1,7 +1,6 @@
 import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
-import { api, seedProject } from '../helpers/server.ts';
+import { api, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
 
 /**
@@ -13,30 +12,25 @@ import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-
 const ROOT = 'root-admin-token-for-uncredited-tests-0123456789';
 const KEY = 'sk_test_standin_uncredited_4242';
 let stand: StripeStandIn;
-let f: ChatFixture;
+let server: TestServer;
 let stripe: Stripe;
 
 beforeAll(async () => {
   stand = await startStripeStandIn({ keys: [KEY] });
-  f = await startChatFixture({
-    models: [
-      { id: 'chat', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.05' } },
-    ],
-    env: { TOLLGATE_ADMIN_TOKEN: ROOT, STRIPE_API_URL: stand.url },
-  });
+  server = await startTestServer({ TOLLGATE_ADMIN_TOKEN: ROOT, STRIPE_API_URL: stand.url });
   const base = new URL(stand.url);
   stripe = new Stripe(KEY, { host: base.hostname, port: base.port, protocol: 'http' });
 });
 afterAll(async () => {
-  await f?.close();
+  await server?.close();
   await stand?.close();
 });
 
 const admin = (method: string, path: string, body?: unknown) =>
-  api(f.server, ROOT, method, `/admin/v1${path}`, body);
+  api(server, ROOT, method, `/admin/v1${path}`, body);
 
 async function connectedProject(name: string) {
-  const project = await seedProject(f.ctx, { name });
+  const project = await seedProject(server.ctx, { name });
   const res = await admin('PUT', `/projects/${project.projectId}/payments`, { stripeKey: KEY });
   expect(res.status, JSON.stringify(res.body)).toBe(200);
   return project;
@@ -60,7 +54,7 @@ function checkout(input: { currency: string; amount: number; metadata: Record<st
 }
 
 async function depositsOf(projectId: string) {
-  return f.ctx.db
+  return server.ctx.db
     .selectFrom('ledger_entries')
     .select(['kind', 'amount'])
     .where('project_id', '=', projectId)
@@ -78,7 +72,7 @@ describe('a paid checkout that cannot be credited', () => {
   it('paid in another currency: acknowledged, nothing credited, listed as uncredited with the reason', async () => {
     const { projectId, apiKey } = await connectedProject('Shop USD');
     // The user opens the top-up page and presses Pay: a pending payment in the project's currency.
-    const link = await api(f.server, apiKey, 'POST', '/v1/user/topup', { user: 'erin' });
+    const link = await api(server, apiKey, 'POST', '/v1/user/topup', { user: 'erin' });
     const page = await (await fetch(link.body.url as string)).text();
     const proof = /name="confirm" value="([^"]+)"/.exec(page)![1]!;
     const pay = await fetch(link.body.url as string, {
@@ -88,7 +82,7 @@ describe('a paid checkout that cannot be credited', () => {
       body: new URLSearchParams({ confirm: proof, amount: 'custom', custom: '10.00' }).toString(),
     });
     expect(pay.status).toBe(303);
-    const pending = await f.ctx.db
+    const pending = await server.ctx.db
       .selectFrom('payments')
       .selectAll()
       .where('project_id', '=', projectId)
@@ -104,7 +98,7 @@ describe('a paid checkout that cannot be credited', () => {
     expect(statuses.every((s) => s === 200)).toBe(true);
 
     expect(await depositsOf(projectId)).toEqual([]);
-    const row = await f.ctx.db
+    const row = await server.ctx.db
       .selectFrom('payments')
       .selectAll()
       .where('id', '=', pending.id)
@@ -130,13 +124,13 @@ describe('a paid checkout that cannot be credited', () => {
     await stand.pay(foreign.id);
 
     expect(await depositsOf(projectId)).toEqual([]);
-    const users = await f.ctx.db
+    const users = await server.ctx.db
       .selectFrom('end_users')
       .select('id')
       .where('project_id', '=', projectId)
       .execute();
     expect(users).toEqual([]);
-    const rows = await f.ctx.db
+    const rows = await server.ctx.db
       .selectFrom('payments')
       .selectAll()
       .where('project_id', '=', projectId)

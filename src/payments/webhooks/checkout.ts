@@ -14,7 +14,7 @@ import { applyMovement, type MovementStep, type WalletPayment, type WebhookScope
  */
 
 /** A deposit of a payment: the movement key, the deposit, the payment row and `payment.succeeded`. */
-export function depositStep(
+function depositStep(
   scope: WebhookScope,
   payment: WalletPayment,
   input: {
@@ -57,6 +57,18 @@ export function depositStep(
   };
 }
 
+/** Credits a payment once, in its own transaction; undefined when it was credited already. */
+export function credit(
+  scope: WebhookScope,
+  payment: WalletPayment,
+  eventId: string,
+  input: Parameters<typeof depositStep>[2],
+) {
+  return scope.ctx.billing.transaction((tx) =>
+    applyMovement(scope, tx, payment, eventId, depositStep(scope, payment, input)),
+  );
+}
+
 /** The amount of a provider's payment in the project's currency; undefined when it is nothing. */
 export function paidAmount(scope: WebhookScope, amountMinor: number): string | undefined {
   const { currency } = scope.project;
@@ -90,26 +102,18 @@ export async function checkoutPaid(
   }
   const amount = paidAmount(scope, checkout.amountMinor);
   if (!amount) return 'nothing_paid';
-  const credited = await ctx.billing.transaction((tx) =>
-    applyMovement(
-      scope,
-      tx,
-      payment as WalletPayment,
-      eventId,
-      depositStep(scope, payment as WalletPayment, {
-        key: `deposit:${checkout.id}`,
-        amount,
-        providerPaymentId: checkout.id,
-        refs: { checkoutSessionId: checkout.id, paymentIntentId: checkout.paymentIntentId },
-        row: {
-          checkout_id: checkout.id,
-          payment_intent_id: checkout.paymentIntentId,
-          charge_id: checkout.chargeId,
-          receipt_url: checkout.receiptUrl,
-        },
-      }),
-    ),
-  );
+  const credited = await credit(scope, payment as WalletPayment, eventId, {
+    key: `deposit:${checkout.id}`,
+    amount,
+    providerPaymentId: checkout.id,
+    refs: { checkoutSessionId: checkout.id, paymentIntentId: checkout.paymentIntentId },
+    row: {
+      checkout_id: checkout.id,
+      payment_intent_id: checkout.paymentIntentId,
+      charge_id: checkout.chargeId,
+      receipt_url: checkout.receiptUrl,
+    },
+  });
   if (!credited) return 'duplicate';
   if (!checkout.receiptUrl || payment.save_card) await fillReceipt(scope, payment, checkout.id);
   return 'applied';

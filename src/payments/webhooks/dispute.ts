@@ -7,6 +7,7 @@ import {
   applyMovement,
   claimMovement,
   lockPayment,
+  reversal,
   type WalletPayment,
   type WebhookScope,
 } from './movement.ts';
@@ -64,16 +65,9 @@ function open(
   amount: string,
 ) {
   const { currency } = scope.project;
+  const key = `dispute:${action.disputeId}`;
   return applyMovement(scope, tx, payment, action.eventId, {
-    key: `dispute:${action.disputeId}`,
-    kind: 'dispute',
-    amount,
-    ledger: {
-      type: 'reverse',
-      amount,
-      description: `Dispute of top-up ${payment.id}`,
-      refs: { disputeId: action.disputeId },
-    },
+    ...reversal(key, 'dispute', amount, `Dispute of top-up ${payment.id}`, { disputeId: action.disputeId }),
     row: (moved) => ({
       disputed: sql`disputed + ${amount}::numeric`,
       uncollected: sql`uncollected + ${moved.uncollected}::numeric`,

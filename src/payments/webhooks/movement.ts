@@ -58,6 +58,17 @@ export interface MovementStep {
   also?: (tx: Transaction<DB>, moved: Moved) => Promise<void>;
 }
 
+/** The key and ledger entry of a reversal: what a refund or a dispute takes back from the wallet. */
+export function reversal(
+  key: string,
+  kind: 'refund' | 'dispute',
+  amount: string,
+  description: string,
+  refs: Record<string, unknown>,
+): Pick<MovementStep, 'key' | 'kind' | 'amount' | 'ledger'> {
+  return { key, kind, amount, ledger: { type: 'reverse', amount, description, refs } };
+}
+
 /** Inserts a movement key; false when it was taken (the movement happened already). */
 export async function claimMovement(
   scope: WebhookScope,

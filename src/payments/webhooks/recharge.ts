@@ -1,8 +1,8 @@
 import type { WebhookAction } from '../provider.ts';
 import { failRecharge, rechargeSucceeded } from '../recharge.ts';
 import { findPayment } from '../rows.ts';
-import { depositStep, paidAmount } from './checkout.ts';
-import { applyMovement, type WalletPayment, type WebhookScope } from './movement.ts';
+import { credit, paidAmount } from './checkout.ts';
+import type { WalletPayment, WebhookScope } from './movement.ts';
 
 /**
  * An off-session recharge's payment (../recharge.ts): credited once when it succeeded (movement key
@@ -39,30 +39,22 @@ export async function rechargePaid(
   if (action.currency !== project.currency) return 'currency_mismatch';
   const amount = paidAmount(scope, action.amountMinor);
   if (!amount) return 'nothing_paid';
-  const credited = await ctx.billing.transaction((tx) =>
-    applyMovement(
-      scope,
-      tx,
-      payment,
-      action.eventId,
-      depositStep(scope, payment, {
-        key: `deposit:${action.paymentIntentId}`,
-        amount,
-        providerPaymentId: action.paymentIntentId,
-        refs: { paymentIntentId: action.paymentIntentId, recharge: true },
-        row: { payment_intent_id: action.paymentIntentId, charge_id: action.chargeId },
-        also: (tx, moved) =>
-          rechargeSucceeded(ctx, tx, project, {
-            provider: provider.name,
-            rechargeId: payment.id,
-            paymentIntentId: action.paymentIntentId,
-            externalId: payment.external_id,
-            activityId: moved.entryId!,
-            eventId: action.eventId,
-          }),
+  const credited = await credit(scope, payment, action.eventId, {
+    key: `deposit:${action.paymentIntentId}`,
+    amount,
+    providerPaymentId: action.paymentIntentId,
+    refs: { paymentIntentId: action.paymentIntentId, recharge: true },
+    row: { payment_intent_id: action.paymentIntentId, charge_id: action.chargeId },
+    also: (tx, moved) =>
+      rechargeSucceeded(ctx, tx, project, {
+        provider: provider.name,
+        rechargeId: payment.id,
+        paymentIntentId: action.paymentIntentId,
+        externalId: payment.external_id,
+        activityId: moved.entryId!,
+        eventId: action.eventId,
       }),
-    ),
-  );
+  });
   return credited ? 'applied' : 'duplicate';
 }
 

@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { formatForCurrency, Money } from '../../core/money.ts';
 import { fromMinorUnits, type WebhookAction } from '../provider.ts';
 import { paidPayment } from './checkout.ts';
-import { applyMovement, lockPayment, type WebhookScope } from './movement.ts';
+import { applyMovement, lockPayment, reversal, type WebhookScope } from './movement.ts';
 
 /**
  * A refund of a paid top-up (made through Tollgate or in the provider's dashboard): what was refunded
@@ -28,16 +28,9 @@ export async function refunded(
     const delta = new Money(total).minus(payment.refunded);
     if (delta.lte(0)) return undefined;
     const amount = formatForCurrency(delta, currency);
+    const key = `refund:${action.chargeId}:${action.refundedMinor}`;
     return applyMovement(scope, tx, payment, action.eventId, {
-      key: `refund:${action.chargeId}:${action.refundedMinor}`,
-      kind: 'refund',
-      amount,
-      ledger: {
-        type: 'reverse',
-        amount,
-        description: `Refund of top-up ${payment.id}`,
-        refs: { chargeId: action.chargeId },
-      },
+      ...reversal(key, 'refund', amount, `Refund of top-up ${payment.id}`, { chargeId: action.chargeId }),
       row: (moved) => ({
         refunded: total,
         uncollected: sql`uncollected + ${moved.uncollected}::numeric`,
