@@ -159,11 +159,18 @@ export class PaymentProviderError extends Error {
   readonly code: string | undefined;
   /** The card was declined or needs its holder: retrying off session will not help. */
   readonly declined: boolean;
-  constructor(message: string, status?: number, extra: { code?: string; declined?: boolean } = {}) {
+  /** The provider's own words, without the provider's name (what a user is shown). */
+  readonly detail: string;
+  constructor(
+    message: string,
+    status?: number,
+    extra: { code?: string; declined?: boolean; detail?: string } = {},
+  ) {
     super(message);
     this.status = status;
     this.code = extra.code;
     this.declined = extra.declined ?? false;
+    this.detail = extra.detail ?? message;
   }
 }
 

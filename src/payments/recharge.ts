@@ -569,7 +569,7 @@ export class RechargeService {
       if (err instanceof PaymentProviderError && err.declined) {
         await failRecharge(this.#ctx, project, recharge.id, {
           code: err.code ?? 'card_declined',
-          message: err.message.replace(/^Stripe: /, ''),
+          message: err.detail,
           paymentIntentId: null,
           actorId: recharge.id,
         });

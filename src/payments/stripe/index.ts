@@ -115,8 +115,10 @@ function idOf(value: string | { id: string } | null | undefined): string | null 
 
 function providerError(err: unknown): PaymentProviderError {
   const e = err as { message?: string; statusCode?: number; type?: string; code?: string };
-  return new PaymentProviderError(`Stripe: ${e.message ?? String(err)}`, e.statusCode, {
+  const detail = e.message ?? String(err);
+  return new PaymentProviderError(`Stripe: ${detail}`, e.statusCode, {
     ...(e.code ? { code: e.code } : {}),
+    detail,
     // StripeCardError: declined, or authentication_required off session.
     declined: e.type === 'StripeCardError' || e.type === 'card_error' || e.code === 'authentication_required',
   });
