@@ -65,23 +65,25 @@ export function paymentView(p: {
   };
 }
 
+/** A project's payments, newest first (of one user, when asked); `startingAfter` pages on. */
 export async function listPayments(
   ctx: { db: Database },
   projectId: string,
   filter: { user?: string | undefined; limit: number; startingAfter?: string | undefined },
 ) {
-  let query = ctx.db
+  const { user, limit, startingAfter } = filter;
+  const rows = await ctx.db
     .selectFrom('payments')
     .selectAll()
     .where('project_id', '=', projectId)
+    .$if(user !== undefined && user !== '', (q) => q.where('external_id', '=', user!))
+    .$if(startingAfter !== undefined && startingAfter !== '', (q) => q.where('id', '<', startingAfter!))
     .orderBy('id', 'desc')
-    .limit(filter.limit + 1);
-  if (filter.user) query = query.where('external_id', '=', filter.user);
-  if (filter.startingAfter) query = query.where('id', '<', filter.startingAfter);
-  const rows = await query.execute();
+    .limit(limit + 1)
+    .execute();
   return {
     object: 'list' as const,
-    data: rows.slice(0, filter.limit).map(paymentView),
-    has_more: rows.length > filter.limit,
+    data: rows.slice(0, limit).map(paymentView),
+    has_more: rows.length > limit,
   };
 }
