@@ -99,9 +99,9 @@ function checkFailed(err: unknown): ApiError {
 }
 
 /**
- * Connects a provider (Stripe) to a project: checks the key with a live call, creates the webhook endpoint in the
- * developer's account (or takes the pasted signing secret), and stores both sealed. Connecting again
- * replaces the connection (and deletes the endpoint Tollgate had created).
+ * Connects a provider (Stripe) to a project: checks the key with a live call, creates the webhook
+ * endpoint in the developer's account (or takes the pasted signing secret), and stores both sealed.
+ * Connecting again replaces the connection (and deletes the endpoint Tollgate had created).
  */
 export async function connectPayments(
   ctx: PaymentsContext,
