@@ -10,7 +10,7 @@ import { type IdempotentResult, idempotencyKeyFrom } from '../idempotency/index.
 import { modelSpecSchema, pricingFileSchema } from '../models/pricing.ts';
 import { paymentAdminRoutes } from '../payments/admin-routes.ts';
 import { projectSettingsSchema } from '../projects/service.ts';
-import { grantBody, metadataSchema, userIdSchema } from '../users/routes.ts';
+import { grantBody, metadataSchema, userIdSchema } from '../users/schema.ts';
 import { getBalance, listActivity, listGrants } from '../users/service.ts';
 import { listDeliveryLogs, logsQuerySchema, retryDelivery } from '../webhooks/logs.ts';
 import {

@@ -11,6 +11,7 @@ import { Sealer } from '../core/crypto.ts';
 import { type Database, type DatabaseHandle, migrateToLatest, openDatabase } from '../db/index.ts';
 import { EventRecorder } from '../events/outbox.ts';
 import { Metrics } from '../metrics/registry.ts';
+import { PaymentsModule } from '../payments/module.ts';
 import { ProjectDirectory } from '../projects/directory.ts';
 import { logTraceIds, startTracing, type Tracing } from '../tracing/index.ts';
 import { SubscriptionFilter } from '../webhooks/filter.ts';
@@ -29,6 +30,8 @@ export interface AppContext {
   events: EventRecorder;
   /** Every movement of money, and the effects after its commit. */
   billing: BillingService;
+  /** Payments (src/payments): auto-recharge, watching every committed debit of this process. */
+  payments: PaymentsModule;
   keys: KeyDirectory;
   projects: ProjectDirectory;
   metrics: Metrics;
@@ -225,6 +228,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     await database.close();
     throw err;
   }
+  const payments = new PaymentsModule({ db: database.db, sealer, billing, events, config, log, projects });
   return {
     config,
     log,
@@ -234,6 +238,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
     sealer,
     events,
     billing,
+    payments,
     keys,
     projects,
     metrics,
@@ -246,6 +251,7 @@ export async function createContext(config: Config, options: ContextOptions = {}
       return applied;
     },
     async close() {
+      await payments.close();
       await billing.close();
       await Promise.allSettled([keys.stop(), projects.stop(), eventFilter.stop()]);
       await bus.close();

@@ -1,8 +1,7 @@
 import { deleteExpiredSessions } from '../admin/accounts.ts';
 import { deleteExpiredIdempotencyKeys } from '../idempotency/index.ts';
-import { rechargeServiceOf } from '../payments/routes.ts';
 import { pruneOnce } from '../retention/index.ts';
-import { deleteExpiredLinkNonces } from '../users/service.ts';
+import { deleteExpiredLinkNonces } from '../users/sessions.ts';
 import type { AppContext } from './context.ts';
 
 /**
@@ -33,7 +32,7 @@ export const maintenanceJobs: Job[] = [
     // Auto-recharge of wallets below their threshold that no debit on this pod saw (src/payments/recharge.ts).
     name: 'auto-recharge',
     intervalMs: 60_000,
-    run: async (ctx) => (await rechargeServiceOf(ctx)?.scan()) ?? 0,
+    run: (ctx) => ctx.payments.recharges.scan(),
   },
   {
     name: 'idempotency-key-cleanup',

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { userIdSchema } from '../users/routes.ts';
+import { userIdSchema } from '../users/schema.ts';
 
 export { END_USER_HEADER, resolveEndUser } from '../metering/end-user.ts';
 

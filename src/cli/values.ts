@@ -3,7 +3,7 @@ import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import type { PricingFile } from '../models/pricing.ts';
 import { parsePricingFile } from '../models/service.ts';
-import { grantBody } from '../users/routes.ts';
+import { grantBody } from '../users/schema.ts';
 import type { GrantRequest } from '../users/service.ts';
 import { UsageError } from './output.ts';
 

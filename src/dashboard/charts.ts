@@ -1,4 +1,4 @@
-import { html, type Raw } from './html.ts';
+import { html, type Raw } from '../html/index.ts';
 
 /**
  * Bar charts drawn on the server as inline SVG (no script, no build step): one bar per label, the value

@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import { html, htmlHeaders, layout, sendHtml } from './html.ts';
+import { html, htmlHeaders, layout, sendHtml } from '../html/index.ts';
 
 /** The README beside the package.json above this file (source checkout, build or image). */
 function findReadme(): string | undefined {

@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ProjectView } from '../admin/service.ts';
-import { html, type Raw } from './html.ts';
+import { html, type Raw } from '../html/index.ts';
 import { page, secretBox } from './pages.ts';
 
 function snippets(base: string, key: string, model: string): Raw {

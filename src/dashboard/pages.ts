@@ -3,8 +3,8 @@ import { z } from 'zod';
 import { SIGN_UP_ANSWER } from '../admin/accounts.ts';
 import { randomToken } from '../core/ids.ts';
 import { textInput } from '../core/validation.ts';
+import { html, layout, type Raw, raw, sendHtml } from '../html/index.ts';
 import type { Pricing } from '../models/pricing.ts';
-import { html, layout, type Raw, raw, sendHtml } from './html.ts';
 
 /**
  * What the dashboard's pages share: the page frame, the messages shown after a form, form schemas, and

@@ -178,12 +178,14 @@ export interface PaymentConnectionsTable {
   updated_at: Timestamp;
 }
 
-export type PaymentStatus = 'pending' | 'paid' | 'refunded' | 'disputed' | 'failed';
+/** `uncredited`: paid, but it could not be credited (migration 0023); `problem` says why. */
+export type PaymentStatus = 'pending' | 'paid' | 'refunded' | 'disputed' | 'failed' | 'uncredited';
 
 export interface PaymentsTable {
   id: string;
   project_id: string;
-  user_id: string;
+  /** Null only on an `uncredited` payment whose user Tollgate does not know. */
+  user_id: string | null;
   external_id: string;
   provider: string;
   status: Default<PaymentStatus>;
@@ -202,6 +204,8 @@ export interface PaymentsTable {
   paid_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   /** The payer ticked "save this card and recharge automatically" at checkout. */
   save_card: Default<boolean>;
+  /** Why a paid payment could not be credited (status `uncredited`); null otherwise. */
+  problem: string | null;
 }
 
 export interface PaymentCustomersTable {

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { userIdSchema } from '../users/routes.ts';
+import { userIdSchema } from '../users/schema.ts';
 
 /** The body of `POST /v1/embeddings`, as OpenAI defines it; unknown fields pass through as received. */
 const tokenArray = z.array(z.number().int().min(0), { message: 'must be an array of token ids' });

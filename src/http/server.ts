@@ -23,9 +23,9 @@ import { messagesRoutes } from '../messages/routes.ts';
 import { metering } from '../metering/plugin.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
+import { pageRoutes } from '../pages/plugin.ts';
 import { paymentUserRoutes, paymentWebhookRoutes } from '../payments/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
-import { pageRoutes } from '../users/pages.ts';
 import { userRoutes } from '../users/routes.ts';
 import { webhookRoutes } from '../webhooks/routes.ts';
 import { clientErrorHandler } from './client-errors.ts';
@@ -50,8 +50,8 @@ declare module 'fastify' {
  * The HTTP surface of `tollgate proxy`. Where a request goes:
  * - `/healthz`, `/readyz` — ./health.ts
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
- * - `/connect/*`, `/topup/*`, `/portal/*` — the hosted pages of links, ../users/pages.ts (no key)
- * - `/payments/stripe/{project}/webhook` — payment provider webhooks, ../payments/routes.ts (signed)
+ * - `/connect/*`, `/topup/*`, `/portal/*` — the hosted pages of links, ../pages (no key)
+ * - `/payments/{provider}/{project}/webhook` — payment provider webhooks, ../payments/routes.ts (signed)
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
  * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
  * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/plugin.ts

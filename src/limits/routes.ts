@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { userIdSchema } from '../users/routes.ts';
+import { userIdSchema } from '../users/schema.ts';
 import { chargedSince, periodOf, setUserSpendCaps, spendCapsSchema } from './spend.ts';
 
 /**

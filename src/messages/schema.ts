@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { userIdSchema } from '../users/routes.ts';
+import { userIdSchema } from '../users/schema.ts';
 
 /**
  * The body of `POST /v1/messages` (Anthropic's Messages API). Every field of Anthropic's request is

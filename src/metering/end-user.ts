@@ -1,5 +1,5 @@
 import { badRequest } from '../core/errors.ts';
-import { userIdSchema } from '../users/routes.ts';
+import { userIdSchema } from '../users/schema.ts';
 
 export const END_USER_HEADER = 'x-service-user';
 

@@ -1,17 +1,20 @@
+import type { Config } from '../config/index.ts';
 import { currencyDecimals, formatAmount, Money } from '../core/money.ts';
 
 /**
  * The payment provider boundary (Medusa's shape): what Tollgate asks of a provider, on plain inputs,
  * and the provider's webhooks turned into provider-neutral actions. The webhook route only verifies and
  * normalises (`parseWebhook`); ./service.ts applies an action once, with the provider's object id in its
- * movement key. Stripe is ./stripe; a second provider implements the same interface.
+ * movement key. Stripe is ./stripe; a second provider implements the same interface and is listed in
+ * ./providers.ts (the registry keyed by name: the webhook URL, the connection row and the ledger's
+ * `source` carry that name).
  *
  * Saved cards and off-session recharges (issue 25): `saveCard` on `CheckoutInput` keeps the card for
  * later (the checkout's customer and payment method come back on `CheckoutState`), `chargeSavedCard`
  * charges it off session, and the payment's outcome arrives as `intent_succeeded` / `intent_failed`.
  */
 export interface PaymentProvider {
-  readonly name: 'stripe';
+  readonly name: string;
   /** A live call that proves the key works; throws PaymentProviderError otherwise. */
   verifyKey(): Promise<{ livemode: boolean }>;
   /** Creates the webhook endpoint in the developer's account for the events Tollgate needs. */
@@ -42,6 +45,17 @@ export interface PaymentProvider {
   chargeSavedCard(input: SavedCardCharge): Promise<{ id: string; status: string }>;
   /** Verifies the signature (throws WebhookSignatureError) and normalises the event. */
   parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): Promise<WebhookAction>;
+}
+
+/** A provider as the registry (./providers.ts) knows it: its name, and how to talk to an account. */
+export interface PaymentProviderKind {
+  readonly name: string;
+  /** The request header carrying the webhook's signature (`stripe-signature`). */
+  readonly signatureHeader: string;
+  /** The client of one account, from its secret key (the settings may point it at a stand-in: tests). */
+  create(secretKey: string, config: Config): PaymentProvider;
+  /** What may be shown of a key: its kind and last characters, never more. */
+  keyHint(secretKey: string): string;
 }
 
 export interface CheckoutInput {
@@ -145,11 +159,18 @@ export class PaymentProviderError extends Error {
   readonly code: string | undefined;
   /** The card was declined or needs its holder: retrying off session will not help. */
   readonly declined: boolean;
-  constructor(message: string, status?: number, extra: { code?: string; declined?: boolean } = {}) {
+  /** The provider's own words, without the provider's name (what a user is shown). */
+  readonly detail: string;
+  constructor(
+    message: string,
+    status?: number,
+    extra: { code?: string; declined?: boolean; detail?: string } = {},
+  ) {
     super(message);
     this.status = status;
     this.code = extra.code;
     this.declined = extra.declined ?? false;
+    this.detail = extra.detail ?? message;
   }
 }
 

@@ -3,9 +3,11 @@ import type { WalletDebit } from '../billing/service.ts';
 import { newId } from '../core/ids.ts';
 import { amountSchema, formatAmount, formatForCurrency, Money } from '../core/money.ts';
 import type { AutoRechargeSettings, DB } from '../db/schema.ts';
+import type { EventType } from '../events/catalog.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import { openConnection, type PaymentsContext } from './connection.ts';
 import { PaymentProviderError, toMinorUnits } from './provider.ts';
-import { checkSettings, type PaymentsContext, paymentsOf } from './service.ts';
+import { checkSettings } from './settings.ts';
 
 /**
  * Auto-recharge (issue 25): a user who saved their card at checkout has it charged off session for the
@@ -18,7 +20,7 @@ import { checkSettings, type PaymentsContext, paymentsOf } from './service.ts';
  *   locks the wallet's and the saved card's rows, then checks there is no `pending` recharge and that the month's recharges
  *   (pending and succeeded) plus this one stay within the cap, and inserts the recharge and its payment in
  *   the same transaction; the partial unique index `recharges_one_pending` backs the first rule.
- * - Credited only by the payment's webhook (`payment_intent.succeeded`, ./service.ts), once, through the
+ * - Credited only by the payment's webhook (`payment_intent.succeeded`, ./webhooks), once, through the
  *   same deposit path and movement key table as a checkout.
  * - A declined card, or one that needs its holder (`authentication_required`), fails the recharge, turns
  *   auto-recharge off for the user with the reason (the portal shows it) and emits
@@ -28,7 +30,38 @@ import { checkSettings, type PaymentsContext, paymentsOf } from './service.ts';
 
 type RechargeRow = { id: string; project_id: string; user_id: string; amount: string; currency: string };
 
-const trigger = (actorId: string) => ({ source: 'stripe', actorType: 'payment_provider', actorId });
+/** What auto-recharge uses of the process (no public address: it makes no links). */
+export type RechargeContext = Omit<PaymentsContext, 'publicBaseUrl'>;
+
+/** A recharge's event (`payment.recharge.succeeded` or `.failed`), its provider's as the actor. */
+async function recordRecharge(
+  events: RechargeContext['events'],
+  tx: Transaction<DB>,
+  input: {
+    project: Pick<ProjectContext, 'id' | 'owner_user_id'>;
+    type: EventType;
+    provider: string;
+    actorId: string;
+    recharge: { id: string; user_id: string; amount: string; currency: string };
+    externalId: string;
+    data: Record<string, unknown>;
+  },
+): Promise<void> {
+  const { recharge } = input;
+  await events.record(tx, {
+    project: input.project,
+    type: input.type,
+    trigger: { source: input.provider, actorType: 'payment_provider', actorId: input.actorId },
+    subject: { type: 'user', id: recharge.user_id, externalId: input.externalId },
+    data: {
+      paymentId: recharge.id,
+      externalUserId: input.externalId,
+      amount: formatForCurrency(recharge.amount, recharge.currency),
+      currency: recharge.currency,
+      ...input.data,
+    },
+  });
+}
 
 /** The project's auto-recharge settings, when payments are connected and it is offered. */
 export async function rechargeSettingsOf(
@@ -48,14 +81,14 @@ export async function rechargeSettingsOf(
 
 /** Keeps a user's card after a checkout where they ticked "save this card and recharge automatically". */
 export async function saveCard(
-  ctx: PaymentsContext,
+  ctx: Pick<RechargeContext, 'db'>,
   project: { id: string; currency: string },
   userId: string,
-  card: { customerId: string; paymentMethodId: string | null },
+  card: { provider: string; customerId: string; paymentMethodId: string | null },
 ): Promise<void> {
   const offered = await rechargeSettingsOf(ctx, project.id, project.currency);
   const values = {
-    provider: 'stripe',
+    provider: card.provider,
     customer_id: card.customerId,
     payment_method_id: card.paymentMethodId,
     auto_recharge: Boolean(offered && card.paymentMethodId),
@@ -71,7 +104,7 @@ export async function saveCard(
 
 /** What the portal shows and edits: the saved card, the user's choice, the project's limits. */
 export async function autoRechargeOf(
-  ctx: PaymentsContext,
+  ctx: Pick<RechargeContext, 'db'>,
   project: ProjectContext,
   userId: string | undefined,
 ) {
@@ -84,10 +117,12 @@ export async function autoRechargeOf(
         .where('user_id', '=', userId)
         .executeTakeFirst()
     : undefined;
-  const limits = checkSettings(
-    project.currency,
-    (await paymentsOf(ctx, project.id))?.connection.settings ?? undefined,
-  );
+  const connection = await ctx.db
+    .selectFrom('payment_connections')
+    .select('settings')
+    .where('project_id', '=', project.id)
+    .executeTakeFirst();
+  const limits = checkSettings(project.currency, connection?.settings);
   return {
     settings,
     minimum: limits.minimum,
@@ -103,7 +138,7 @@ export async function autoRechargeOf(
 
 /** The portal's form: on/off, the user's own threshold and amount within the project's limits. */
 export async function setAutoRecharge(
-  ctx: PaymentsContext,
+  ctx: Pick<RechargeContext, 'db'>,
   project: ProjectContext,
   userId: string,
   input: { on: boolean; threshold: string; amount: string },
@@ -138,7 +173,7 @@ export async function setAutoRecharge(
  * reason, and `payment.recharge.failed` is recorded. False when it was no longer pending.
  */
 export async function failRecharge(
-  ctx: PaymentsContext,
+  ctx: Pick<RechargeContext, 'billing' | 'events' | 'log'>,
   project: Pick<ProjectContext, 'id' | 'owner_user_id'>,
   rechargeId: string,
   failure: { code: string | null; message: string; paymentIntentId: string | null; actorId: string },
@@ -162,7 +197,7 @@ export async function failRecharge(
       .updateTable('payments')
       .set({ status: 'failed', updated_at: sql`now()` })
       .where('id', '=', recharge.id)
-      .returning(['external_id'])
+      .returning(['external_id', 'provider'])
       .executeTakeFirstOrThrow();
     await tx
       .updateTable('payment_customers')
@@ -174,16 +209,14 @@ export async function failRecharge(
       })
       .where('user_id', '=', recharge.user_id)
       .execute();
-    await ctx.events.record(tx, {
+    await recordRecharge(ctx.events, tx, {
       project,
       type: 'payment.recharge.failed',
-      trigger: trigger(failure.actorId),
-      subject: { type: 'user', id: recharge.user_id, externalId: payment.external_id },
+      provider: payment.provider,
+      actorId: failure.actorId,
+      recharge,
+      externalId: payment.external_id,
       data: {
-        paymentId: recharge.id,
-        externalUserId: payment.external_id,
-        amount: formatForCurrency(recharge.amount, recharge.currency),
-        currency: recharge.currency,
         providerPaymentId: recharge.payment_intent_id,
         code: failure.code,
         reason: failure.message,
@@ -203,10 +236,11 @@ export async function failRecharge(
 
 /** Marks a recharge succeeded and records `payment.recharge.succeeded`, in the deposit's transaction. */
 export async function rechargeSucceeded(
-  ctx: PaymentsContext,
+  ctx: Pick<RechargeContext, 'events'>,
   tx: Transaction<DB>,
   project: Pick<ProjectContext, 'id' | 'owner_user_id'>,
   input: {
+    provider: string;
     rechargeId: string;
     paymentIntentId: string;
     externalId: string;
@@ -221,16 +255,14 @@ export async function rechargeSucceeded(
     .returningAll()
     .executeTakeFirstOrThrow();
   const month = await monthTotal(tx, recharge.user_id);
-  await ctx.events.record(tx, {
+  await recordRecharge(ctx.events, tx, {
     project,
     type: 'payment.recharge.succeeded',
-    trigger: trigger(input.eventId),
-    subject: { type: 'user', id: recharge.user_id, externalId: input.externalId },
+    provider: input.provider,
+    actorId: input.eventId,
+    recharge,
+    externalId: input.externalId,
     data: {
-      paymentId: recharge.id,
-      externalUserId: input.externalId,
-      amount: formatForCurrency(recharge.amount, recharge.currency),
-      currency: recharge.currency,
       providerPaymentId: input.paymentIntentId,
       activityId: input.activityId,
       rechargedThisMonth: formatForCurrency(month, recharge.currency),
@@ -252,7 +284,7 @@ async function monthTotal(tx: Transaction<DB>, userId: string): Promise<string> 
 
 /** Runs recharges in the background of one process; see the module's comment. */
 export class RechargeService {
-  readonly #ctx: PaymentsContext;
+  readonly #ctx: RechargeContext;
   readonly #running = new Set<Promise<unknown>>();
   /** Wallets this process is looking at now (a burst of debits starts one look, not one each). */
   readonly #looking = new Set<string>();
@@ -260,7 +292,7 @@ export class RechargeService {
   /** Projects that offer auto-recharge, read at most every few seconds (the debit path asks often). */
   readonly #offered = new Map<string, { offered: { maximum: string } | undefined; until: number }>();
 
-  constructor(ctx: PaymentsContext) {
+  constructor(ctx: RechargeContext) {
     this.#ctx = ctx;
   }
 
@@ -433,7 +465,7 @@ export class RechargeService {
                 + ${amount}::numeric <= ${settings.monthlyCap}::numeric
         ), p AS (
           INSERT INTO payments (id, project_id, user_id, external_id, provider, amount, currency)
-          SELECT ${id}, ${project.id}, id, external_id, 'stripe', ${amount}::numeric, ${project.currency} FROM due
+          SELECT ${id}, ${project.id}, id, external_id, ${card.provider}, ${amount}::numeric, ${project.currency} FROM due
           RETURNING id
         )
         INSERT INTO recharges (id, project_id, user_id, amount, currency)
@@ -468,7 +500,7 @@ export class RechargeService {
   /** A pending recharge whose webhook never came: failed at Stripe → failed here (never credited here). */
   async #reconcile(rechargeId: string, projectId: string, paymentIntentId: string): Promise<void> {
     const project = await this.#ctx.projects.get(projectId);
-    const payments = project && (await paymentsOf(this.#ctx, projectId));
+    const payments = project && (await openConnection(this.#ctx, projectId));
     if (!project || !payments) return;
     const state = await payments.provider.paymentState(paymentIntentId);
     if (['requires_payment_method', 'requires_action', 'canceled'].includes(state.status)) {
@@ -489,7 +521,7 @@ export class RechargeService {
   /** Charges the saved card off session (idempotency key: the recharge); the webhook credits it. */
   async #charge(project: ProjectContext, recharge: RechargeRow): Promise<void> {
     const { db } = this.#ctx;
-    const payments = await paymentsOf(this.#ctx, project.id);
+    const payments = await openConnection(this.#ctx, project.id);
     const card = await db
       .selectFrom('payment_customers')
       .selectAll()
@@ -537,7 +569,7 @@ export class RechargeService {
       if (err instanceof PaymentProviderError && err.declined) {
         await failRecharge(this.#ctx, project, recharge.id, {
           code: err.code ?? 'card_declined',
-          message: err.message.replace(/^Stripe: /, ''),
+          message: err.detail,
           paymentIntentId: null,
           actorId: recharge.id,
         });

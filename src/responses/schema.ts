@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { userIdSchema } from '../users/routes.ts';
+import { userIdSchema } from '../users/schema.ts';
 
 /**
  * The body of `POST /v1/responses`: the fields Tollgate reads (`model`, `input`, `instructions`,

@@ -63,6 +63,26 @@ export function linkUrl(publicBaseUrl: string, kind: LinkKind, token: string): s
   return `${publicBaseUrl}/${kind}/${token}`;
 }
 
+/** What making a link takes: the signing key, the public address and how long a link lives. */
+export interface LinkSettings {
+  sealer: Sealer;
+  publicBaseUrl: string;
+  ttlSeconds: number;
+}
+
+/** The link settings of the process (its signing key, public address and LINK_TOKEN_TTL_SECONDS). */
+export function linkSettingsOf(ctx: {
+  sealer: Sealer;
+  publicBaseUrl: string;
+  config: { LINK_TOKEN_TTL_SECONDS: number };
+}): LinkSettings {
+  return {
+    sealer: ctx.sealer,
+    publicBaseUrl: ctx.publicBaseUrl,
+    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
+  };
+}
+
 export const DEFAULT_CONNECT_MESSAGE =
   'To continue, connect your account to {project}. Open this link to connect: {link}';
 export const DEFAULT_TOPUP_MESSAGE =
@@ -76,10 +96,7 @@ export function renderMessage(template: string, values: Record<string, string>):
   );
 }
 
-export interface PaywallLinkInput {
-  sealer: Sealer;
-  publicBaseUrl: string;
-  ttlSeconds: number;
+export interface PaywallLinkInput extends LinkSettings {
   project: {
     id: string;
     name: string;
@@ -89,15 +106,27 @@ export interface PaywallLinkInput {
   externalId: string;
 }
 
+/** The URL of a new signed link of a user (a top-up link may name the amount needed). */
+export function newLinkUrl(
+  links: LinkSettings,
+  input: { kind: LinkKind; projectId: string; externalId: string; amount?: string | undefined },
+): string {
+  const token = createLinkToken(links.sealer, {
+    kind: input.kind,
+    projectId: input.projectId,
+    externalId: input.externalId,
+    ...(input.amount ? { amount: input.amount } : {}),
+    ttlSeconds: links.ttlSeconds,
+  });
+  return linkUrl(links.publicBaseUrl, input.kind, token);
+}
+
+const paywallLink = (input: PaywallLinkInput, kind: LinkKind, amount?: string) =>
+  newLinkUrl(input, { kind, projectId: input.project.id, externalId: input.externalId, amount });
+
 /** The connect link and the assistant message carrying it. */
 export function connectReply(input: PaywallLinkInput): { url: string; message: string } {
-  const token = createLinkToken(input.sealer, {
-    kind: 'connect',
-    projectId: input.project.id,
-    externalId: input.externalId,
-    ttlSeconds: input.ttlSeconds,
-  });
-  const url = linkUrl(input.publicBaseUrl, 'connect', token);
+  const url = paywallLink(input, 'connect');
   const message = renderMessage(input.project.settings.connectMessage ?? DEFAULT_CONNECT_MESSAGE, {
     link: url,
     project: input.project.name,
@@ -111,14 +140,7 @@ export function topupReply(input: PaywallLinkInput & { required: string; availab
   url: string;
   message: string;
 } {
-  const token = createLinkToken(input.sealer, {
-    kind: 'topup',
-    projectId: input.project.id,
-    externalId: input.externalId,
-    amount: input.required,
-    ttlSeconds: input.ttlSeconds,
-  });
-  const url = linkUrl(input.publicBaseUrl, 'topup', token);
+  const url = paywallLink(input, 'topup', input.required);
   const message = renderMessage(input.project.settings.topupMessage ?? DEFAULT_TOPUP_MESSAGE, {
     link: url,
     project: input.project.name,

@@ -9,24 +9,15 @@ import {
   type WalletState,
 } from '../billing/ledger.ts';
 import type { BillingService } from '../billing/service.ts';
-import type { Sealer } from '../core/crypto.ts';
 import { formatForCurrency } from '../core/money.ts';
 import type { Database, DB } from '../db/index.ts';
 import type { CreditGrant, LedgerEntry } from '../db/schema.ts';
 import type { EventRecorder } from '../events/outbox.ts';
 import type { ProjectContext } from '../projects/directory.ts';
-import {
-  connectReply,
-  createLinkToken,
-  type LinkKind,
-  type LinkPayload,
-  linkUrl,
-  topupReply,
-  verifyLinkToken,
-} from './links.ts';
+import { connectReply, type LinkSettings, topupReply } from './links.ts';
 
 /** A project as connecting needs it: its trial grant (`settings.trial`) when it has one. */
-type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'> &
+export type ProjectRef = Pick<ProjectContext, 'id' | 'owner_user_id'> &
   Partial<Pick<ProjectContext, 'currency' | 'settings'>>;
 
 export interface ConnectionChange {
@@ -35,30 +26,24 @@ export interface ConnectionChange {
   changed: boolean;
 }
 
+type ConnectionSetter = (
+  db: Kysely<DB>,
+  events: EventRecorder,
+  project: ProjectRef,
+  externalId: string,
+  trigger: Trigger,
+) => Promise<ConnectionChange>;
+
 /**
  * Connects a user to the paywall (creating the user when unknown); emits `user.connected` on a change.
  * When db is an outer transaction, the caller calls `events.wake()` after committing it.
  */
-export async function connectUser(
-  db: Kysely<DB>,
-  events: EventRecorder,
-  project: ProjectRef,
-  externalId: string,
-  trigger: Trigger,
-): Promise<ConnectionChange> {
-  return setConnected(db, events, project, externalId, true, trigger);
-}
+export const connectUser: ConnectionSetter = (db, events, project, externalId, trigger) =>
+  setConnected(db, events, project, externalId, true, trigger);
 
 /** Disconnects a user; emits `user.disconnected` on a change. The wallet keeps its balance. */
-export async function disconnectUser(
-  db: Kysely<DB>,
-  events: EventRecorder,
-  project: ProjectRef,
-  externalId: string,
-  trigger: Trigger,
-): Promise<ConnectionChange> {
-  return setConnected(db, events, project, externalId, false, trigger);
-}
+export const disconnectUser: ConnectionSetter = (db, events, project, externalId, trigger) =>
+  setConnected(db, events, project, externalId, false, trigger);
 
 async function inTransaction<T>(db: Kysely<DB>, fn: (tx: Transaction<DB>) => Promise<T>): Promise<T> {
   if (db.isTransaction) return fn(db as Transaction<DB>);
@@ -159,8 +144,6 @@ export function balanceView(
 
 // ---- credit grants ----
 
-export const GRANT_REASON_RE = /^[a-z][a-z0-9_-]{0,31}$/;
-
 export interface GrantRequest {
   user: string;
   amount: string;
@@ -205,32 +188,20 @@ export async function grantFromApi(
 ) {
   const result = await billing.grant(
     {
-      project: ledgerProject(project),
-      externalId: input.user,
-      amount: input.amount,
+      ...moneyMove(project, input, source, trigger),
       reason: input.reason,
       priority: input.priority,
       expiresAt: input.expiresAt === undefined ? undefined : new Date(input.expiresAt),
-      source,
-      trigger,
-      metadata: input.metadata,
     },
     tx,
   );
-  await recordAudit(tx, {
-    actor,
-    projectId: project.id,
-    action: 'credit.grant',
-    targetType: 'user',
-    targetId: input.user,
-    after: {
-      grant: result.grant.id,
-      amount: input.amount,
-      reason: input.reason,
-      priority: input.priority ?? 0,
-      expiresAt: input.expiresAt ?? null,
-      metadata: input.metadata ?? {},
-    },
+  await auditMove(tx, actor, project, 'credit.grant', input.user, {
+    grant: result.grant.id,
+    amount: input.amount,
+    reason: input.reason,
+    priority: input.priority ?? 0,
+    expiresAt: input.expiresAt ?? null,
+    metadata: input.metadata ?? {},
   });
   return {
     ...grantView(project, input.user, result.grant),
@@ -360,24 +331,11 @@ export async function depositFromApi(
   trigger: Trigger,
   actor: Actor,
 ) {
-  const result = await billing.deposit(
-    {
-      project: ledgerProject(project),
-      externalId: input.user,
-      amount: input.amount,
-      source: 'api',
-      trigger,
-      metadata: input.metadata,
-    },
-    tx,
-  );
-  await recordAudit(tx, {
-    actor,
-    projectId: project.id,
-    action: 'money.deposit',
-    targetType: 'user',
-    targetId: input.user,
-    after: { entry: result.entry.id, amount: input.amount, metadata: input.metadata ?? {} },
+  const result = await billing.deposit(moneyMove(project, input, 'api', trigger), tx);
+  await auditMove(tx, actor, project, 'money.deposit', input.user, {
+    entry: result.entry.id,
+    amount: input.amount,
+    metadata: input.metadata ?? {},
   });
   return {
     id: result.entry.id,
@@ -389,12 +347,6 @@ export async function depositFromApi(
     metadata: input.metadata ?? {},
     createdAt: result.entry.created_at.toISOString(),
   };
-}
-
-export interface LinkSettings {
-  sealer: Sealer;
-  publicBaseUrl: string;
-  ttlSeconds: number;
 }
 
 /**
@@ -416,24 +368,16 @@ export async function chargeFromApi(
   const money = (v: string) => formatForCurrency(v, project.currency);
   const result = await billing.charge(
     {
-      project: ledgerProject(project),
-      externalId: input.user,
-      amount: input.amount,
-      source: 'api',
-      trigger,
-      metadata: input.metadata,
+      ...moneyMove(project, input, 'api', trigger),
       lowBalanceThreshold: project.settings.lowBalanceThreshold,
     },
     tx,
   );
   if (result.ok) {
-    await recordAudit(tx, {
-      actor,
-      projectId: project.id,
-      action: 'money.charge',
-      targetType: 'user',
-      targetId: input.user,
-      after: { entry: result.entry.id, amount: input.amount, metadata: input.metadata ?? {} },
+    await auditMove(tx, actor, project, 'money.charge', input.user, {
+      entry: result.entry.id,
+      amount: input.amount,
+      metadata: input.metadata ?? {},
     });
     return {
       success: true as const,
@@ -497,112 +441,33 @@ export async function chargeFromApi(
   };
 }
 
+/** What every money move of the API gives the ledger: the wallet, the amount, the origin, the metadata. */
+function moneyMove(project: ApiProject, input: MoneyRequest, source: string, trigger: Trigger) {
+  return {
+    project: ledgerProject(project),
+    externalId: input.user,
+    amount: input.amount,
+    source,
+    trigger,
+    metadata: input.metadata,
+  };
+}
+
+/** The audit entry of a money move on a user's wallet (a deposit, a charge, a grant). */
+function auditMove(
+  tx: Transaction<DB>,
+  actor: Actor,
+  project: ApiProject,
+  action: string,
+  user: string,
+  after: Record<string, unknown>,
+) {
+  return recordAudit(tx, { actor, projectId: project.id, action, targetType: 'user', targetId: user, after });
+}
+
 function ledgerProject(project: ApiProject): LedgerProject {
   return { id: project.id, owner_user_id: project.owner_user_id, currency: project.currency };
 }
 
-// ---- links ----
-
-/** The expiry of the token at the end of a link URL we just made. */
-function expiresAtOf(url: string): string {
-  const body = url.slice(url.lastIndexOf('/') + 1).split('.')[0]!;
-  const payload = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as LinkPayload;
-  return new Date(payload.exp * 1000).toISOString();
-}
-
-/** The connect link of a user (and the message chat would show with it). */
-export function connectLink(links: LinkSettings, project: ApiProject, externalId: string) {
-  const reply = connectReply({ ...links, project, externalId });
-  return { url: reply.url, message: reply.message, expiresAt: expiresAtOf(reply.url) };
-}
-
-/** A top-up link, optionally for a suggested amount. */
-export function topupLink(
-  links: LinkSettings,
-  project: Pick<ProjectContext, 'id'>,
-  externalId: string,
-  amount: string | undefined,
-) {
-  const token = createLinkToken(links.sealer, {
-    kind: 'topup',
-    projectId: project.id,
-    externalId,
-    ...(amount ? { amount } : {}),
-    ttlSeconds: links.ttlSeconds,
-  });
-  const url = linkUrl(links.publicBaseUrl, 'topup', token);
-  return { url, expiresAt: expiresAtOf(url) };
-}
-
-export type LinkProblem = 'malformed' | 'forged' | 'expired' | 'wrong_kind' | 'used' | 'unknown_project';
-
-export type OpenedLink =
-  | { ok: true; payload: LinkPayload; project: ProjectContext }
-  | { ok: false; problem: LinkProblem };
-
-/** Checks a link token of the given kind: signature, expiry, project, and (connect links) prior use. */
-export async function openLink(
-  ctx: { sealer: Sealer; db: Database; projects: { get(id: string): Promise<ProjectContext | undefined> } },
-  kind: LinkKind,
-  token: string,
-): Promise<OpenedLink> {
-  const check = verifyLinkToken(ctx.sealer, token);
-  if (!check.ok) return { ok: false, problem: check.reason };
-  const payload = check.payload;
-  if (payload.k !== kind || typeof payload.p !== 'string' || typeof payload.u !== 'string')
-    return { ok: false, problem: 'wrong_kind' };
-  const project = await ctx.projects.get(payload.p);
-  if (!project) return { ok: false, problem: 'unknown_project' };
-  if (kind === 'connect') {
-    const used = await ctx.db
-      .selectFrom('used_link_tokens')
-      .select('nonce')
-      .where('nonce', '=', String(payload.n))
-      .executeTakeFirst();
-    if (used) return { ok: false, problem: 'used' };
-  }
-  return { ok: true, payload, project };
-}
-
-/**
- * Uses a connect link: records its nonce (a second use is refused) and connects the user, in one
- * transaction. Returns `used` when the link was used before (also by a concurrent request).
- */
-export async function useConnectLink(
-  db: Database,
-  events: EventRecorder,
-  project: ProjectRef,
-  payload: LinkPayload,
-): Promise<{ ok: true; change: ConnectionChange } | { ok: false; problem: 'used' }> {
-  const trigger = { source: 'connect_page', actorType: 'end_user', actorId: payload.u };
-  const result = await db.transaction().execute(async (tx) => {
-    const recorded = await tx
-      .insertInto('used_link_tokens')
-      .values({
-        nonce: String(payload.n),
-        project_id: project.id,
-        kind: payload.k,
-        external_id: payload.u,
-        expires_at: new Date(payload.exp * 1000),
-      })
-      .onConflict((oc) => oc.column('nonce').doNothing())
-      .returning('nonce')
-      .executeTakeFirst();
-    if (!recorded) return { ok: false as const, problem: 'used' as const };
-    const change = await connectUser(tx, events, project, payload.u, trigger);
-    return { ok: true as const, change };
-  });
-  if (result.ok && result.change.changed) events.wake();
-  return result;
-}
-
-/** Deletes the nonces of links that have expired anyway; returns how many. */
-export async function deleteExpiredLinkNonces(db: Database): Promise<number> {
-  const result = await db
-    .deleteFrom('used_link_tokens')
-    .where('expires_at', '<', sql<Date>`now()`)
-    .executeTakeFirst();
-  return Number(result.numDeletedRows);
-}
-
+export type { LinkSettings } from './links.ts';
 export type { ApiProject };

@@ -5,7 +5,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
 import { findWallet } from '../../src/billing/ledger.ts';
 import { Money } from '../../src/core/money.ts';
-import { rechargeServiceOf } from '../../src/payments/routes.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
@@ -138,7 +137,7 @@ async function quiet(...servers: TestServer[]) {
     await app.metering.idle();
     await ctx.billing.idle();
   }
-  for (const { ctx } of servers) await rechargeServiceOf(ctx)!.idle();
+  for (const { ctx } of servers) await ctx.payments.recharges.idle();
   await stand.idle();
 }
 
@@ -268,7 +267,7 @@ describe('auto-recharge', () => {
       await quiet(f.server);
       const [pending] = await rechargesOf(f.ctx, 'lena');
       expect(pending).toMatchObject({ status: 'pending' });
-      const recharges = rechargeServiceOf(f.ctx)!;
+      const recharges = f.ctx.payments.recharges;
       await recharges.scan();
       await quiet(f.server);
       expect((await rechargesOf(f.ctx, 'lena'))[0]!.status).toBe('pending'); // not silent long enough
@@ -523,7 +522,7 @@ describe.skipIf(!twoPods)('the monthly cap across pods (needs Postgres)', () => 
     for (const reply of replies) expect(reply).not.toMatch(LINK);
     await quiet(podA, podB);
     // Both pods' jobs, at once and again: the cap (10 = two recharges of 5) still holds.
-    const scans = () => Promise.all([podA, podB, podA, podB].map((p) => rechargeServiceOf(p.ctx)!.scan()));
+    const scans = () => Promise.all([podA, podB, podA, podB].map((p) => p.ctx.payments.recharges.scan()));
     await scans();
     await quiet(podA, podB);
     await scans();

@@ -13,7 +13,7 @@ import {
   signUp,
 } from '../../admin/accounts.ts';
 import { ApiError } from '../../core/errors.ts';
-import { html } from '../html.ts';
+import { html } from '../../html/index.ts';
 import {
   CSRF_COOKIE,
   csrfField,

@@ -3,7 +3,7 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { createAdminToken, revokeAdminToken } from '../../admin/accounts.ts';
 import { storableText, textInput } from '../../core/validation.ts';
-import { html } from '../html.ts';
+import { html } from '../../html/index.ts';
 import { done, formBody, page, secretBox, signedIn } from '../pages.ts';
 
 /** Admin tokens (listed on the projects page): create one (shown once), revoke one. */

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { ownedProject, projectView } from '../../admin/service.ts';
 import { type AuditView, auditCsv, listAudit } from '../../audit/index.ts';
 import { textInput } from '../../core/validation.ts';
-import { html } from '../html.ts';
+import { html } from '../../html/index.ts';
 import {
   flashQuery,
   optionalField,

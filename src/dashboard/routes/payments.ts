@@ -3,6 +3,7 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { actorOf, ownedProject } from '../../admin/service.ts';
 import { textInput } from '../../core/validation.ts';
+import { html } from '../../html/index.ts';
 import {
   connectPayments,
   disconnectPayments,
@@ -11,8 +12,7 @@ import {
   showPayments,
   updatePaymentSettings,
 } from '../../payments/service.ts';
-import { userIdSchema } from '../../users/routes.ts';
-import { html } from '../html.ts';
+import { userIdSchema } from '../../users/schema.ts';
 import {
   csrfField,
   done,

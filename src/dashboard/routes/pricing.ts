@@ -11,9 +11,9 @@ import {
 } from '../../admin/service.ts';
 import { parseInput, textInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
+import { html } from '../../html/index.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
 import { parsePricingFile } from '../../models/service.ts';
-import { html } from '../html.ts';
 import {
   csrfField,
   done,

@@ -14,10 +14,10 @@ import {
   updateOwnedProject,
 } from '../../admin/service.ts';
 import { storableText, textInput } from '../../core/validation.ts';
+import { html } from '../../html/index.ts';
 import { projectSettingsSchema } from '../../projects/service.ts';
 import { DEFAULT_PROVIDER, PROVIDER_KINDS } from '../../routing/providers.ts';
 import { barChart, lastDays } from '../charts.ts';
-import { html } from '../html.ts';
 import { keyPage } from '../key-page.ts';
 import {
   csrfField,

@@ -10,8 +10,8 @@ import {
   listProjects,
   providerBody,
 } from '../../admin/service.ts';
+import { html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
-import { html, type Raw } from '../html.ts';
 import { keyPage } from '../key-page.ts';
 import { csrfField, flashQuery, formBody, page, signedIn } from '../pages.ts';
 

@@ -13,9 +13,9 @@ import {
 import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
-import { grantBody, userIdSchema } from '../../users/routes.ts';
+import { html, type Raw } from '../../html/index.ts';
+import { grantBody, userIdSchema } from '../../users/schema.ts';
 import { getBalance, listActivity, listGrants } from '../../users/service.ts';
-import { html, type Raw } from '../html.ts';
 import {
   csrfField,
   done,

@@ -3,13 +3,13 @@ import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { actorOf, ownedProject, projectView } from '../../admin/service.ts';
 import { isStorable, NOT_STORABLE, textInput } from '../../core/validation.ts';
+import { html } from '../../html/index.ts';
 import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
 import {
   createSubscription,
   listSubscriptions,
   setSubscriptionActive,
 } from '../../webhooks/subscriptions.ts';
-import { html } from '../html.ts';
 import {
   csrfField,
   done,

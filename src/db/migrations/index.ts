@@ -19,6 +19,7 @@ import * as recharges from './0019_recharges.ts';
 import * as auditLog from './0020_audit_log.ts';
 import * as escrow from './0021_escrow.ts';
 import * as ledgerWalletKey from './0022_ledger_wallet_key.ts';
+import * as uncreditedPayments from './0023_uncredited_payments.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -45,4 +46,5 @@ export const migrations: Record<string, Migration> = {
   '0020_audit_log': auditLog,
   '0021_escrow': escrow,
   '0022_ledger_wallet_key': ledgerWalletKey,
+  '0023_uncredited_payments': uncreditedPayments,
 };

@@ -1,9 +1,12 @@
 import type Stripe from 'stripe';
+import { z } from 'zod';
+import type { Config } from '../../config/index.ts';
 import {
   type CheckoutInput,
   type CheckoutState,
   type PaymentProvider,
   PaymentProviderError,
+  type PaymentProviderKind,
   type PaymentReference,
   type SavedCardCharge,
   type WebhookAction,
@@ -66,12 +69,43 @@ export function keyHint(key: string): string {
   return `${prefix}…${key.slice(-4)}`;
 }
 
+/** What a connection takes: a secret key (sk_…) or restricted key (rk_…). */
+export const stripeKeySchema = z
+  .string()
+  .trim()
+  .regex(/^(sk|rk)_(test|live)_[A-Za-z0-9_]{8,}$/, {
+    message: 'must be a Stripe secret key (sk_…) or restricted key (rk_…)',
+  });
+
+/** A webhook signing secret pasted by hand (whsec_…), for an endpoint made in Stripe's dashboard. */
+export const stripeWebhookSecretSchema = z
+  .string()
+  .trim()
+  .regex(/^whsec_[A-Za-z0-9_+/=]{8,}$/, { message: 'must be a webhook signing secret (whsec_…)' });
+
+/** Stripe in the registry of providers (../providers.ts). */
+export const stripe: PaymentProviderKind = {
+  name: 'stripe',
+  signatureHeader: 'stripe-signature',
+  create: (secretKey: string, config: Config) => new StripeProvider(secretKey, config.STRIPE_API_URL),
+  keyHint,
+};
+
 function reference(metadata: Record<string, string> | null | undefined, clientRef?: string | null) {
   return {
     paymentId: metadata?.tollgate_payment ?? clientRef ?? undefined,
     projectId: metadata?.tollgate_project,
     externalId: metadata?.tollgate_user,
   } satisfies PaymentReference;
+}
+
+/** Tollgate's reference on a checkout or a payment: its payment, project and user. */
+function tollgateMetadata(input: { paymentId: string; projectId: string; externalId: string }) {
+  return {
+    tollgate_payment: input.paymentId,
+    tollgate_project: input.projectId,
+    tollgate_user: input.externalId,
+  };
 }
 
 function idOf(value: string | { id: string } | null | undefined): string | null {
@@ -81,8 +115,10 @@ function idOf(value: string | { id: string } | null | undefined): string | null 
 
 function providerError(err: unknown): PaymentProviderError {
   const e = err as { message?: string; statusCode?: number; type?: string; code?: string };
-  return new PaymentProviderError(`Stripe: ${e.message ?? String(err)}`, e.statusCode, {
+  const detail = e.message ?? String(err);
+  return new PaymentProviderError(`Stripe: ${detail}`, e.statusCode, {
     ...(e.code ? { code: e.code } : {}),
+    detail,
     // StripeCardError: declined, or authentication_required off session.
     declined: e.type === 'StripeCardError' || e.type === 'card_error' || e.code === 'authentication_required',
   });
@@ -105,19 +141,22 @@ export class StripeProvider implements PaymentProvider {
     return this.#client;
   }
 
-  async verifyKey(): Promise<{ livemode: boolean }> {
+  /** One call to Stripe; its failure becomes a PaymentProviderError. */
+  async #call<T>(fn: (stripe: Stripe) => Promise<T>): Promise<T> {
     try {
-      const stripe = await this.#stripe();
-      const balance = await stripe.balance.retrieve();
-      return { livemode: Boolean(balance.livemode) };
+      return await fn(await this.#stripe());
     } catch (err) {
       throw providerError(err);
     }
   }
 
+  async verifyKey(): Promise<{ livemode: boolean }> {
+    const balance = await this.#call((stripe) => stripe.balance.retrieve());
+    return { livemode: Boolean(balance.livemode) };
+  }
+
   async createWebhookEndpoint(url: string): Promise<{ id: string; secret: string }> {
-    try {
-      const stripe = await this.#stripe();
+    return this.#call(async (stripe) => {
       const endpoint = await stripe.webhookEndpoints.create({
         url,
         enabled_events: [...STRIPE_EVENTS],
@@ -127,9 +166,7 @@ export class StripeProvider implements PaymentProvider {
       });
       if (!endpoint.secret) throw new Error('the new webhook endpoint has no secret');
       return { id: endpoint.id, secret: endpoint.secret };
-    } catch (err) {
-      throw providerError(err);
-    }
+    });
   }
 
   async deleteWebhookEndpoint(id: string): Promise<void> {
@@ -144,23 +181,13 @@ export class StripeProvider implements PaymentProvider {
   }
 
   async updateWebhookEndpoint(id: string): Promise<void> {
-    try {
-      const stripe = await this.#stripe();
-      await stripe.webhookEndpoints.update(id, { enabled_events: [...STRIPE_EVENTS] });
-    } catch (err) {
-      throw providerError(err);
-    }
+    await this.#call((stripe) => stripe.webhookEndpoints.update(id, { enabled_events: [...STRIPE_EVENTS] }));
   }
 
   async createCheckout(input: CheckoutInput): Promise<{ id: string; url: string }> {
-    const metadata = {
-      tollgate_payment: input.paymentId,
-      tollgate_project: input.projectId,
-      tollgate_user: input.externalId,
-    };
-    try {
-      const stripe = await this.#stripe();
-      const session = await stripe.checkout.sessions.create(
+    const metadata = tollgateMetadata(input);
+    const session = await this.#call((stripe) =>
+      stripe.checkout.sessions.create(
         {
           mode: 'payment',
           line_items: [
@@ -184,77 +211,50 @@ export class StripeProvider implements PaymentProvider {
           cancel_url: input.cancelUrl,
         },
         { idempotencyKey: input.idempotencyKey },
-      );
-      if (!session.url) throw new Error('the checkout session has no URL');
-      return { id: session.id, url: session.url };
-    } catch (err) {
-      throw providerError(err);
-    }
+      ),
+    );
+    if (!session.url) throw providerError(new Error('the checkout session has no URL'));
+    return { id: session.id, url: session.url };
   }
 
   async retrieveCheckout(id: string): Promise<CheckoutState> {
-    try {
-      const stripe = await this.#stripe();
-      const session = await stripe.checkout.sessions.retrieve(id, {
-        expand: ['payment_intent.latest_charge'],
-      });
-      return checkoutState(session);
-    } catch (err) {
-      throw providerError(err);
-    }
+    const session = await this.#call((stripe) =>
+      stripe.checkout.sessions.retrieve(id, { expand: ['payment_intent.latest_charge'] }),
+    );
+    return checkoutState(session);
   }
 
   async paymentState(paymentIntentId: string) {
-    try {
-      const stripe = await this.#stripe();
-      const intent = await stripe.paymentIntents.retrieve(paymentIntentId);
-      const error = intent.last_payment_error;
-      return {
-        status: intent.status,
-        code: error?.code ?? error?.decline_code ?? null,
-        message: error?.message ?? null,
-      };
-    } catch (err) {
-      throw providerError(err);
-    }
+    const intent = await this.#call((stripe) => stripe.paymentIntents.retrieve(paymentIntentId));
+    const error = intent.last_payment_error;
+    return {
+      status: intent.status,
+      code: error?.code ?? error?.decline_code ?? null,
+      message: error?.message ?? null,
+    };
   }
 
   async paymentReference(paymentIntentId: string): Promise<PaymentReference> {
-    try {
-      const stripe = await this.#stripe();
-      const intent = await stripe.paymentIntents.retrieve(paymentIntentId);
-      return reference(intent.metadata);
-    } catch (err) {
-      throw providerError(err);
-    }
+    const intent = await this.#call((stripe) => stripe.paymentIntents.retrieve(paymentIntentId));
+    return reference(intent.metadata);
   }
 
   async refund(input: { paymentIntentId: string; amountMinor?: number; idempotencyKey: string }) {
-    try {
-      const stripe = await this.#stripe();
-      const refund = await stripe.refunds.create(
+    const refund = await this.#call((stripe) =>
+      stripe.refunds.create(
         {
           payment_intent: input.paymentIntentId,
           ...(input.amountMinor !== undefined ? { amount: input.amountMinor } : {}),
         },
         { idempotencyKey: input.idempotencyKey },
-      );
-      return { id: refund.id, status: refund.status ?? 'pending', amountMinor: refund.amount };
-    } catch (err) {
-      throw providerError(err);
-    }
+      ),
+    );
+    return { id: refund.id, status: refund.status ?? 'pending', amountMinor: refund.amount };
   }
 
   async chargeSavedCard(input: SavedCardCharge): Promise<{ id: string; status: string }> {
-    const metadata = {
-      tollgate_payment: input.paymentId,
-      tollgate_project: input.projectId,
-      tollgate_user: input.externalId,
-      tollgate_recharge: 'true',
-    };
-    try {
-      const stripe = await this.#stripe();
-      const intent = await stripe.paymentIntents.create(
+    const intent = await this.#call((stripe) =>
+      stripe.paymentIntents.create(
         {
           amount: input.amountMinor,
           currency: input.currency,
@@ -263,14 +263,12 @@ export class StripeProvider implements PaymentProvider {
           off_session: true,
           confirm: true,
           description: input.description,
-          metadata,
+          metadata: { ...tollgateMetadata(input), tollgate_recharge: 'true' },
         },
         { idempotencyKey: input.idempotencyKey },
-      );
-      return { id: intent.id, status: intent.status };
-    } catch (err) {
-      throw providerError(err);
-    }
+      ),
+    );
+    return { id: intent.id, status: intent.status };
   }
 
   async parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): Promise<WebhookAction> {

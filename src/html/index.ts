@@ -3,8 +3,10 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import fp from 'fastify-plugin';
 
 /**
- * Server-rendered HTML for the dashboard and the home page: a tagged template that escapes every
- * interpolated value (values wrapped by `raw()` are inserted as they are), one layout, one style sheet.
+ * The HTML toolkit of the server-rendered pages: a tagged template that escapes every interpolated value
+ * (values wrapped by `raw()` are inserted as they are; `undefined`, `null` and `false` render nothing),
+ * the document every page is; and the dashboard's and home page's layout, style sheet and security
+ * headers. The hosted end-user pages have their own layout beside it (./hosted-page.ts).
  */
 export class Raw {
   readonly html: string;
@@ -96,22 +98,31 @@ export function layout(options: LayoutOptions, body: Raw): string {
 <form method="post" action="/dashboard/signout"><input type="hidden" name="csrf" value="${options.csrf}">
 <span class="muted">${options.email}</span> <button type="submit" class="link">Sign out</button></form>`
     : html`<nav aria-label="Main"><a href="/dashboard/signin">Sign in</a><a href="/dashboard/signup">Sign up</a></nav>`;
+  return htmlDocument(
+    `${options.title} · Tollgate`,
+    STYLE,
+    html`<a class="skip" href="#content">Skip to content</a>
+<header class="top"><a class="brand" href="/dashboard">Tollgate</a>${nav}</header>
+<main id="content"${raw(options.narrow ? ' class="narrow"' : '')}>
+${body}
+</main>
+${options.nonce ? html`<script nonce="${options.nonce}">${raw(COPY_SCRIPT)}</script>` : ''}`,
+  );
+}
+
+/** A whole page: the head every page shares (UTF-8, the viewport, no indexing), its title and style sheet. */
+export function htmlDocument(title: string, style: string, body: Raw): string {
   return html`<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="robots" content="noindex">
-<title>${options.title} · Tollgate</title>
-<style>${raw(STYLE)}</style>
+<title>${title}</title>
+<style>${raw(style)}</style>
 </head>
 <body>
-<a class="skip" href="#content">Skip to content</a>
-<header class="top"><a class="brand" href="/dashboard">Tollgate</a>${nav}</header>
-<main id="content"${raw(options.narrow ? ' class="narrow"' : '')}>
 ${body}
-</main>
-${options.nonce ? html`<script nonce="${options.nonce}">${raw(COPY_SCRIPT)}</script>` : ''}
 </body>
 </html>
 `.html;

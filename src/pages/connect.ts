@@ -1,0 +1,86 @@
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
+import { html } from '../html/index.ts';
+import type { ProjectContext } from '../projects/directory.ts';
+import { useConnectLink } from '../users/sessions.ts';
+import { type Ctx, foreignPost, openToken, problemPage, tokenParam } from './links.ts';
+
+/**
+ * The connect page (no API key; the signed token is the credential):
+ * - `GET /connect/{token}` — names the project and what connecting allows, with a Connect button
+ * - `POST /connect/{token}` — the button (a plain form post): connects the user once, then returns to
+ *   the project's `returnUrl` (303) or shows a done page. Only the rendered page's own form counts
+ *   (./links.ts `foreignPost`).
+ */
+
+/** The hidden field value only the rendered connect page carries for this token. */
+function formProof(ctx: Ctx, token: string): string {
+  return ctx.sealer.sign(`connect-form:${token}`);
+}
+
+function foreignPostPage(reply: FastifyReply, why: 'cross_site' | 'not_the_form') {
+  return sendPage(
+    reply,
+    why === 'cross_site' ? 403 : 400,
+    'Connect from the connect page',
+    html`<h1>Connect from the connect page</h1>
+<p>To connect, open the link you received and press its Connect button.</p>
+<p class="muted">Nothing was changed.</p>`,
+  );
+}
+
+function connectPage(reply: FastifyReply, project: ProjectContext, proof: string) {
+  const name = project.name;
+  return sendPage(
+    reply,
+    200,
+    `Connect to ${name}`,
+    html`<h1>Connect to ${name}</h1>
+<p>${name} asks you to connect your account to its pay-as-you-go balance.</p>
+<p>Connecting allows ${name} to:</p>
+<ul>
+<li>charge your prepaid ${name} balance (in ${project.currency.toUpperCase()}) for the requests you make and the actions you choose;</li>
+<li>show you a link to top up your balance when it runs low.</li>
+</ul>
+<p>It never charges more than your balance holds. ${name} can disconnect you at any time; your balance stays yours.</p>
+<form method="post">
+<input type="hidden" name="confirm" value="${proof}">
+<button type="submit">Connect</button>
+</form>`,
+  );
+}
+
+function connectedPage(reply: FastifyReply, project: ProjectContext) {
+  return sendPage(
+    reply,
+    200,
+    `Connected to ${project.name}`,
+    html`<h1>You are connected</h1>
+<p>Your account is now connected to ${project.name}.</p>
+<p>You can close this page and go back to ${project.name}.</p>`,
+  );
+}
+
+export async function connectPageRoutes(app: FastifyInstance): Promise<void> {
+  const ctx = app.ctx;
+
+  app.get('/connect/*', async (request, reply) => {
+    const token = tokenParam(request);
+    const opened = await openToken(reply, ctx, 'connect', token);
+    if (!opened) return reply;
+    return connectPage(reply, opened.project, formProof(ctx, token));
+  });
+
+  app.post('/connect/*', async (request, reply) => {
+    const token = tokenParam(request);
+    const opened = await openToken(reply, ctx, 'connect', token);
+    if (!opened) return reply;
+    const foreign = foreignPost(request, formProof(ctx, token));
+    if (foreign) return foreignPostPage(reply, foreign);
+    const used = await useConnectLink(ctx.db, ctx.events, opened.project, opened.payload);
+    if (!used.ok) return problemPage(reply, used.problem);
+    const returnUrl = opened.project.settings.returnUrl;
+    if (returnUrl) return reply.headers(PRIVATE_HEADERS).redirect(returnUrl, 303);
+    return connectedPage(reply, opened.project);
+  });
+}

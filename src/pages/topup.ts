@@ -1,0 +1,262 @@
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import { findWallet } from '../billing/ledger.ts';
+import { safeEqual } from '../core/crypto.ts';
+import { amountSchema, formatForCurrency, Money } from '../core/money.ts';
+import type { PaymentSettings } from '../db/schema.ts';
+import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
+import { html, raw } from '../html/index.ts';
+import { connectionOf } from '../payments/connection.ts';
+import { PaymentProviderError } from '../payments/provider.ts';
+import { startCheckout } from '../payments/service.ts';
+import { checkSettings } from '../payments/settings.ts';
+import type { ProjectContext } from '../projects/directory.ts';
+import { linkSettingsOf } from '../users/links.ts';
+import { portalLink } from '../users/sessions.ts';
+import {
+  CHECKOUT_STYLE,
+  type Ctx,
+  foreignPost,
+  openToken,
+  problemPage,
+  TOKEN_SHAPE,
+  tokenParam,
+} from './links.ts';
+
+/**
+ * The top-up pages (no API key; signed tokens are the credentials):
+ * - `GET /topup/{token}` — with a payment provider connected, the checkout page: the user, the amount
+ *   needed, the available balance, the project's preset amounts and a custom amount, and "Pay";
+ *   otherwise redirects (303) to the project's `checkoutUrl` with `user`, `amount`, `currency` and
+ *   `project`, or shows how to top up when none is configured
+ * - `POST /topup/{token}` — the checkout page's own form (a hidden field only the page carries): creates
+ *   the provider's checkout and answers 303 to it; the provider's cancel comes back to the top-up page
+ * - `GET /payments/done/{token}` — where the provider returns after paying
+ */
+
+/** `{payment id}.{signature}`: the done page's token (a payment id is not a secret, the pairing is). */
+function doneToken(ctx: Ctx, paymentId: string): string {
+  const body = Buffer.from(paymentId).toString('base64url');
+  return `${body}.${ctx.sealer.sign(`payment-done:${body}`)}`;
+}
+
+function formProof(ctx: Ctx, token: string): string {
+  return ctx.sealer.sign(`topup-form:${token}`);
+}
+
+async function checkoutPage(
+  reply: FastifyReply,
+  ctx: Ctx,
+  input: {
+    project: ProjectContext;
+    user: string;
+    needed: string | undefined;
+    settings: Required<PaymentSettings>;
+    proof: string;
+    notice?: string | undefined;
+    error?: string | undefined;
+    status?: number;
+  },
+) {
+  const { project, user, settings } = input;
+  const currency = project.currency;
+  const money = (v: string) => `${formatForCurrency(v, currency)} ${currency.toUpperCase()}`;
+  const wallet = await findWallet(ctx.db, project.id, user);
+  const available = wallet?.available ?? '0';
+  // The first preset that covers what is needed is chosen; none does: the custom amount, prefilled.
+  const needed = input.needed && new Money(input.needed).gt(0) ? input.needed : undefined;
+  const chosen = settings.presets.find((p) => !needed || new Money(p).gte(needed));
+  const custom = chosen
+    ? ''
+    : formatForCurrency(Money.max(new Money(needed ?? settings.minimum), settings.minimum), currency);
+  const portal = portalLink(linkSettingsOf(ctx), project.id, user).url;
+  return sendPage(
+    reply,
+    input.status ?? 200,
+    `Top up your ${project.name} balance`,
+    html`${raw(CHECKOUT_STYLE)}<h1>Top up your ${project.name} balance</h1>
+${input.notice ? html`<p class="muted">${input.notice}</p>` : raw('')}
+${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
+<dl>
+<dt>Account</dt><dd>${user}</dd>
+${needed ? html`<dt>Needed</dt><dd><strong>${money(needed)}</strong></dd>` : raw('')}
+<dt>Available balance</dt><dd>${money(available)}</dd>
+</dl>
+<form method="post">
+<input type="hidden" name="confirm" value="${input.proof}">
+<fieldset>
+<legend>Amount</legend>
+<div class="amounts">
+${settings.presets.map(
+  (p) =>
+    html`<label><input type="radio" name="amount" value="${p}"${raw(p === chosen ? ' checked' : '')}>${money(p)}</label>`,
+)}
+<label><input type="radio" name="amount" value="custom"${raw(chosen ? '' : ' checked')}>Other:</label>
+</div>
+<label>Other amount (${money(settings.minimum)} to ${money(settings.maximum)}):
+<input type="text" name="custom" inputmode="decimal" value="${custom}" aria-label="Other amount"></label>
+</fieldset>
+${
+  settings.autoRecharge.offered
+    ? html`<p><label><input type="checkbox" name="saveCard" value="on"> Save this card and recharge automatically: when your available balance falls below ${money(settings.autoRecharge.threshold)}, ${money(settings.autoRecharge.amount)} is charged to it (at most ${money(settings.autoRecharge.monthlyCap)} a month; change or turn it off in your portal)</label></p>`
+    : raw('')
+}
+<button type="submit">Pay</button>
+</form>
+<p class="muted">You pay on a secure checkout page; your balance is credited as soon as the payment is confirmed. <a href="${portal}">Your balance and receipts</a></p>`,
+  );
+}
+
+/** The amount the form chose, checked against the currency and the project's minimum and maximum. */
+function chosenAmount(
+  body: Record<string, unknown>,
+  currency: string,
+  settings: Required<PaymentSettings>,
+): { ok: true; amount: string } | { ok: false; error: string } {
+  const pick = typeof body.amount === 'string' ? body.amount : '';
+  const value = pick === 'custom' || pick === '' ? String(body.custom ?? '').trim() : pick;
+  const parsed = amountSchema(currency).safeParse(value);
+  if (!parsed.success) return { ok: false, error: `Enter an amount such as ${settings.minimum}.` };
+  const amount = parsed.data;
+  if (new Money(amount).lt(settings.minimum) || new Money(amount).gt(settings.maximum)) {
+    const m = (v: string) => `${formatForCurrency(v, currency)} ${currency.toUpperCase()}`;
+    return { ok: false, error: `Choose an amount from ${m(settings.minimum)} to ${m(settings.maximum)}.` };
+  }
+  return { ok: true, amount };
+}
+
+function topupInstructionsPage(
+  reply: FastifyReply,
+  project: ProjectContext,
+  user: string,
+  amount: string | undefined,
+) {
+  const currency = project.currency.toUpperCase();
+  return sendPage(
+    reply,
+    200,
+    `Top up your ${project.name} balance`,
+    html`<h1>Top up your ${project.name} balance</h1>
+${amount ? html`<p>You need <strong>${amount} ${currency}</strong> more to continue.</p>` : raw('')}
+<p>${project.name} has not set up online top-ups yet. To add funds, contact ${project.name} and ask them to credit your balance.</p>
+<p>Mention your account id: <strong>${user}</strong></p>
+<p class="muted">Once the funds are added, go back to ${project.name} and try again.</p>`,
+  );
+}
+
+/** The checkout URL with the top-up details as query parameters (existing parameters are kept). */
+export function checkoutRedirect(
+  checkoutUrl: string,
+  input: { user: string; amount: string | undefined; currency: string; project: string },
+): string {
+  const url = new URL(checkoutUrl);
+  url.searchParams.set('user', input.user);
+  if (input.amount) url.searchParams.set('amount', input.amount);
+  url.searchParams.set('currency', input.currency);
+  url.searchParams.set('project', input.project);
+  return url.toString();
+}
+
+export async function topupPageRoutes(app: FastifyInstance): Promise<void> {
+  const ctx = app.ctx;
+
+  app.get('/topup/*', async (request, reply) => {
+    const token = tokenParam(request);
+    const opened = await openToken(reply, ctx, 'topup', token);
+    if (!opened) return reply;
+    const { project, payload } = opened;
+    const amount = typeof payload.a === 'string' ? payload.a : undefined;
+    // With a payment provider connected, the hosted checkout page.
+    const connection = await connectionOf(ctx, project.id);
+    if (connection) {
+      const cancelled = (request.query as Record<string, unknown> | undefined)?.cancelled !== undefined;
+      return checkoutPage(reply, ctx, {
+        project,
+        user: payload.u,
+        needed: amount,
+        settings: checkSettings(project.currency, connection.settings),
+        proof: formProof(ctx, token),
+        notice: cancelled ? 'The payment was cancelled; nothing was charged.' : undefined,
+      });
+    }
+    const checkoutUrl = project.settings.checkoutUrl;
+    if (checkoutUrl) {
+      const target = checkoutRedirect(checkoutUrl, {
+        user: payload.u,
+        amount,
+        currency: project.currency,
+        project: project.id,
+      });
+      return reply.headers(PRIVATE_HEADERS).redirect(target, 303);
+    }
+    return topupInstructionsPage(reply, project, payload.u, amount);
+  });
+
+  app.post('/topup/*', async (request, reply) => {
+    const token = tokenParam(request);
+    const opened = await openToken(reply, ctx, 'topup', token);
+    if (!opened) return reply;
+    const { project, payload } = opened;
+    const connection = await connectionOf(ctx, project.id);
+    if (!connection) return reply.headers(PRIVATE_HEADERS).redirect(`/topup/${token}`, 303);
+    const settings = checkSettings(project.currency, connection.settings);
+    const proof = formProof(ctx, token);
+    const needed = typeof payload.a === 'string' ? payload.a : undefined;
+    const again = (error: string, status: number) =>
+      checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status });
+    if (foreignPost(request, proof)) return again('Press Pay on this page to pay.', 400);
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    const chosen = chosenAmount(body, project.currency, settings);
+    if (!chosen.ok) return again(chosen.error, 400);
+    const saveCard = settings.autoRecharge.offered && body.saveCard === 'on';
+    try {
+      const checkout = await startCheckout(ctx, {
+        project,
+        externalId: payload.u,
+        amount: chosen.amount,
+        successUrl: (paymentId) => `${ctx.publicBaseUrl}/payments/done/${doneToken(ctx, paymentId)}`,
+        cancelUrl: `${ctx.publicBaseUrl}/topup/${token}?cancelled=1`,
+        saveCard,
+      });
+      return reply.headers(PRIVATE_HEADERS).redirect(checkout.url, 303);
+    } catch (err) {
+      if (!(err instanceof PaymentProviderError)) throw err;
+      request.log.warn({ err, projectId: project.id }, 'could not create a checkout');
+      return again('The payment page could not be opened. Please try again in a moment.', 502);
+    }
+  });
+
+  app.get('/payments/done/*', async (request, reply) => {
+    const token = tokenParam(request);
+    if (!TOKEN_SHAPE.test(token)) return problemPage(reply, 'malformed');
+    const [body, signature] = token.split('.') as [string, string];
+    if (!safeEqual(ctx.sealer.sign(`payment-done:${body}`), signature)) return problemPage(reply, 'forged');
+    const paymentId = Buffer.from(body, 'base64url').toString('utf8');
+    const payment = await ctx.db
+      .selectFrom('payments')
+      .selectAll()
+      .where('id', '=', paymentId)
+      .executeTakeFirst();
+    if (!payment) return problemPage(reply, 'forged');
+    const project = await ctx.projects.get(payment.project_id);
+    if (!project) return problemPage(reply, 'unknown_project');
+    const money = (v: string) =>
+      `${formatForCurrency(v, payment.currency)} ${payment.currency.toUpperCase()}`;
+    const wallet = await findWallet(ctx.db, project.id, payment.external_id);
+    const paid = ['paid', 'refunded', 'disputed'].includes(payment.status);
+    const portal = portalLink(linkSettingsOf(ctx), project.id, payment.external_id).url;
+    return sendPage(
+      reply,
+      200,
+      paid ? 'Payment received' : 'Payment being confirmed',
+      html`<h1>${paid ? 'Thank you — payment received' : 'Thank you — your payment is being confirmed'}</h1>
+${
+  paid
+    ? html`<p><strong>${money(payment.amount)}</strong> was added to your ${project.name} balance.</p>`
+    : html`<p>Your ${money(payment.amount)} top-up is credited as soon as the payment is confirmed, usually within seconds.</p>`
+}
+<p>Available balance: <strong>${money(wallet?.available ?? '0')}</strong></p>
+${payment.receipt_url ? html`<p><a href="${payment.receipt_url}">Receipt</a></p>` : raw('')}
+<p>You can close this page and go back to ${project.name}. <a href="${portal}">Your balance and receipts</a></p>`,
+    );
+  });
+}
