@@ -11,11 +11,12 @@ import {
 } from '../metering/api.ts';
 import type { TokenUsage } from '../metering/cost.ts';
 import { DONE, sseEvent } from '../metering/relay.ts';
+import type { LinkReply } from '../paywall/replies.ts';
+import { countText } from '../tokens/count.ts';
+import { countPromptTokens, producedText } from '../tokens/inputs.ts';
 import { type ChatUsage, type SseMessage, UpstreamError } from '../upstream/types.ts';
-import { type LinkReply, linkCompletion } from './paywall.ts';
 import { type ChatRequest, chatRequestSchema } from './schema.ts';
 import { type ChunkMeta, chunkJson, chunkMeta, messageStream, usageChunkJson } from './sse.ts';
-import { countPromptTokens, countText, producedText } from './tokens.ts';
 
 /**
  * `POST /v1/chat/completions` as a metered API. The request is forwarded as received, with the
@@ -71,6 +72,30 @@ export const chatApi: MeteredApi<ChatRequest> = {
 
   streamReader: (x) => new ChatStreamReader(x),
 };
+
+/** A non-streaming completion whose assistant message carries the link (plus `paywall` for programs). */
+export function linkCompletion(meta: ChunkMeta, link: LinkReply) {
+  return {
+    id: meta.id,
+    object: 'chat.completion',
+    created: meta.created,
+    model: meta.model,
+    choices: [
+      {
+        index: 0,
+        message: { role: 'assistant', content: link.message, refusal: null },
+        logprobs: null,
+        finish_reason: 'stop',
+      },
+    ],
+    usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 },
+    paywall: {
+      decision: link.decision,
+      url: link.url,
+      ...(link.required ? { required: link.required, available: link.available } : {}),
+    },
+  };
+}
 
 /** Chat usage in Tollgate's terms. */
 export function chatUsage(usage: ChatUsage | null | undefined): ReportedUsage | undefined {

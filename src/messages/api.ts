@@ -1,6 +1,4 @@
 import type { FastifyRequest } from 'fastify';
-import type { LinkReply } from '../chat/paywall.ts';
-import { countText, partTokens, type TextCounter } from '../chat/tokens.ts';
 import type { ApiError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import {
@@ -15,6 +13,10 @@ import {
 } from '../metering/api.ts';
 import { END_USER_HEADER } from '../metering/end-user.ts';
 import { sseEvent } from '../metering/relay.ts';
+import type { LinkReply } from '../paywall/replies.ts';
+import { countText, type TextCounter } from '../tokens/count.ts';
+import { partTokens } from '../tokens/inputs.ts';
+import type { AnthropicUsage } from '../upstream/anthropic/provider.ts';
 import { type SseMessage, UpstreamError } from '../upstream/types.ts';
 import type { ContentBlock, CountTokensRequest, MessagesRequest } from './schema.ts';
 import { messagesRequestSchema } from './schema.ts';
@@ -23,7 +25,7 @@ import { messagesRequestSchema } from './schema.ts';
  * `POST /v1/messages` (Anthropic's Messages API) as a metered API. The request is forwarded as received
  * with the provider's model name (`max_tokens`, required by the API, is the bound the hold pays for),
  * with the client's `anthropic-version` and `anthropic-beta` headers; a provider of kind
- * `openai-compatible` gets it translated to Chat Completions (src/upstream/translate.ts). Usage is read
+ * `openai-compatible` gets it translated to Chat Completions (src/upstream/anthropic/messages-over-chat.ts). Usage is read
  * from `usage` of the message, or of the stream's `message_start` and final `message_delta`:
  * `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens` are the input (cache reads
  * priced as cached input, cache writes as input), `output_tokens` the output. Stream events pass through
@@ -88,13 +90,6 @@ export function countMessagesInput(body: CountTokensRequest, count: TextCounter 
   if (body.tools?.length) tokens += count(JSON.stringify(body.tools));
   if (body.tool_choice) tokens += count(JSON.stringify(body.tool_choice));
   return tokens;
-}
-
-export interface AnthropicUsage {
-  input_tokens?: number | null;
-  output_tokens?: number | null;
-  cache_creation_input_tokens?: number | null;
-  cache_read_input_tokens?: number | null;
 }
 
 /** Anthropic's usage in Tollgate's terms: every input token (cache writes and reads included) is input. */

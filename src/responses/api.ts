@@ -1,5 +1,3 @@
-import type { LinkReply } from '../chat/paywall.ts';
-import { type AnyPart, countText, partTokens, type TextCounter } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
 import {
   type AnswerReading,
@@ -12,6 +10,9 @@ import {
   type StreamStep,
 } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
+import type { LinkReply } from '../paywall/replies.ts';
+import { countText } from '../tokens/count.ts';
+import { countResponsesInput } from '../tokens/inputs.ts';
 import { type SseMessage, UpstreamError } from '../upstream/types.ts';
 import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
@@ -23,44 +24,6 @@ import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
  * `response.completed` / `response.incomplete` / `response.failed` event. Stream events pass through
  * untouched, with their `event:` names.
  */
-/** Request fields the provider turns into input tokens besides `input` and `instructions`. */
-const INPUT_FIELDS = ['tools', 'tool_choice', 'text'] as const;
-
-/**
- * Input tokens as Tollgate counts them: each message item 4 tokens of framing plus its content (text,
- * images by OpenAI's tile rule, files, audio — as for chat), other items (function calls and their
- * outputs, reasoning, …) as their text, plus instructions and tool definitions. Earlier turns referred to
- * by `previous_response_id` or `conversation` are not known to Tollgate and not counted.
- */
-export function countResponsesInput(body: ResponsesRequest, count: TextCounter = countText): number {
-  let tokens = 3;
-  if (body.instructions) tokens += 4 + count(body.instructions);
-  const input = body.input;
-  if (typeof input === 'string') tokens += 4 + count(input);
-  else if (Array.isArray(input)) {
-    for (const item of input as Array<Record<string, unknown>>) {
-      if (item.type === undefined || item.type === 'message') {
-        tokens += 4;
-        const content = item.content;
-        if (typeof content === 'string') tokens += count(content);
-        else if (Array.isArray(content))
-          for (const part of content as AnyPart[]) tokens += partTokens(part, count);
-      } else if (item.type === 'function_call') {
-        tokens += count(`${item.name ?? ''}${item.arguments ?? ''}`);
-      } else if (item.type === 'function_call_output') {
-        tokens += count(typeof item.output === 'string' ? item.output : JSON.stringify(item.output));
-      } else {
-        tokens += count(JSON.stringify(item));
-      }
-    }
-  }
-  for (const field of INPUT_FIELDS) {
-    const value = body[field];
-    if (value !== undefined && value !== null) tokens += count(JSON.stringify(value));
-  }
-  return tokens;
-}
-
 interface ResponsesUsage {
   input_tokens?: number;
   output_tokens?: number;

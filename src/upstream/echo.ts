@@ -1,11 +1,14 @@
 import { createHash } from 'node:crypto';
-import type { ChatRequest } from '../chat/schema.ts';
-import { contentText, countPromptTokens } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
-import { countEmbeddingInput } from '../embeddings/api.ts';
-import type { EmbeddingsRequest } from '../embeddings/schema.ts';
-import { countResponsesInput } from '../responses/api.ts';
-import type { ResponsesRequest } from '../responses/schema.ts';
+import {
+  type ChatPrompt,
+  contentText,
+  countEmbeddingInput,
+  countPromptTokens,
+  countResponsesInput,
+  type EmbeddingsInput,
+  type ResponsesInput,
+} from '../tokens/inputs.ts';
 import {
   type PassthroughAnswer,
   type Provider,
@@ -28,7 +31,7 @@ const ECHO_MAX_CHARS = 2000;
  *   `stream_options.include_usage` asks for it;
  * - Responses (`input` as a string or items, bound `max_output_tokens`): a Response, or its event stream;
  * - Embeddings: a deterministic unit vector per input (8 dimensions, or `dimensions`), floats or base64;
- * - Messages: through Chat Completions, like any OpenAI-compatible provider (src/messages/translate.ts).
+ * - Messages: through Chat Completions, like any OpenAI-compatible provider (./anthropic/messages-over-chat.ts).
  * Other calls (`GET /responses/{id}`, …) answer 404, as a provider without them would.
  */
 export class EchoProvider implements Provider {
@@ -114,7 +117,10 @@ function echoText(
 }
 
 function echoReply(body: Record<string, unknown>): EchoReply {
-  const request = body as unknown as ChatRequest;
+  const request = body as unknown as ChatPrompt & {
+    max_tokens?: number | null;
+    max_completion_tokens?: number | null;
+  };
   const lastUser = [...request.messages].reverse().find((m) => m.role === 'user');
   const echo = echoText(contentText(lastUser?.content), request.max_completion_tokens ?? request.max_tokens);
   const prompt = countPromptTokens(request);
@@ -142,7 +148,7 @@ function lastResponsesInput(input: unknown): string {
 /** A completed (or, cut at `max_output_tokens`, incomplete) Response echoing the last user input. */
 function echoResponse(body: Record<string, unknown>) {
   const echo = echoText(lastResponsesInput(body.input), body.max_output_tokens as number | undefined);
-  const input = countResponsesInput(body as unknown as ResponsesRequest);
+  const input = countResponsesInput(body as ResponsesInput);
   return {
     id: newId('resp'),
     object: 'response',
@@ -218,7 +224,7 @@ async function* echoResponseStream(call: UpstreamCall): AsyncGenerator<SseMessag
 
 /** A deterministic unit vector per input (its SHA-256 spread over the dimensions), usage counted. */
 function echoEmbeddings(body: Record<string, unknown>) {
-  const request = body as unknown as EmbeddingsRequest;
+  const request = body as unknown as EmbeddingsInput;
   const raw = request.input as unknown;
   const inputs: unknown[] =
     typeof raw === 'string' || (Array.isArray(raw) && typeof raw[0] === 'number')

@@ -1,4 +1,4 @@
-import { badRequest } from '../core/errors.ts';
+import { badRequest } from '../../core/errors.ts';
 import type {
   PassthroughAnswer,
   PassthroughCall,
@@ -6,9 +6,9 @@ import type {
   SseMessage,
   UpstreamAnswer,
   UpstreamCall,
-} from '../upstream/types.ts';
-import { UpstreamError } from '../upstream/types.ts';
-import type { AnthropicUsage } from './api.ts';
+} from '../types.ts';
+import { UpstreamError } from '../types.ts';
+import type { AnthropicUsage } from './provider.ts';
 
 /**
  * Chat Completions over Anthropic's Messages API: a `POST /v1/chat/completions` whose route is a

@@ -1,5 +1,5 @@
-import { badRequest } from '../core/errors.ts';
-import { newId } from '../core/ids.ts';
+import { badRequest } from '../../core/errors.ts';
+import { newId } from '../../core/ids.ts';
 import type {
   ChatUsage,
   PassthroughAnswer,
@@ -8,8 +8,8 @@ import type {
   SseMessage,
   UpstreamAnswer,
   UpstreamCall,
-} from '../upstream/types.ts';
-import { UpstreamError } from '../upstream/types.ts';
+} from '../types.ts';
+import { UpstreamError } from '../types.ts';
 
 /**
  * Anthropic's Messages API over an OpenAI-compatible provider: a `POST /v1/messages` whose route is a
