@@ -1,20 +1,18 @@
 import type { ModelRow } from '../db/schema.ts';
-import {
-  type AnswerReading,
-  type Exchange,
-  type MeteredApi,
-  type RefusalReply,
-  type ReportedUsage,
-  reportedUsage,
-  type StreamReader,
-  type StreamStep,
-} from '../metering/api.ts';
+import type { Exchange, MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import { reportedUsage } from '../metering/api.ts';
 import type { TokenUsage } from '../metering/cost.ts';
 import { DONE, sseEvent } from '../metering/relay.ts';
 import type { LinkReply } from '../paywall/replies.ts';
 import { countText } from '../tokens/count.ts';
 import { countPromptTokens, producedText } from '../tokens/inputs.ts';
-import { type ChatUsage, type SseMessage, UpstreamError } from '../upstream/types.ts';
+import {
+  type ChatUsage,
+  type SseMessage,
+  streamError,
+  streamEventJson,
+  UpstreamError,
+} from '../upstream/types.ts';
 import { type ChatRequest, chatRequestSchema } from './schema.ts';
 import { type ChunkMeta, chunkJson, chunkMeta, messageStream, usageChunkJson } from './sse.ts';
 
@@ -43,7 +41,7 @@ export const chatApi: MeteredApi<ChatRequest> = {
     return out;
   },
 
-  read(json): AnswerReading {
+  read(json) {
     const choices = json.choices;
     if (!Array.isArray(choices)) {
       throw new UpstreamError('malformed', 'The provider returned a response without `choices`.');
@@ -61,7 +59,7 @@ export const chatApi: MeteredApi<ChatRequest> = {
     return { usage, produced, finishReason };
   },
 
-  refusal(link: LinkReply, x: Exchange<ChatRequest>): RefusalReply {
+  refusal(link, x) {
     const meta = chunkMeta(x.model.id);
     if (!x.stream) return { kind: 'json', status: 200, body: linkCompletion(meta, link) };
     return {
@@ -143,21 +141,8 @@ class ChatStreamReader implements StreamReader {
       this.#done = true;
       return { action: 'end' };
     }
-    let chunk: StreamChunk;
-    try {
-      chunk = JSON.parse(data) as StreamChunk;
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (chunk === null || typeof chunk !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
-    if (chunk.error) {
-      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-        status: 500,
-        body: data,
-      });
-    }
+    const chunk = streamEventJson<StreamChunk>(data);
+    if (chunk.error) throw streamError(data);
     this.#meta ??= {
       id: String(chunk.id ?? ''),
       created: Number(chunk.created ?? 0),

@@ -1,19 +1,11 @@
 import { newId } from '../core/ids.ts';
-import {
-  type AnswerReading,
-  type Exchange,
-  type MeteredApi,
-  type RefusalReply,
-  type ReportedUsage,
-  reportedUsage,
-  type StreamReader,
-  type StreamStep,
-} from '../metering/api.ts';
+import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import { reportedUsage } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
 import type { LinkReply } from '../paywall/replies.ts';
 import { countText } from '../tokens/count.ts';
 import { countResponsesInput } from '../tokens/inputs.ts';
-import { type SseMessage, UpstreamError } from '../upstream/types.ts';
+import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
 import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
 /**
@@ -73,7 +65,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
     return out;
   },
 
-  read(json): AnswerReading {
+  read(json) {
     if (!Array.isArray(json.output)) {
       throw new UpstreamError('malformed', 'The provider returned a response without `output`.');
     }
@@ -85,7 +77,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
     };
   },
 
-  refusal(link: LinkReply, x: Exchange<ResponsesRequest>): RefusalReply {
+  refusal(link, x) {
     const response = linkResponse(link, x.model.id);
     if (!x.stream) return { kind: 'json', status: 200, body: response };
     return { kind: 'stream', body: linkResponseStream(response, link.message) };
@@ -120,21 +112,14 @@ class ResponsesStreamReader implements StreamReader {
       this.finished ||= this.finishReason !== null;
       return { action: 'end' };
     }
-    let event: { type?: unknown; delta?: unknown; response?: { status?: unknown; usage?: ResponsesUsage } };
-    try {
-      event = JSON.parse(message.data);
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (event === null || typeof event !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
+    const event = streamEventJson<{
+      type?: unknown;
+      delta?: unknown;
+      response?: { status?: unknown; usage?: ResponsesUsage };
+    }>(message.data);
     const type = typeof event.type === 'string' ? event.type : message.event;
     if (type === 'error') {
-      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-        status: 500,
-        body: message.data,
-      });
+      throw streamError(message.data);
     }
     if (type && FINAL_EVENTS.has(type)) {
       this.finished = true;

@@ -9,14 +9,8 @@ import {
   type EmbeddingsInput,
   type ResponsesInput,
 } from '../tokens/inputs.ts';
-import {
-  type PassthroughAnswer,
-  type Provider,
-  type SseMessage,
-  type UpstreamAnswer,
-  type UpstreamCall,
-  UpstreamError,
-} from './types.ts';
+import type { PassthroughAnswer, Provider, SseMessage, UpstreamAnswer, UpstreamCall } from './types.ts';
+import { UpstreamError } from './types.ts';
 
 export const ECHO_PREFIX = '[echo provider] ';
 
@@ -48,10 +42,7 @@ export class EchoProvider implements Provider {
     chatOnly(call.path);
     const reply = echoReply(call.body);
     const json = {
-      id: newId('chatcmpl'),
-      object: 'chat.completion',
-      created: Math.floor(Date.now() / 1000),
-      model: String(call.body.model),
+      ...chatHead(call, 'chat.completion'),
       choices: [
         {
           index: 0,
@@ -262,14 +253,19 @@ function pieces(text: string): string[] {
 
 const STREAM_CHUNKS = 6;
 
-async function* echoStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
-  const reply = echoReply(call.body);
-  const base = {
+/** The fields a chat completion (or each of its chunks) opens with. */
+function chatHead(call: UpstreamCall, object: 'chat.completion' | 'chat.completion.chunk') {
+  return {
     id: newId('chatcmpl'),
-    object: 'chat.completion.chunk',
+    object,
     created: Math.floor(Date.now() / 1000),
     model: String(call.body.model),
   };
+}
+
+async function* echoStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
+  const reply = echoReply(call.body);
+  const base = chatHead(call, 'chat.completion.chunk');
   const chunk = (delta: Record<string, unknown>, finishReason: string | null = null): SseMessage => ({
     event: undefined,
     data: JSON.stringify({
@@ -279,13 +275,11 @@ async function* echoStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
   });
   yield chunk({ role: 'assistant', content: '' });
   // Split by characters (not tokens) so that no chunk ends inside a multi-byte character.
-  const chars = Array.from(reply.text);
-  const size = Math.max(1, Math.ceil(chars.length / STREAM_CHUNKS));
-  for (let i = 0; i < chars.length; i += size) {
+  for (const piece of pieces(reply.text)) {
     if (call.signal.aborted) return;
     // Let the event loop run between chunks, as a network provider would.
     await new Promise<void>((resolve) => setImmediate(resolve));
-    yield chunk({ content: chars.slice(i, i + size).join('') });
+    yield chunk({ content: piece });
   }
   yield chunk({}, reply.finishReason);
   const options = call.body.stream_options as { include_usage?: boolean } | undefined;

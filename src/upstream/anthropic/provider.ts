@@ -36,3 +36,8 @@ export interface AnthropicUsage {
   cache_creation_input_tokens?: number | null;
   cache_read_input_tokens?: number | null;
 }
+
+/** The usage of a message that cost nothing (Tollgate's own replies; a translated stream's start). */
+export function noAnthropicUsage() {
+  return { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 };
+}
