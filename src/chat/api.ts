@@ -3,7 +3,7 @@ import type { Exchange, MeteredApi, ReportedUsage, StreamReader, StreamStep } fr
 import { reportedUsage } from '../metering/api.ts';
 import type { TokenUsage } from '../metering/cost.ts';
 import { DONE, sseEvent } from '../metering/relay.ts';
-import type { LinkReply } from '../paywall/replies.ts';
+import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText } from '../tokens/count.ts';
 import { countPromptTokens, producedText } from '../tokens/inputs.ts';
 import {
@@ -87,11 +87,7 @@ export function linkCompletion(meta: ChunkMeta, link: LinkReply) {
       },
     ],
     usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 },
-    paywall: {
-      decision: link.decision,
-      url: link.url,
-      ...(link.required ? { required: link.required, available: link.available } : {}),
-    },
+    paywall: paywallField(link),
   };
 }
 

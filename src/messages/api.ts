@@ -5,7 +5,7 @@ import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../met
 import { reportedUsage } from '../metering/api.ts';
 import { END_USER_HEADER } from '../metering/end-user.ts';
 import { sseEvent } from '../metering/relay.ts';
-import type { LinkReply } from '../paywall/replies.ts';
+import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText, type TextCounter } from '../tokens/count.ts';
 import { partTokens } from '../tokens/inputs.ts';
 import { type AnthropicUsage, noAnthropicUsage } from '../upstream/anthropic/provider.ts';
@@ -287,11 +287,7 @@ export function linkMessage(link: LinkReply, model: string) {
     stop_reason: 'end_turn',
     stop_sequence: null,
     usage: noAnthropicUsage(),
-    paywall: {
-      decision: link.decision,
-      url: link.url,
-      ...(link.required ? { required: link.required, available: link.available } : {}),
-    },
+    paywall: paywallField(link),
   };
 }
 

@@ -60,3 +60,12 @@ export function linkReply(
     available,
   };
 }
+
+/** The `paywall` field of a reply that carries the link, for programs: the decision, the link, the amounts. */
+export function paywallField(link: LinkReply) {
+  return {
+    decision: link.decision,
+    url: link.url,
+    ...(link.required ? { required: link.required, available: link.available } : {}),
+  };
+}

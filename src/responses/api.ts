@@ -2,7 +2,7 @@ import { newId } from '../core/ids.ts';
 import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
 import { reportedUsage } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
-import type { LinkReply } from '../paywall/replies.ts';
+import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText } from '../tokens/count.ts';
 import { countResponsesInput } from '../tokens/inputs.ts';
 import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
@@ -176,11 +176,7 @@ export function linkResponse(link: LinkReply, model: string) {
       total_tokens: 0,
     },
     metadata: {},
-    paywall: {
-      decision: link.decision,
-      url: link.url,
-      ...(link.required ? { required: link.required, available: link.available } : {}),
-    },
+    paywall: paywallField(link),
   };
 }
 
