@@ -29,7 +29,7 @@ export default defineConfig({
 export const runtimeFiles = [
   // external (above): `tollgate dev`'s embedded Postgres
   'node_modules/@electric-sql/pglite',
-  // src/chat/tokens.ts resolves the o200k table through the package's exports
+  // src/tokens/count.ts resolves the o200k table through the package's exports
   'node_modules/gpt-tokenizer/package.json',
   'node_modules/gpt-tokenizer/data/o200k_base.tiktoken',
   // src/core/yaml.ts loads it on first use (pricing and resource files of the CLI)

@@ -6,7 +6,8 @@
  */
 import os from 'node:os';
 import { countTokens } from 'gpt-tokenizer';
-import { countText, holdPromptTokens } from '../src/chat/tokens.ts';
+import { countText } from '../src/tokens/count.ts';
+import { holdPromptTokens } from '../src/tokens/inputs.ts';
 
 const old = process.argv[2] === 'old';
 const all = process.argv[3] === 'all';

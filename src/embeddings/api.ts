@@ -1,6 +1,6 @@
-import type { LinkReply } from '../chat/paywall.ts';
-import { countText, type TextCounter } from '../chat/tokens.ts';
 import type { AnswerReading, MeteredApi, RefusalReply } from '../metering/api.ts';
+import type { LinkReply } from '../paywall/replies.ts';
+import { countEmbeddingInput } from '../tokens/inputs.ts';
 import { UpstreamError } from '../upstream/types.ts';
 import { type EmbeddingsRequest, embeddingsRequestSchema } from './schema.ts';
 
@@ -11,18 +11,6 @@ import { type EmbeddingsRequest, embeddingsRequestSchema } from './schema.ts';
  * cannot be shown a message here: the answer is 402 in OpenAI's error shape, with the link in the message
  * and in `url`.
  */
-export function countEmbeddingInput(body: EmbeddingsRequest, count: TextCounter = countText): number {
-  const input = body.input;
-  if (typeof input === 'string') return count(input);
-  let tokens = 0;
-  for (const item of input as Array<string | number | number[]>) {
-    if (typeof item === 'string') tokens += count(item);
-    else if (typeof item === 'number') tokens += 1;
-    else tokens += item.length;
-  }
-  return tokens;
-}
-
 export const embeddingsApi: MeteredApi<EmbeddingsRequest> = {
   name: 'embeddings',
   title: 'Embeddings',

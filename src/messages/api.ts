@@ -1,21 +1,15 @@
 import type { FastifyRequest } from 'fastify';
-import type { LinkReply } from '../chat/paywall.ts';
-import { countText, partTokens, type TextCounter } from '../chat/tokens.ts';
 import type { ApiError } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
-import {
-  type AnswerReading,
-  type Exchange,
-  type MeteredApi,
-  type RefusalReply,
-  type ReportedUsage,
-  reportedUsage,
-  type StreamReader,
-  type StreamStep,
-} from '../metering/api.ts';
+import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import { reportedUsage } from '../metering/api.ts';
 import { END_USER_HEADER } from '../metering/end-user.ts';
 import { sseEvent } from '../metering/relay.ts';
-import { type SseMessage, UpstreamError } from '../upstream/types.ts';
+import { type LinkReply, paywallField } from '../paywall/replies.ts';
+import { countText, type TextCounter } from '../tokens/count.ts';
+import { partTokens } from '../tokens/inputs.ts';
+import { type AnthropicUsage, noAnthropicUsage } from '../upstream/anthropic/provider.ts';
+import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
 import type { ContentBlock, CountTokensRequest, MessagesRequest } from './schema.ts';
 import { messagesRequestSchema } from './schema.ts';
 
@@ -23,8 +17,9 @@ import { messagesRequestSchema } from './schema.ts';
  * `POST /v1/messages` (Anthropic's Messages API) as a metered API. The request is forwarded as received
  * with the provider's model name (`max_tokens`, required by the API, is the bound the hold pays for),
  * with the client's `anthropic-version` and `anthropic-beta` headers; a provider of kind
- * `openai-compatible` gets it translated to Chat Completions (src/upstream/translate.ts). Usage is read
- * from `usage` of the message, or of the stream's `message_start` and final `message_delta`:
+ * `openai-compatible` gets it translated to Chat Completions
+ * (src/upstream/anthropic/messages-over-chat.ts). Usage is read from `usage` of the message, or of the
+ * stream's `message_start` and final `message_delta`:
  * `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens` are the input (cache reads
  * priced as cached input, cache writes as input), `output_tokens` the output. Stream events pass through
  * untouched, with their `event:` names.
@@ -90,13 +85,6 @@ export function countMessagesInput(body: CountTokensRequest, count: TextCounter 
   return tokens;
 }
 
-export interface AnthropicUsage {
-  input_tokens?: number | null;
-  output_tokens?: number | null;
-  cache_creation_input_tokens?: number | null;
-  cache_read_input_tokens?: number | null;
-}
-
 /** Anthropic's usage in Tollgate's terms: every input token (cache writes and reads included) is input. */
 export function messagesUsage(usage: AnthropicUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
@@ -139,7 +127,7 @@ export const messagesApi: MeteredApi<MessagesRequest> = {
     return out;
   },
 
-  read(json): AnswerReading {
+  read(json) {
     if (!Array.isArray(json.content)) {
       throw new UpstreamError('malformed', 'The provider returned a message without `content`.');
     }
@@ -151,7 +139,7 @@ export const messagesApi: MeteredApi<MessagesRequest> = {
     };
   },
 
-  refusal(link: LinkReply, x: Exchange<MessagesRequest>): RefusalReply {
+  refusal(link, x) {
     const message = linkMessage(link, x.model.id);
     if (!x.stream) return { kind: 'json', status: 200, body: message };
     return { kind: 'stream', body: linkMessageStream(message, link.message) };
@@ -233,7 +221,7 @@ class MessagesStreamReader implements StreamReader {
   }
 
   next(message: SseMessage): StreamStep {
-    let event: {
+    const event = streamEventJson<{
       type?: unknown;
       message?: { usage?: AnthropicUsage };
       usage?: AnthropicUsage;
@@ -245,22 +233,11 @@ class MessagesStreamReader implements StreamReader {
         stop_reason?: unknown;
       };
       error?: { type?: unknown };
-    };
-    try {
-      event = JSON.parse(message.data);
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (event === null || typeof event !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
+    }>(message.data);
     const type = typeof event.type === 'string' ? event.type : message.event;
     switch (type) {
       case 'error':
-        throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-          status: event.error?.type === 'overloaded_error' ? 529 : 500,
-          body: message.data,
-        });
+        throw streamError(message.data, event.error?.type === 'overloaded_error');
       case 'message_start':
         // its output_tokens is a placeholder (1): the output is final only in message_delta, and a
         // stream that breaks off before it is charged Tollgate's count of what was forwarded
@@ -309,17 +286,8 @@ export function linkMessage(link: LinkReply, model: string) {
     content: [{ type: 'text', text: link.message }],
     stop_reason: 'end_turn',
     stop_sequence: null,
-    usage: {
-      input_tokens: 0,
-      output_tokens: 0,
-      cache_creation_input_tokens: 0,
-      cache_read_input_tokens: 0,
-    },
-    paywall: {
-      decision: link.decision,
-      url: link.url,
-      ...(link.required ? { required: link.required, available: link.available } : {}),
-    },
+    usage: noAnthropicUsage(),
+    paywall: paywallField(link),
   };
 }
 

@@ -1,4 +1,4 @@
-import { holdInputTokens } from '../chat/tokens.ts';
+import { holdInputTokens } from '../tokens/count.ts';
 import { type LimitRequest, type Limits, spendCapMessage } from '../limits/index.ts';
 import { holdMarginOf } from '../models/hold-margin.ts';
 import type { ProjectContext } from '../projects/directory.ts';

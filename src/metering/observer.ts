@@ -1,5 +1,5 @@
 import type { PaywallRefusal } from '../billing/ledger.ts';
-import type { LinkReply } from '../chat/paywall.ts';
+import type { LinkReply } from '../paywall/replies.ts';
 import type { ApiError } from '../core/errors.ts';
 import type { RateRefusal, SpendRefusal } from '../limits/index.ts';
 import type { Exchange, ReportedUsage } from './api.ts';

@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
-import { linkReply } from '../chat/paywall.ts';
+import { linkReply } from '../paywall/replies.ts';
 import { Limits } from '../limits/index.ts';
 import { Router } from '../routing/router.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';

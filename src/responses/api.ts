@@ -1,18 +1,11 @@
-import type { LinkReply } from '../chat/paywall.ts';
-import { type AnyPart, countText, partTokens, type TextCounter } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
-import {
-  type AnswerReading,
-  type Exchange,
-  type MeteredApi,
-  type RefusalReply,
-  type ReportedUsage,
-  reportedUsage,
-  type StreamReader,
-  type StreamStep,
-} from '../metering/api.ts';
+import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import { reportedUsage } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
-import { type SseMessage, UpstreamError } from '../upstream/types.ts';
+import { type LinkReply, paywallField } from '../paywall/replies.ts';
+import { countText } from '../tokens/count.ts';
+import { countResponsesInput } from '../tokens/inputs.ts';
+import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
 import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
 /**
@@ -23,44 +16,6 @@ import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
  * `response.completed` / `response.incomplete` / `response.failed` event. Stream events pass through
  * untouched, with their `event:` names.
  */
-/** Request fields the provider turns into input tokens besides `input` and `instructions`. */
-const INPUT_FIELDS = ['tools', 'tool_choice', 'text'] as const;
-
-/**
- * Input tokens as Tollgate counts them: each message item 4 tokens of framing plus its content (text,
- * images by OpenAI's tile rule, files, audio — as for chat), other items (function calls and their
- * outputs, reasoning, …) as their text, plus instructions and tool definitions. Earlier turns referred to
- * by `previous_response_id` or `conversation` are not known to Tollgate and not counted.
- */
-export function countResponsesInput(body: ResponsesRequest, count: TextCounter = countText): number {
-  let tokens = 3;
-  if (body.instructions) tokens += 4 + count(body.instructions);
-  const input = body.input;
-  if (typeof input === 'string') tokens += 4 + count(input);
-  else if (Array.isArray(input)) {
-    for (const item of input as Array<Record<string, unknown>>) {
-      if (item.type === undefined || item.type === 'message') {
-        tokens += 4;
-        const content = item.content;
-        if (typeof content === 'string') tokens += count(content);
-        else if (Array.isArray(content))
-          for (const part of content as AnyPart[]) tokens += partTokens(part, count);
-      } else if (item.type === 'function_call') {
-        tokens += count(`${item.name ?? ''}${item.arguments ?? ''}`);
-      } else if (item.type === 'function_call_output') {
-        tokens += count(typeof item.output === 'string' ? item.output : JSON.stringify(item.output));
-      } else {
-        tokens += count(JSON.stringify(item));
-      }
-    }
-  }
-  for (const field of INPUT_FIELDS) {
-    const value = body[field];
-    if (value !== undefined && value !== null) tokens += count(JSON.stringify(value));
-  }
-  return tokens;
-}
-
 interface ResponsesUsage {
   input_tokens?: number;
   output_tokens?: number;
@@ -110,7 +65,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
     return out;
   },
 
-  read(json): AnswerReading {
+  read(json) {
     if (!Array.isArray(json.output)) {
       throw new UpstreamError('malformed', 'The provider returned a response without `output`.');
     }
@@ -122,7 +77,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
     };
   },
 
-  refusal(link: LinkReply, x: Exchange<ResponsesRequest>): RefusalReply {
+  refusal(link, x) {
     const response = linkResponse(link, x.model.id);
     if (!x.stream) return { kind: 'json', status: 200, body: response };
     return { kind: 'stream', body: linkResponseStream(response, link.message) };
@@ -157,21 +112,14 @@ class ResponsesStreamReader implements StreamReader {
       this.finished ||= this.finishReason !== null;
       return { action: 'end' };
     }
-    let event: { type?: unknown; delta?: unknown; response?: { status?: unknown; usage?: ResponsesUsage } };
-    try {
-      event = JSON.parse(message.data);
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (event === null || typeof event !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
+    const event = streamEventJson<{
+      type?: unknown;
+      delta?: unknown;
+      response?: { status?: unknown; usage?: ResponsesUsage };
+    }>(message.data);
     const type = typeof event.type === 'string' ? event.type : message.event;
     if (type === 'error') {
-      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-        status: 500,
-        body: message.data,
-      });
+      throw streamError(message.data);
     }
     if (type && FINAL_EVENTS.has(type)) {
       this.finished = true;
@@ -228,11 +176,7 @@ export function linkResponse(link: LinkReply, model: string) {
       total_tokens: 0,
     },
     metadata: {},
-    paywall: {
-      decision: link.decision,
-      url: link.url,
-      ...(link.required ? { required: link.required, available: link.available } : {}),
-    },
+    paywall: paywallField(link),
   };
 }
 

@@ -1,18 +1,15 @@
 import type { Agent } from 'undici';
-import type { AppContext } from '../app/context.ts';
+import type { Config } from '../config/index.ts';
 import type { ModelRoute, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
-import { ChatOverMessages } from '../messages/from-chat.ts';
-import { MessagesOverChat } from '../messages/translate.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { ECHO_UPSTREAM } from '../projects/service.ts';
-import { failed, SpanKind, type Tracing, withTraceHeaders } from '../tracing/index.ts';
+import { failed, type Span, SpanKind, type Tracing, withTraceHeaders } from '../tracing/index.ts';
+import { ChatOverMessages } from '../upstream/anthropic/chat-over-messages.ts';
+import { MessagesOverChat } from '../upstream/anthropic/messages-over-chat.ts';
+import { anthropicProvider } from '../upstream/anthropic/provider.ts';
 import { EchoProvider } from '../upstream/echo.ts';
-import {
-  anthropicProvider,
-  createUpstreamAgent,
-  OpenAICompatibleProvider,
-} from '../upstream/openai-compatible.ts';
+import { createUpstreamAgent, OpenAICompatibleProvider } from '../upstream/openai-compatible.ts';
 import {
   isAbort,
   type PassthroughAnswer,
@@ -41,6 +38,20 @@ export interface RoutingSettings {
   deadlineMs: number;
   circuitFailures: number;
   circuitCooldownMs: number;
+}
+
+/** What the router reads of the app: its settings and tracing (the app context passes itself). */
+export interface RouterHost {
+  config: Pick<
+    Config,
+    | 'ROUTING_MAX_ATTEMPTS'
+    | 'ROUTING_DEADLINE_MS'
+    | 'ROUTING_CIRCUIT_FAILURES'
+    | 'ROUTING_CIRCUIT_COOLDOWN_MS'
+    | 'UPSTREAM_RESPONSE_TIMEOUT_MS'
+    | 'TOLLGATE_ALLOW_PRIVATE_PROVIDERS'
+  >;
+  tracing: Tracing;
 }
 
 /** Receives the routing events of one request (the flow writes them after its `started` event). */
@@ -73,7 +84,7 @@ export class Router {
   readonly #blocked = new Map<string, number>();
   readonly #tracing: Tracing;
 
-  constructor(ctx: AppContext, agent: Agent) {
+  constructor(ctx: RouterHost, agent: Agent) {
     const c = ctx.config;
     this.#tracing = ctx.tracing;
     this.#settings = {
@@ -156,17 +167,7 @@ export class Router {
         attempt.abort();
       }, deadline - Date.now());
       // Tracing: one client span per attempt; its `traceparent` goes to the provider.
-      const span = this.#tracing.enabled
-        ? this.#tracing.start(
-            'tollgate.provider.attempt',
-            {
-              'tollgate.provider': candidate.route.provider,
-              'gen_ai.request.model': candidate.route.model,
-              'tollgate.attempt': attempts,
-            },
-            { kind: SpanKind.CLIENT },
-          )
-        : undefined;
+      const span = this.#tracing.enabled ? this.#attemptSpan(candidate, attempts) : undefined;
       try {
         if (!config) {
           throw new UpstreamError('connection', `The project has no provider '${candidate.route.provider}'.`);
@@ -188,32 +189,12 @@ export class Router {
         clearTimeout(timer);
         span?.setAttribute('tollgate.outcome', 'success');
         span?.end();
-        if (this.breakers.success(candidate.key)) {
-          report('routing.circuit.closed', circuitData(model, candidate));
-        }
-        if (attempts > 1) {
-          report('routing.fallback.used', {
-            model: model.id,
-            provider: candidate.route.provider,
-            upstreamModel: candidate.route.model,
-            attempts,
-            firstProvider: firstRoute.route.provider,
-          });
-        }
+        this.#answered(model, candidate, attempts, firstRoute, report);
         return answer;
       } catch (caught) {
         clearTimeout(timer);
         call.signal.removeEventListener('abort', onAbort);
-        if (span) {
-          span.setAttribute(
-            'tollgate.outcome',
-            call.signal.aborted ? 'aborted' : caught instanceof UpstreamError ? caught.kind : 'error',
-          );
-          if (caught instanceof UpstreamError && caught.upstreamStatus !== undefined)
-            span.setAttribute('http.response.status_code', caught.upstreamStatus);
-          failed(span, caught);
-          span.end();
-        }
+        if (span) endFailedAttempt(span, caught, call.signal.aborted);
         let err = caught;
         if (call.signal.aborted) {
           // The client left (or the flow stopped the request): no verdict on the route.
@@ -262,6 +243,41 @@ export class Router {
     );
   }
 
+  /** The client span of one attempt. */
+  #attemptSpan(candidate: Candidate, attempt: number): Span | undefined {
+    return this.#tracing.start(
+      'tollgate.provider.attempt',
+      {
+        'tollgate.provider': candidate.route.provider,
+        'gen_ai.request.model': candidate.route.model,
+        'tollgate.attempt': attempt,
+      },
+      { kind: SpanKind.CLIENT },
+    );
+  }
+
+  /** After a route answered: its circuit closes (reported if it was open), a fallback is reported. */
+  #answered(
+    model: ModelRow,
+    candidate: Candidate,
+    attempts: number,
+    firstRoute: Candidate,
+    report: RoutingReport,
+  ): void {
+    if (this.breakers.success(candidate.key)) {
+      report('routing.circuit.closed', circuitData(model, candidate));
+    }
+    if (attempts > 1) {
+      report('routing.fallback.used', {
+        model: model.id,
+        provider: candidate.route.provider,
+        upstreamModel: candidate.route.model,
+        attempts,
+        firstProvider: firstRoute.route.provider,
+      });
+    }
+  }
+
   /**
    * The next route to try: the first pending one whose circuit lets it through and that no Retry-After
    * keeps aside; when only kept-aside ones are left, waits for the earliest if the deadline allows.
@@ -300,8 +316,8 @@ export class Router {
     let provider = this.#providers.get(config);
     if (!provider) {
       // By kind: Anthropic's Messages API, which answers Chat Completions requests through Messages
-      // (src/messages/from-chat.ts); an OpenAI-compatible API, which answers Messages requests through
-      // Chat Completions (src/messages/translate.ts).
+      // (src/upstream/anthropic/chat-over-messages.ts); an OpenAI-compatible API, which answers Messages
+      // requests through Chat Completions (src/upstream/anthropic/messages-over-chat.ts).
       const agent = this.#agentFor(config.connectMs);
       provider =
         config.kind === 'anthropic'
@@ -340,6 +356,18 @@ function retriable(err: unknown): boolean {
   if (err.kind !== 'status') return false;
   const status = err.upstreamStatus ?? 502;
   return status === 429 || status >= 500;
+}
+
+/** Ends the span of an attempt that failed: its outcome, the provider's status, the error. */
+function endFailedAttempt(span: Span, caught: unknown, aborted: boolean): void {
+  span.setAttribute(
+    'tollgate.outcome',
+    aborted ? 'aborted' : caught instanceof UpstreamError ? caught.kind : 'error',
+  );
+  if (caught instanceof UpstreamError && caught.upstreamStatus !== undefined)
+    span.setAttribute('http.response.status_code', caught.upstreamStatus);
+  failed(span, caught);
+  span.end();
 }
 
 function circuitData(model: ModelRow, candidate: Candidate) {

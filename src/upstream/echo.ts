@@ -1,19 +1,16 @@
 import { createHash } from 'node:crypto';
-import type { ChatRequest } from '../chat/schema.ts';
-import { contentText, countPromptTokens } from '../chat/tokens.ts';
 import { newId } from '../core/ids.ts';
-import { countEmbeddingInput } from '../embeddings/api.ts';
-import type { EmbeddingsRequest } from '../embeddings/schema.ts';
-import { countResponsesInput } from '../responses/api.ts';
-import type { ResponsesRequest } from '../responses/schema.ts';
 import {
-  type PassthroughAnswer,
-  type Provider,
-  type SseMessage,
-  type UpstreamAnswer,
-  type UpstreamCall,
-  UpstreamError,
-} from './types.ts';
+  type ChatPrompt,
+  contentText,
+  countEmbeddingInput,
+  countPromptTokens,
+  countResponsesInput,
+  type EmbeddingsInput,
+  type ResponsesInput,
+} from '../tokens/inputs.ts';
+import type { PassthroughAnswer, Provider, SseMessage, UpstreamAnswer, UpstreamCall } from './types.ts';
+import { UpstreamError } from './types.ts';
 
 export const ECHO_PREFIX = '[echo provider] ';
 
@@ -28,7 +25,7 @@ const ECHO_MAX_CHARS = 2000;
  *   `stream_options.include_usage` asks for it;
  * - Responses (`input` as a string or items, bound `max_output_tokens`): a Response, or its event stream;
  * - Embeddings: a deterministic unit vector per input (8 dimensions, or `dimensions`), floats or base64;
- * - Messages: through Chat Completions, like any OpenAI-compatible provider (src/messages/translate.ts).
+ * - Messages: through Chat Completions, like any OpenAI-compatible provider (./anthropic/messages-over-chat.ts).
  * Other calls (`GET /responses/{id}`, …) answer 404, as a provider without them would.
  */
 export class EchoProvider implements Provider {
@@ -45,10 +42,7 @@ export class EchoProvider implements Provider {
     chatOnly(call.path);
     const reply = echoReply(call.body);
     const json = {
-      id: newId('chatcmpl'),
-      object: 'chat.completion',
-      created: Math.floor(Date.now() / 1000),
-      model: String(call.body.model),
+      ...chatHead(call, 'chat.completion'),
       choices: [
         {
           index: 0,
@@ -114,7 +108,10 @@ function echoText(
 }
 
 function echoReply(body: Record<string, unknown>): EchoReply {
-  const request = body as unknown as ChatRequest;
+  const request = body as unknown as ChatPrompt & {
+    max_tokens?: number | null;
+    max_completion_tokens?: number | null;
+  };
   const lastUser = [...request.messages].reverse().find((m) => m.role === 'user');
   const echo = echoText(contentText(lastUser?.content), request.max_completion_tokens ?? request.max_tokens);
   const prompt = countPromptTokens(request);
@@ -142,7 +139,7 @@ function lastResponsesInput(input: unknown): string {
 /** A completed (or, cut at `max_output_tokens`, incomplete) Response echoing the last user input. */
 function echoResponse(body: Record<string, unknown>) {
   const echo = echoText(lastResponsesInput(body.input), body.max_output_tokens as number | undefined);
-  const input = countResponsesInput(body as unknown as ResponsesRequest);
+  const input = countResponsesInput(body as ResponsesInput);
   return {
     id: newId('resp'),
     object: 'response',
@@ -218,7 +215,7 @@ async function* echoResponseStream(call: UpstreamCall): AsyncGenerator<SseMessag
 
 /** A deterministic unit vector per input (its SHA-256 spread over the dimensions), usage counted. */
 function echoEmbeddings(body: Record<string, unknown>) {
-  const request = body as unknown as EmbeddingsRequest;
+  const request = body as unknown as EmbeddingsInput;
   const raw = request.input as unknown;
   const inputs: unknown[] =
     typeof raw === 'string' || (Array.isArray(raw) && typeof raw[0] === 'number')
@@ -256,14 +253,19 @@ function pieces(text: string): string[] {
 
 const STREAM_CHUNKS = 6;
 
-async function* echoStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
-  const reply = echoReply(call.body);
-  const base = {
+/** The fields a chat completion (or each of its chunks) opens with. */
+function chatHead(call: UpstreamCall, object: 'chat.completion' | 'chat.completion.chunk') {
+  return {
     id: newId('chatcmpl'),
-    object: 'chat.completion.chunk',
+    object,
     created: Math.floor(Date.now() / 1000),
     model: String(call.body.model),
   };
+}
+
+async function* echoStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
+  const reply = echoReply(call.body);
+  const base = chatHead(call, 'chat.completion.chunk');
   const chunk = (delta: Record<string, unknown>, finishReason: string | null = null): SseMessage => ({
     event: undefined,
     data: JSON.stringify({
@@ -273,13 +275,11 @@ async function* echoStream(call: UpstreamCall): AsyncGenerator<SseMessage> {
   });
   yield chunk({ role: 'assistant', content: '' });
   // Split by characters (not tokens) so that no chunk ends inside a multi-byte character.
-  const chars = Array.from(reply.text);
-  const size = Math.max(1, Math.ceil(chars.length / STREAM_CHUNKS));
-  for (let i = 0; i < chars.length; i += size) {
+  for (const piece of pieces(reply.text)) {
     if (call.signal.aborted) return;
     // Let the event loop run between chunks, as a network provider would.
     await new Promise<void>((resolve) => setImmediate(resolve));
-    yield chunk({ content: chars.slice(i, i + size).join('') });
+    yield chunk({ content: piece });
   }
   yield chunk({}, reply.finishReason);
   const options = call.body.stream_options as { include_usage?: boolean } | undefined;

@@ -54,28 +54,6 @@ export interface ProviderHttpOptions {
   headers?: Record<string, string>;
 }
 
-/** Anthropic's API version sent when the client named none. */
-export const ANTHROPIC_VERSION = '2023-06-01';
-
-/**
- * A provider of kind `anthropic`: the Messages API at `{baseUrl}/v1/messages` (the base URL is
- * `https://api.anthropic.com`, or any URL of a compatible API, with or without its `/v1`), the key in
- * `x-api-key`, `anthropic-version` (the client's, else ANTHROPIC_VERSION) on every call.
- */
-export function anthropicProvider(
-  agent: Dispatcher,
-  baseUrl: string,
-  apiKey: string | undefined,
-  responseMs?: number,
-): OpenAICompatibleProvider {
-  const trimmed = baseUrl.replace(/\/+$/, '');
-  const base = /\/v1$/.test(trimmed) ? trimmed : `${trimmed}/v1`;
-  return new OpenAICompatibleProvider(agent, base, apiKey, responseMs, {
-    auth: 'x-api-key',
-    headers: { 'anthropic-version': ANTHROPIC_VERSION },
-  });
-}
-
 /**
  * Any OpenAI-compatible provider: `POST {baseUrl}{path}` with a bearer key, for every API Tollgate
  * meters (`/chat/completions`, `/responses`, `/embeddings`), and other calls passed through as received.

@@ -81,6 +81,28 @@ export class UpstreamError extends Error {
   }
 }
 
+/** The JSON object of one stream event; a `malformed` UpstreamError when it is not one. */
+export function streamEventJson<T extends object = Record<string, unknown>>(data: string): T {
+  let json: unknown;
+  try {
+    json = JSON.parse(data);
+  } catch {
+    throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
+  }
+  if (json === null || typeof json !== 'object') {
+    throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
+  }
+  return json as T;
+}
+
+/** A provider's error inside a stream (`overloaded`: Anthropic's `overloaded_error`, a 529). */
+export function streamError(body: string, overloaded = false): UpstreamError {
+  return new UpstreamError('status', 'The provider reported an error in the stream.', {
+    status: overloaded ? 529 : 500,
+    body,
+  });
+}
+
 /** True for the error an aborted upstream request ends with (our own abort, not a provider failure). */
 export function isAbort(err: unknown): boolean {
   const e = err as { name?: string; code?: string } | null;

@@ -1,10 +1,8 @@
 import type OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { countPromptTokens } from '../../src/chat/tokens.ts';
 import { formatForCurrency, Money } from '../../src/core/money.ts';
-import { countEmbeddingInput } from '../../src/embeddings/api.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
-import { countResponsesInput } from '../../src/responses/api.ts';
+import { countEmbeddingInput, countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { scrape, sumOf } from '../helpers/metrics-text.ts';

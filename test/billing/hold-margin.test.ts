@@ -2,15 +2,14 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chatRequestSchema } from '../../src/chat/schema.ts';
-import { countPromptTokens, promptTokensUpperBound } from '../../src/chat/tokens.ts';
 import { Money } from '../../src/core/money.ts';
-import { countEmbeddingInput } from '../../src/embeddings/api.ts';
 import { embeddingsRequestSchema } from '../../src/embeddings/schema.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
 import { DEFAULT_HOLD_MARGINS, defaultHoldMargin, tokenizerFamily } from '../../src/models/hold-margin.ts';
 import { parsePricingFile } from '../../src/models/service.ts';
-import { countResponsesInput } from '../../src/responses/api.ts';
 import { responsesRequestSchema } from '../../src/responses/schema.ts';
+import { promptTokensUpperBound } from '../../src/tokens/count.ts';
+import { countEmbeddingInput, countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { api } from '../helpers/server.ts';
 

@@ -1,9 +1,9 @@
 import { Decimal } from 'decimal.js';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { promptTokensUpperBound } from '../../src/chat/tokens.ts';
 import { formatAmount, Money } from '../../src/core/money.ts';
 import { tokenCost, tokenHold } from '../../src/metering/cost.ts';
+import { promptTokensUpperBound } from '../../src/tokens/count.ts';
 
 /**
  * The request path prices and formats amounts without decimal.js where it can (plain decimal strings,

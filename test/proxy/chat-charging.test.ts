@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { countPromptTokens, promptTokensUpperBound } from '../../src/chat/tokens.ts';
 import { Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
+import { promptTokensUpperBound } from '../../src/tokens/count.ts';
+import { countPromptTokens } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
 
 /** Exact charging per pricing mode, the hold rule, and subscriptions. */

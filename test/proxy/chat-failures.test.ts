@@ -1,8 +1,8 @@
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { countPromptTokens } from '../../src/chat/tokens.ts';
 import { Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
+import { countPromptTokens } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
 import type { MockBehavior } from '../helpers/mock-upstream.ts';
 import { seedProject } from '../helpers/server.ts';

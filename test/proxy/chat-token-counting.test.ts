@@ -4,7 +4,8 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import fc from 'fast-check';
 import { countTokens } from 'gpt-tokenizer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { boundingCounter, countPromptTokens, countText, holdPromptTokens } from '../../src/chat/tokens.ts';
+import { boundingCounter, countText } from '../../src/tokens/count.ts';
+import { countPromptTokens, holdPromptTokens } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 
 /**

@@ -4,7 +4,7 @@ import {
   IMAGE_TOKENS_BOUND,
   imageTokens,
   tiledImageTokens,
-} from '../../src/metering/media-tokens.ts';
+} from '../../src/tokens/media.ts';
 
 /** The hold's image-token rule (OpenAI's, for its vision models) and the sizes read from data URLs. */
 describe('image tokens', () => {

@@ -1,7 +1,15 @@
 import { describe, expect, it } from 'vitest';
 import { ApiError } from '../../src/core/errors.ts';
-import { chatToMessages, messagesStreamToChat, messageToChat } from '../../src/messages/from-chat.ts';
-import { chatStreamToMessages, chatToMessage, messagesToChat } from '../../src/messages/translate.ts';
+import {
+  chatToMessages,
+  messagesStreamToChat,
+  messageToChat,
+} from '../../src/upstream/anthropic/chat-over-messages.ts';
+import {
+  chatStreamToMessages,
+  chatToMessage,
+  messagesToChat,
+} from '../../src/upstream/anthropic/messages-over-chat.ts';
 import type { SseMessage } from '../../src/upstream/types.ts';
 
 /**

@@ -2,9 +2,7 @@ import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { O200K_TOKEN_SPLIT_REGEX } from 'gpt-tokenizer/encodingParams/constants';
 import { Money } from '../core/money.ts';
-import { audioTokens, fileTokens, imageTokens } from '../metering/media-tokens.ts';
 import { BpeTable } from './bpe-table.ts';
-import type { ChatMessage, ChatRequest } from './schema.ts';
 
 /**
  * Token counting for o200k_base (the encoding of current OpenAI models): gpt-tokenizer's pre-tokenizer
@@ -33,7 +31,7 @@ function o200k(): BpeTable {
     const file = createRequire(import.meta.url).resolve('gpt-tokenizer/data/o200k_base.tiktoken');
     table = new BpeTable(readFileSync(file, 'latin1'));
     // Heap keys are rank * SHIFT + start (see mergeCount).
-    if (table.size >= 2 ** 18) throw new Error('src/chat/tokens.ts: vocabulary too large');
+    if (table.size >= 2 ** 18) throw new Error('src/tokens/count.ts: vocabulary too large');
   }
   return table;
 }
@@ -61,9 +59,6 @@ const DEFAULT_PROMPT_MARGIN = '1.1';
  * few milliseconds whatever the body size.
  */
 export const EXACT_COUNT_BUDGET_BYTES = 32 * 1024;
-
-/** Request fields the provider turns into prompt tokens besides the messages. */
-const PROMPT_FIELDS = ['tools', 'functions', 'tool_choice', 'response_format'] as const;
 
 /** Counts one text: the exact o200k_base token count. */
 export type TextCounter = (text: string) => number;
@@ -311,87 +306,6 @@ function mergeCount(bpe: BpeTable, bytes: Uint8Array, n: number): number {
 }
 
 /**
- * Prompt tokens as OpenAI counts them for chat models: each message costs its content and name plus
- * 4 tokens of framing, the reply is primed with 3, and tool/function definitions count as text.
- * Content parts count by kind: text as text, images by OpenAI's tile rule (media-tokens.ts), audio by
- * its length, files by their size; an assistant's `tool_calls` count as their names and arguments.
- * `count` counts one text: exactly by default, or with a bound (see boundingCounter).
- */
-export function countPromptTokens(body: ChatRequest, count: TextCounter = countText): number {
-  let tokens = 3;
-  for (const message of body.messages) {
-    tokens += 4 + contentTokens(message.content, count);
-    if (message.name) tokens += 1 + count(message.name);
-    if (typeof message.refusal === 'string') tokens += count(message.refusal);
-    if (message.tool_calls) tokens += count(producedText({ tool_calls: message.tool_calls }));
-    if (message.function_call) tokens += count(producedText({ function_call: message.function_call }));
-    if (message.tool_call_id) tokens += count(message.tool_call_id);
-  }
-  for (const field of PROMPT_FIELDS) {
-    const value = body[field];
-    if (value !== undefined && value !== null) tokens += count(JSON.stringify(value));
-  }
-  return tokens;
-}
-
-/** Tokens of a message's content: a string, or parts of any kind. */
-export function contentTokens(content: ChatMessage['content'], count: TextCounter = countText): number {
-  if (content == null) return 0;
-  if (typeof content === 'string') return count(content);
-  let tokens = 0;
-  for (const part of content) tokens += partTokens(part, count);
-  return tokens;
-}
-
-/** A content part of either API, as far as counting reads it. */
-export interface AnyPart {
-  type: string;
-  text?: unknown;
-  refusal?: unknown;
-  /** Chat: `{url, detail}`; Responses: the URL. */
-  image_url?: unknown;
-  detail?: unknown;
-  input_audio?: { data?: unknown } | undefined;
-  file?: { file_data?: unknown } | undefined;
-  file_data?: unknown;
-}
-
-const str = (value: unknown): string => (typeof value === 'string' ? value : '');
-
-/** One content part, Chat Completions' or Responses' kinds. */
-export function partTokens(part: AnyPart, count: TextCounter = countText): number {
-  switch (part.type) {
-    case 'text':
-    case 'input_text':
-    case 'output_text':
-      return count(str(part.text));
-    case 'refusal':
-      return count(str(part.refusal));
-    case 'image_url': {
-      const image = (part.image_url ?? {}) as { url?: unknown; detail?: unknown };
-      return imageTokens(str(image.url), str(image.detail));
-    }
-    case 'input_image':
-      return imageTokens(str(part.image_url), str(part.detail));
-    case 'input_audio':
-      return audioTokens(str(part.input_audio?.data));
-    case 'file':
-      return fileTokens(str(part.file?.file_data) || undefined);
-    case 'input_file':
-      return fileTokens(str(part.file_data) || undefined);
-    default:
-      return count(JSON.stringify(part));
-  }
-}
-
-/** The text of a message's content (its text parts joined). */
-export function contentText(content: ChatMessage['content'] | undefined): string {
-  if (content == null) return '';
-  if (typeof content === 'string') return content;
-  return content.map((part) => (part.type === 'text' ? String(part.text) : '')).join('');
-}
-
-/**
  * What the hold assumes the prompt costs: the count times the model's margin for its provider's
  * tokenizer (a decimal string such as "1.25"), rounded up — exactly, in decimals.
  */
@@ -439,41 +353,4 @@ export function holdInputTokens<B>(
   const counter = boundingCounter();
   const counted = countInput(body, counter);
   return { bound: promptTokensUpperBound(counted, margin), exact: counter.exact ? counted : undefined };
-}
-
-/** The hold's bound of a chat request's prompt (holdInputTokens over countPromptTokens). */
-export function holdPromptTokens(
-  body: ChatRequest,
-  margin: string = DEFAULT_PROMPT_MARGIN,
-): { bound: number; exact: number | undefined } {
-  return holdInputTokens(countPromptTokens, body, margin);
-}
-
-interface Delta {
-  content?: unknown;
-  refusal?: unknown;
-  reasoning_content?: unknown;
-  tool_calls?: unknown;
-  function_call?: unknown;
-}
-
-/** Text a provider produced in one message or streamed delta (content, refusal, reasoning, tool arguments). */
-export function producedText(part: Delta | undefined | null): string {
-  if (!part) return '';
-  let text = '';
-  if (typeof part.content === 'string') text += part.content;
-  if (typeof part.refusal === 'string') text += part.refusal;
-  if (typeof part.reasoning_content === 'string') text += part.reasoning_content;
-  if (Array.isArray(part.tool_calls)) {
-    for (const call of part.tool_calls as Array<{ function?: { name?: unknown; arguments?: unknown } }>) {
-      if (typeof call?.function?.name === 'string') text += call.function.name;
-      if (typeof call?.function?.arguments === 'string') text += call.function.arguments;
-    }
-  }
-  const fn = part.function_call as { name?: unknown; arguments?: unknown } | undefined;
-  if (fn) {
-    if (typeof fn.name === 'string') text += fn.name;
-    if (typeof fn.arguments === 'string') text += fn.arguments;
-  }
-  return text;
 }

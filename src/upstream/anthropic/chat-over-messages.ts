@@ -1,14 +1,8 @@
-import { badRequest } from '../core/errors.ts';
-import type {
-  PassthroughAnswer,
-  PassthroughCall,
-  Provider,
-  SseMessage,
-  UpstreamAnswer,
-  UpstreamCall,
-} from '../upstream/types.ts';
-import { UpstreamError } from '../upstream/types.ts';
-import type { AnthropicUsage } from './api.ts';
+import { badRequest } from '../../core/errors.ts';
+import type { Provider, SseMessage, UpstreamCall } from '../types.ts';
+import { streamError, streamEventJson, UpstreamError } from '../types.ts';
+import type { AnthropicUsage } from './provider.ts';
+import { TranslatingProvider } from './translating-provider.ts';
 
 /**
  * Chat Completions over Anthropic's Messages API: a `POST /v1/chat/completions` whose route is a
@@ -280,32 +274,17 @@ export async function* messagesStreamToChat(
   const usage: AnthropicUsage = {};
   let stop: unknown;
   const tools = new Map<number, number>(); // block index → tool call index
-  const chunk = (delta: Json, finish: string | null = null): SseMessage => ({
+  const chatChunk = (fields: Json): SseMessage => ({
     event: undefined,
-    data: JSON.stringify({
-      id,
-      object: 'chat.completion.chunk',
-      created,
-      model,
-      choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
-    }),
+    data: JSON.stringify({ id, object: 'chat.completion.chunk', created, model, ...fields }),
   });
+  const chunk = (delta: Json, finish: string | null = null): SseMessage =>
+    chatChunk({ choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
   for await (const message of events) {
-    let event: Json;
-    try {
-      event = JSON.parse(message.data) as Json;
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (event === null || typeof event !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
+    const event = streamEventJson(message.data);
     switch (event.type) {
       case 'error':
-        throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-          status: (event.error as Json | undefined)?.type === 'overloaded_error' ? 529 : 500,
-          body: message.data,
-        });
+        throw streamError(message.data, (event.error as Json | undefined)?.type === 'overloaded_error');
       case 'message_start': {
         const started = (event.message ?? {}) as Json;
         id = chatId(started.id);
@@ -344,17 +323,7 @@ export async function* messagesStreamToChat(
         break;
       case 'message_stop':
         yield chunk({}, finishReason(stop));
-        yield {
-          event: undefined,
-          data: JSON.stringify({
-            id,
-            object: 'chat.completion.chunk',
-            created,
-            model,
-            choices: [],
-            usage: chatUsageOf(usage),
-          }),
-        };
+        yield chatChunk({ choices: [], usage: chatUsageOf(usage) });
         yield { event: undefined, data: '[DONE]' };
         return;
     }
@@ -373,28 +342,10 @@ function numbers(value: unknown): AnthropicUsage {
  * A provider of kind `anthropic`: the Messages API natively, Chat Completions translated to it; the
  * Responses and Embeddings APIs are refused with a 400 that says so.
  */
-export class ChatOverMessages implements Provider {
-  readonly #inner: Provider;
-
+export class ChatOverMessages extends TranslatingProvider {
   constructor(inner: Provider) {
-    this.#inner = inner;
-  }
-
-  async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
-    if (call.path === '/messages') return this.#inner.complete(call);
-    const answer = await this.#inner.complete(messagesCall(call));
-    const json = messageToChat(answer.json, String(call.body.model));
-    return { text: JSON.stringify(json), json };
-  }
-
-  async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
-    if (call.path === '/messages') return this.#inner.stream(call);
-    const events = await this.#inner.stream(messagesCall(call));
-    return messagesStreamToChat(events, String(call.body.model));
-  }
-
-  passthrough(call: PassthroughCall): Promise<PassthroughAnswer> {
-    return this.#inner.passthrough(call);
+    const passes = (path: string) => path === '/messages';
+    super(inner, { passes, call: messagesCall, answer: messageToChat, stream: messagesStreamToChat });
   }
 }
 

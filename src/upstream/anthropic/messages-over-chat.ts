@@ -1,15 +1,9 @@
-import { badRequest } from '../core/errors.ts';
-import { newId } from '../core/ids.ts';
-import type {
-  ChatUsage,
-  PassthroughAnswer,
-  PassthroughCall,
-  Provider,
-  SseMessage,
-  UpstreamAnswer,
-  UpstreamCall,
-} from '../upstream/types.ts';
-import { UpstreamError } from '../upstream/types.ts';
+import { badRequest } from '../../core/errors.ts';
+import { newId } from '../../core/ids.ts';
+import type { ChatUsage, Provider, SseMessage, UpstreamCall } from '../types.ts';
+import { streamError, streamEventJson, UpstreamError } from '../types.ts';
+import { noAnthropicUsage } from './provider.ts';
+import { TranslatingProvider } from './translating-provider.ts';
 
 /**
  * Anthropic's Messages API over an OpenAI-compatible provider: a `POST /v1/messages` whose route is a
@@ -321,21 +315,8 @@ export async function* chatStreamToMessages(
       yield event('message_stop', {});
       return;
     }
-    let chunk: Json;
-    try {
-      chunk = JSON.parse(message.data) as Json;
-    } catch {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not JSON.');
-    }
-    if (chunk === null || typeof chunk !== 'object') {
-      throw new UpstreamError('malformed', 'The provider sent a stream event that is not a JSON object.');
-    }
-    if (chunk.error) {
-      throw new UpstreamError('status', 'The provider reported an error in the stream.', {
-        status: 500,
-        body: message.data,
-      });
-    }
+    const chunk = streamEventJson(message.data);
+    if (chunk.error) throw streamError(message.data);
     if (!started) {
       started = true;
       yield event('message_start', {
@@ -347,12 +328,7 @@ export async function* chatStreamToMessages(
           content: [],
           stop_reason: null,
           stop_sequence: null,
-          usage: {
-            input_tokens: 0,
-            output_tokens: 0,
-            cache_creation_input_tokens: 0,
-            cache_read_input_tokens: 0,
-          },
+          usage: noAnthropicUsage(),
         },
       });
     }
@@ -403,28 +379,10 @@ export async function* chatStreamToMessages(
  * An OpenAI-compatible provider (or the echo provider) that also answers the Messages API, through
  * Chat Completions; every other call goes to it as is.
  */
-export class MessagesOverChat implements Provider {
-  readonly #inner: Provider;
-
+export class MessagesOverChat extends TranslatingProvider {
   constructor(inner: Provider) {
-    this.#inner = inner;
-  }
-
-  async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
-    if (call.path !== '/messages') return this.#inner.complete(call);
-    const answer = await this.#inner.complete(chatCall(call));
-    const json = chatToMessage(answer.json, String(call.body.model));
-    return { text: JSON.stringify(json), json };
-  }
-
-  async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
-    if (call.path !== '/messages') return this.#inner.stream(call);
-    const chunks = await this.#inner.stream(chatCall(call));
-    return chatStreamToMessages(chunks, String(call.body.model));
-  }
-
-  passthrough(call: PassthroughCall): Promise<PassthroughAnswer> {
-    return this.#inner.passthrough(call);
+    const passes = (path: string) => path !== '/messages';
+    super(inner, { passes, call: chatCall, answer: chatToMessage, stream: chatStreamToMessages });
   }
 }
 

@@ -1,14 +1,14 @@
-import type { AppContext } from '../app/context.ts';
 import type { PaywallRefusal } from '../billing/ledger.ts';
+import type { Sealer } from '../core/crypto.ts';
 import { currencyDecimals, formatForCurrency, Money } from '../core/money.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { connectReply, topupReply } from '../users/links.ts';
-import type { ChunkMeta } from './sse.ts';
 
 /**
  * The paywall's two refusals, as ordinary assistant messages: a user who is not connected gets a
  * connect link, a connected user whose balance cannot cover the request gets a top-up link. Links are
- * signed and expire (../users/links.ts); the message text is the project's template.
+ * signed and expire (../users/links.ts); the message text is the project's template. Each API shows the
+ * reply in its own shape (a chat completion, a Responses response, an Anthropic message, a 402).
  */
 /** `spend_cap_reached`: the user is at a spend cap (src/limits); the message says when it resets. */
 export type PaywallDecision = 'connect_required' | 'topup_required' | 'spend_cap_reached';
@@ -22,8 +22,15 @@ export interface LinkReply {
   available?: string;
 }
 
+/** What signing a link needs (the app context passes itself). */
+export interface LinkSigning {
+  sealer: Sealer;
+  publicBaseUrl: string;
+  config: { LINK_TOKEN_TTL_SECONDS: number };
+}
+
 export function linkReply(
-  ctx: AppContext,
+  ctx: LinkSigning,
   project: ProjectContext,
   externalId: string,
   refusal: PaywallRefusal,
@@ -54,26 +61,11 @@ export function linkReply(
   };
 }
 
-/** A non-streaming completion whose assistant message carries the link (plus `paywall` for programs). */
-export function linkCompletion(meta: ChunkMeta, link: LinkReply) {
+/** The `paywall` field of a reply that carries the link, for programs: the decision, the link, the amounts. */
+export function paywallField(link: LinkReply) {
   return {
-    id: meta.id,
-    object: 'chat.completion',
-    created: meta.created,
-    model: meta.model,
-    choices: [
-      {
-        index: 0,
-        message: { role: 'assistant', content: link.message, refusal: null },
-        logprobs: null,
-        finish_reason: 'stop',
-      },
-    ],
-    usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 },
-    paywall: {
-      decision: link.decision,
-      url: link.url,
-      ...(link.required ? { required: link.required, available: link.available } : {}),
-    },
+    decision: link.decision,
+    url: link.url,
+    ...(link.required ? { required: link.required, available: link.available } : {}),
   };
 }

@@ -1,0 +1,43 @@
+import type { Dispatcher } from 'undici';
+import { OpenAICompatibleProvider } from '../openai-compatible.ts';
+
+/**
+ * The client of Anthropic's Messages API: the same HTTP client as an OpenAI-compatible provider, with
+ * Anthropic's base path, key header and version header. The translations between the Messages API and
+ * Chat Completions are beside it (./chat-over-messages.ts, ./messages-over-chat.ts).
+ */
+
+/** Anthropic's API version sent when the client named none. */
+export const ANTHROPIC_VERSION = '2023-06-01';
+
+/**
+ * A provider of kind `anthropic`: the Messages API at `{baseUrl}/v1/messages` (the base URL is
+ * `https://api.anthropic.com`, or any URL of a compatible API, with or without its `/v1`), the key in
+ * `x-api-key`, `anthropic-version` (the client's, else ANTHROPIC_VERSION) on every call.
+ */
+export function anthropicProvider(
+  agent: Dispatcher,
+  baseUrl: string,
+  apiKey: string | undefined,
+  responseMs?: number,
+): OpenAICompatibleProvider {
+  const trimmed = baseUrl.replace(/\/+$/, '');
+  const base = /\/v1$/.test(trimmed) ? trimmed : `${trimmed}/v1`;
+  return new OpenAICompatibleProvider(agent, base, apiKey, responseMs, {
+    auth: 'x-api-key',
+    headers: { 'anthropic-version': ANTHROPIC_VERSION },
+  });
+}
+
+/** Anthropic's `usage` as its messages and events report it (the fields Tollgate reads). */
+export interface AnthropicUsage {
+  input_tokens?: number | null;
+  output_tokens?: number | null;
+  cache_creation_input_tokens?: number | null;
+  cache_read_input_tokens?: number | null;
+}
+
+/** The usage of a message that cost nothing (Tollgate's own replies; a translated stream's start). */
+export function noAnthropicUsage() {
+  return { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 };
+}
