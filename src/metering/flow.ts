@@ -3,8 +3,6 @@ import type { FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import type { PaywallRefusal } from '../billing/ledger.ts';
 import type { BillingService, Hold } from '../billing/service.ts';
-import type { LinkReply } from '../paywall/replies.ts';
-import { holdInputTokens } from '../tokens/count.ts';
 import type { Config } from '../config/index.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
@@ -13,8 +11,10 @@ import type { ModelEndpoint } from '../db/schema.ts';
 import { rateLimitHeaders } from '../limits/index.ts';
 import { holdMarginOf } from '../models/hold-margin.ts';
 import { endpointsOf } from '../models/pricing.ts';
+import type { LinkReply } from '../paywall/replies.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import type { Router } from '../routing/router.ts';
+import { holdInputTokens } from '../tokens/count.ts';
 import type { Span } from '../tracing/index.ts';
 import {
   isAbort,

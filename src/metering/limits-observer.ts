@@ -1,7 +1,7 @@
-import { holdInputTokens } from '../tokens/count.ts';
 import { type LimitRequest, type Limits, spendCapMessage } from '../limits/index.ts';
 import { holdMarginOf } from '../models/hold-margin.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import { holdInputTokens } from '../tokens/count.ts';
 import type { Exchange } from './api.ts';
 import type { TokenUsage } from './cost.ts';
 import type { Ending, MeteringObserver, Refusal } from './observer.ts';

@@ -1,7 +1,7 @@
 import type { PaywallRefusal } from '../billing/ledger.ts';
-import type { LinkReply } from '../paywall/replies.ts';
 import type { ApiError } from '../core/errors.ts';
 import type { RateRefusal, SpendRefusal } from '../limits/index.ts';
+import type { LinkReply } from '../paywall/replies.ts';
 import type { Exchange, ReportedUsage } from './api.ts';
 import type { TokenUsage } from './cost.ts';
 

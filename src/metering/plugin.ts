@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
-import { linkReply } from '../paywall/replies.ts';
 import { Limits } from '../limits/index.ts';
+import { linkReply } from '../paywall/replies.ts';
 import { Router } from '../routing/router.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import { EventsObserver } from './events-observer.ts';
