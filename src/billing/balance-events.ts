@@ -31,7 +31,8 @@ export type Fact =
   | 'activityId'
   | 'holdAmount';
 
-type Comparison = readonly [Quantity, '<' | '<=' | '>' | '>=', Quantity | 0];
+/** `balance < threshold`, `charged > 0`, …: typed, and read by both the SQL and the TypeScript side. */
+type Comparison = `${Quantity} ${'<' | '<=' | '>' | '>='} ${Quantity | 0}`;
 
 interface BalanceEventRule {
   /** Written when every comparison holds. */
@@ -52,13 +53,18 @@ const WALLET = {
   externalUserId: 'externalUserId',
 } as const;
 
+/** The events that describe the charge: with its metadata, also for a reversal. */
+const OF_CHARGE = { metadata: true, reversals: true } as const;
+/** The wallet's alerts: without the charge's metadata, not for a reversal. */
+const ALERT = { metadata: false, reversals: false } as const;
+
 /**
  * Which balance events a charge emits, in the order they are written (see the event catalog for the
  * meaning of each field).
  */
 export const BALANCE_EVENTS = {
   'balance.charge.created': {
-    when: [['charged', '>', 0]],
+    when: ['charged > 0'],
     data: {
       ...WALLET,
       amount: 'amount',
@@ -67,15 +73,11 @@ export const BALANCE_EVENTS = {
       activityId: 'activityId',
       balance: 'balance',
     },
-    metadata: true,
-    reversals: true,
+    ...OF_CHARGE,
   },
   /** The charge left the balance below zero: `amount` is the part of it the balance did not cover. */
   'balance.debt.created': {
-    when: [
-      ['charged', '>', 0],
-      ['balance', '<', 0],
-    ],
+    when: ['charged > 0', 'balance < 0'],
     data: {
       ...WALLET,
       amount: 'uncovered',
@@ -87,15 +89,11 @@ export const BALANCE_EVENTS = {
       debt: 'debt',
       balance: 'balance',
     },
-    metadata: true,
-    reversals: true,
+    ...OF_CHARGE,
   },
   /** Once per crossing: only a charge from at or above the threshold (the user's own, else the project's). */
   'balance.low': {
-    when: [
-      ['balance', '<', 'threshold'],
-      ['before', '>=', 'threshold'],
-    ],
+    when: ['balance < threshold', 'before >= threshold'],
     data: {
       ...WALLET,
       balance: 'balance',
@@ -103,23 +101,24 @@ export const BALANCE_EVENTS = {
       threshold: 'threshold',
       currency: 'currency',
     },
-    metadata: false,
-    reversals: false,
+    ...ALERT,
   },
   'balance.depleted': {
-    when: [
-      ['balance', '<=', 0],
-      ['before', '>', 0],
-    ],
+    when: ['balance <= 0', 'before > 0'],
     data: { ...WALLET, balance: 'balance', available: 'available', currency: 'currency' },
-    metadata: false,
-    reversals: false,
+    ...ALERT,
   },
 } as const satisfies Record<string, BalanceEventRule>;
 
 export type BalanceEventType = keyof typeof BALANCE_EVENTS;
 
 const RULES = Object.entries(BALANCE_EVENTS) as Array<[BalanceEventType, BalanceEventRule]>;
+
+/** A comparison's quantity, operator and quantity (or 0). */
+function parts(comparison: Comparison): [Quantity, '<' | '<=' | '>' | '>=', Quantity | 0] {
+  const [a, op, b] = comparison.split(' ') as [Quantity, '<' | '<=' | '>' | '>=', string];
+  return [a, op, b === '0' ? 0 : (b as Quantity)];
+}
 
 // ---- SQL: over a row of the settle statement (statements.ts `applySlices`) ----
 
@@ -146,7 +145,10 @@ const isQuantity = (source: string): source is Quantity => source in QUANTITY_SQ
 export function balanceEventConditionSql(): string {
   const whens = RULES.map(
     ([type, rule]) =>
-      `WHEN '${type}' THEN ${rule.when.map(([a, op, b]) => `${QUANTITY_SQL[a]} ${op} ${b === 0 ? '0' : QUANTITY_SQL[b]}`).join(' AND ')}`,
+      `WHEN '${type}' THEN ${rule.when
+        .map(parts)
+        .map(([a, op, b]) => `${QUANTITY_SQL[a]} ${op} ${b === 0 ? '0' : QUANTITY_SQL[b]}`)
+        .join(' AND ')}`,
   );
   return `CASE j->>'type'\n${whens.map((w) => `               ${w}\n`).join('')}               ELSE true END`;
 }
@@ -220,7 +222,8 @@ function quantities(outcome: ChargeOutcome): Record<Quantity, Money | null> {
   };
 }
 
-function holds(q: Record<Quantity, Money | null>, [a, op, b]: Comparison): boolean {
+function holds(q: Record<Quantity, Money | null>, comparison: Comparison): boolean {
+  const [a, op, b] = parts(comparison);
   const left = q[a];
   const right = b === 0 ? new Money(0) : q[b];
   if (left === null || right === null) return false;

@@ -16,7 +16,6 @@ import {
   applySlices,
   type ChargeRecord,
   expireSlices,
-  NO_CHARGE,
   NO_ROW,
   NOT_FOUND,
   renewSlices,
@@ -530,6 +529,17 @@ function walletKey(projectId: string, id: string): string {
  */
 const APPLY_PARALLEL = 1;
 const TAKE_PARALLEL = 2;
+
+/** A change that charges nothing (a slice given back, or a release). */
+const NO_CHARGE: ChargeRecord = {
+  charged: '0',
+  entryId: '',
+  source: '',
+  description: null,
+  metadata: '{}',
+  events: null,
+  threshold: null,
+};
 
 /** Retries a statement after a transient database failure (it is idempotent). */
 async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {

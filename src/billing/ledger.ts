@@ -115,7 +115,8 @@ export function moneyEventData(
   };
 }
 
-export interface DepositInput {
+/** A movement of money of one wallet: a deposit, a charge or a reversal. */
+export interface MoneyInput {
   project: LedgerProject;
   externalId: string;
   amount: string;
@@ -124,6 +125,8 @@ export interface DepositInput {
   metadata?: Record<string, unknown> | undefined;
   description?: string | undefined;
 }
+
+export type DepositInput = MoneyInput;
 
 export interface DepositResult {
   entry: LedgerEntry;
@@ -194,14 +197,7 @@ async function credit(
   return { amount, user };
 }
 
-export interface ChargeInput {
-  project: LedgerProject;
-  externalId: string;
-  amount: string;
-  source: string;
-  trigger: Trigger;
-  metadata?: Record<string, unknown> | undefined;
-  description?: string | undefined;
+export interface ChargeInput extends MoneyInput {
   /** The project's `lowBalanceThreshold` (a user's own threshold overrides it). */
   lowBalanceThreshold?: string | undefined;
 }
@@ -268,7 +264,7 @@ export async function charge(
 
 /** The facts of a charge or reversal's balance events (balance-events.ts). */
 function chargeFacts(
-  input: ChargeInput | ReverseInput,
+  input: MoneyInput,
   user: Pick<EndUser, 'id' | 'external_id'>,
   amount: string,
   activityId: string,
@@ -480,7 +476,7 @@ export async function expireGrants(
 /** Appends the ledger entry of a deposit or charge, with the wallet's values after it. */
 function writeEntry(
   tx: Transaction<DB>,
-  input: DepositInput | ChargeInput,
+  input: MoneyInput,
   user: Pick<EndUser, 'id' | 'balance' | 'held'>,
   kind: 'deposit' | 'charge' | 'grant' | 'grant_expiry',
   amount: string,
@@ -516,16 +512,8 @@ export async function refusal(
   return { ok: false, reason: 'insufficient_balance', wallet, required: formatAmount(required) };
 }
 
-export interface ReverseInput {
-  project: LedgerProject;
-  externalId: string;
-  /** What the provider took back (a refund or a dispute). */
-  amount: string;
-  source: string;
-  trigger: Trigger;
-  metadata?: Record<string, unknown> | undefined;
-  description?: string | undefined;
-}
+/** A reversal: `amount` is what the provider took back (a refund or a dispute). */
+export type ReverseInput = MoneyInput;
 
 export interface ReverseResult {
   /** What the wallet gave back: the whole amount (below zero when the balance cannot cover it). */

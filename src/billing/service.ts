@@ -260,18 +260,14 @@ export class BillingService {
   }
 
   /** Credits a wallet (creating the user when unknown); in `within` when given (see `transaction`). */
-  async deposit(input: DepositInput, within?: Transaction<DB>): Promise<DepositResult> {
-    return this.#moving(within, async (tx, after) => {
-      const result = await deposit(tx, this.#events, input);
-      after(() => {
-        if (result.event) this.#events.wake();
-        this.#metrics.deposited.inc(
-          { project: input.project.id, currency: input.project.currency },
-          Number(input.amount),
-        );
-      });
-      return result;
-    });
+  deposit(input: DepositInput, within?: Transaction<DB>): Promise<DepositResult> {
+    const labels = { project: input.project.id, currency: input.project.currency };
+    return this.#crediting(
+      within,
+      input.amount,
+      (tx) => deposit(tx, this.#events, input),
+      (amount) => this.#metrics.deposited.inc(labels, amount),
+    );
   }
 
   /**
@@ -312,15 +308,28 @@ export class BillingService {
   }
 
   /** Grants credit to a wallet (creating the user when unknown); in `within` when given. */
-  async grant(input: GrantInput, within?: Transaction<DB>): Promise<GrantResult> {
+  grant(input: GrantInput, within?: Transaction<DB>): Promise<GrantResult> {
+    const labels = { project: input.project.id, currency: input.project.currency, reason: input.reason };
+    return this.#crediting(
+      within,
+      input.amount,
+      (tx) => grant(tx, this.#events, input),
+      (amount) => this.#metrics.granted.inc(labels, amount),
+    );
+  }
+
+  /** A credit (deposit or grant) in `within` or a transaction of its own; once committed, its event is sent and `count`ed. */
+  #crediting<T extends { event: EventEnvelope | undefined }>(
+    within: Transaction<DB> | undefined,
+    amount: string,
+    credit: (tx: Transaction<DB>) => Promise<T>,
+    count: (amount: number) => void,
+  ): Promise<T> {
     return this.#moving(within, async (tx, after) => {
-      const result = await grant(tx, this.#events, input);
+      const result = await credit(tx);
       after(() => {
         if (result.event) this.#events.wake();
-        this.#metrics.granted.inc(
-          { project: input.project.id, currency: input.project.currency, reason: input.reason },
-          Number(input.amount),
-        );
+        count(Number(amount));
       });
       return result;
     });

@@ -126,17 +126,6 @@ export interface ApplyRow {
   granted: string | null;
 }
 
-/** A change that charges nothing (a slice given back, or a release). */
-export const NO_CHARGE: ChargeRecord = {
-  charged: '0',
-  entryId: '',
-  source: '',
-  description: null,
-  metadata: '{}',
-  events: null,
-  threshold: null,
-};
-
 /** The row of a change the statement returned none for: the wallet did not change. */
 export const NO_ROW: Omit<ApplyRow, 'slice_id'> = {
   open: true,

@@ -413,13 +413,14 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
   for (const [i, id] of ids.entries()) {
     const w = model[i]!;
     const wallet = (await findWallet(ctx.db, project.id, id))!;
-    await compareEvents(ctx, project, id, wallet.userId, THRESHOLDS[i]!);
     const entries = await ctx.db
       .selectFrom('ledger_entries')
-      .select('amount')
+      .select(['id', 'kind', 'amount', 'balance_after', 'held_after'])
       .where('user_id', '=', wallet.userId)
       .orderBy('id')
       .execute();
+    const charges = entries.filter((e) => e.kind === 'charge');
+    await compareEvents(ctx, project, id, wallet.userId, charges, THRESHOLDS[i]!);
     const openHolds = await ctx.db
       .selectFrom('holds')
       .select(['id', 'amount'])
@@ -461,10 +462,7 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
   }
 }
 
-type Rule = {
-  when: ReadonlyArray<readonly [string, string, string | 0]>;
-  data: Readonly<Record<string, string>>;
-};
+type Rule = { when: readonly string[]; data: Readonly<Record<string, string>> };
 const RULES = Object.entries(BALANCE_EVENTS) as Array<[string, Rule]>;
 /** The amounts a rule decides on and fills in: the wallet after the charge. */
 const QUANTITIES = new Set(['charged', 'balance', 'before', 'available', 'threshold', 'debt', 'uncovered']);
@@ -492,9 +490,10 @@ function eventsOfCharge(
     op === '<' ? l.lt(r) : op === '<=' ? l.lte(r) : op === '>' ? l.gt(r) : l.gte(r);
   const out: Array<Record<string, string>> = [];
   for (const [type, rule] of RULES) {
-    const fires = rule.when.every(([a, op, b]) => {
+    const fires = rule.when.every((comparison) => {
+      const [a, op, b] = comparison.split(' ') as [string, string, string];
       const l = q[a];
-      const r = b === 0 ? new Money(0) : q[b];
+      const r = b === '0' ? new Money(0) : q[b];
       return l != null && r != null && compares(l, op, r);
     });
     if (!fires) continue;
@@ -508,20 +507,15 @@ function eventsOfCharge(
   return out;
 }
 
-/** The wallet's balance events written equal, as a whole, those the table says its charges emit. */
+/** The wallet's balance events written equal, as a whole, those the table says its charges (entries) emit. */
 async function compareEvents(
   ctx: AppContext,
   project: Project,
   id: string,
   userId: string,
+  charges: Array<{ id: string; amount: string; balance_after: string; held_after: string }>,
   threshold: { own?: string; project?: string },
 ) {
-  const charges = await ctx.db
-    .selectFrom('ledger_entries')
-    .select(['id', 'amount', 'balance_after', 'held_after'])
-    .where('user_id', '=', userId)
-    .where('kind', '=', 'charge')
-    .execute();
   const written = await ctx.db
     .selectFrom('events')
     .select(['type', 'envelope'])
