@@ -42,8 +42,8 @@ import {
  * A slice comes back (its rest returns to the available balance):
  * - when idle (`idleMs` without a request and none in flight; 0: as soon as its last request settles —
  *   then a slice is exactly a hold per request, shared by the wallet's concurrent requests);
- * - when another pod (or a charge, a grant expiry) needs the balance: it asks on the bus (`reclaim`), and
- *   every pod holding a slice of that wallet gives back its free part at once;
+ * - when another pod (or a charge, a grant expiry) needs the balance: it asks on the bus (`reclaim`,
+ *   reclaims.ts), and every pod holding a slice of that wallet gives back its free part at once;
  * - on shutdown;
  * - when its pod died: a slice is renewed while its pod lives; the sweeper releases one not renewed
  *   within `ttlSeconds`.
