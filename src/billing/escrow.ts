@@ -7,7 +7,22 @@ import { formatAmount, Money } from '../core/money.ts';
 import type { DatabaseHandle } from '../db/index.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import { GroupCommit } from './group-commit.ts';
-import { applySlices, expireSlices, renewSlices, takeSlices } from './statements.ts';
+import { Reclaims } from './reclaims.ts';
+import { type Reservation, Slice } from './slice.ts';
+import {
+  type ApplyItem,
+  type ApplyRow,
+  applyParameters,
+  applySlices,
+  type ChargeRecord,
+  expireSlices,
+  NO_ROW,
+  NOT_FOUND,
+  renewSlices,
+  type TakeItem,
+  type TakeRow,
+  takeSlices,
+} from './statements.ts';
 
 /**
  * Escrow: how a pod admits a busy wallet's requests without a database round trip.
@@ -27,8 +42,8 @@ import { applySlices, expireSlices, renewSlices, takeSlices } from './statements
  * A slice comes back (its rest returns to the available balance):
  * - when idle (`idleMs` without a request and none in flight; 0: as soon as its last request settles —
  *   then a slice is exactly a hold per request, shared by the wallet's concurrent requests);
- * - when another pod (or a charge, a grant expiry) needs the balance: it asks on the bus (`reclaim`), and
- *   every pod holding a slice of that wallet gives back its free part at once;
+ * - when another pod (or a charge, a grant expiry) needs the balance: it asks on the bus (`reclaim`,
+ *   reclaims.ts), and every pod holding a slice of that wallet gives back its free part at once;
  * - on shutdown;
  * - when its pod died: a slice is renewed while its pod lives; the sweeper releases one not renewed
  *   within `ttlSeconds`.
@@ -42,13 +57,11 @@ export class Escrow {
   /** This pod, as slices name it (`holds.owner`). */
   readonly owner = `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
   readonly #database: DatabaseHandle;
-  readonly #bus: Bus;
   readonly #metrics: Metrics;
   readonly #log: Logger;
   readonly #ttlSeconds: number;
   readonly #idleMs: number;
   readonly #sliceRequests: number;
-  readonly #reclaimTimeoutMs: number;
   /** Settles wait for the WAL flush (SETTLE_COMMIT=durable). */
   readonly #durable: boolean;
   /** The slice admitting each wallet's next requests, by project and external user id. */
@@ -63,10 +76,9 @@ export class Escrow {
    * was already closed in memory by an earlier give-back still in flight.
    */
   readonly #applying = new Map<string, Promise<void>>();
-  /** Reclaims this pod asked for, waiting for the owners' answers. */
-  readonly #asked = new Map<string, { owners: Set<string>; done: () => void }>();
+  /** Asks the other pods to give slices back, and answers their asks (the bus). */
+  readonly #reclaims: Reclaims;
   readonly #timers: NodeJS.Timeout[] = [];
-  #unsubscribe: Array<() => Promise<void>> = [];
   #closed = false;
 
   constructor(options: {
@@ -85,22 +97,24 @@ export class Escrow {
     reclaimTimeoutMs?: number;
   }) {
     this.#database = options.database;
-    this.#bus = options.bus;
     this.#metrics = options.metrics;
     this.#log = options.log;
     this.#ttlSeconds = options.ttlSeconds;
     this.#idleMs = options.idleMs;
     this.#sliceRequests = Math.max(1, options.sliceRequests);
-    this.#reclaimTimeoutMs = options.reclaimTimeoutMs ?? 1000;
+    this.#reclaims = new Reclaims({
+      bus: options.bus,
+      log: options.log,
+      owner: this.owner,
+      timeoutMs: options.reclaimTimeoutMs ?? 1000,
+      giveBack: (projectId, userIds) => this.#shrink(projectId, new Set(userIds)),
+    });
     this.#durable = options.settleCommit !== 'async';
   }
 
   /** Listens for other pods' reclaims and starts the renew and idle timers. */
   async start(): Promise<void> {
-    this.#unsubscribe = await Promise.all([
-      this.#bus.subscribe(RECLAIM, (message) => this.#onReclaim(message)),
-      this.#bus.subscribe(RETURNED, (message) => this.#onReturned(message)),
-    ]);
+    await this.#reclaims.start();
     const renewEvery = Math.max(1000, (this.#ttlSeconds * 1000) / 3);
     this.#timers.push(setInterval(() => this.#tick(() => this.#renew()), renewEvery).unref());
     if (this.#idleMs > 0) {
@@ -114,8 +128,7 @@ export class Escrow {
     if (this.#closed) return;
     this.#closed = true;
     for (const timer of this.#timers) clearInterval(timer);
-    // Not awaited: with Redis unreachable an unsubscribe waits for a reconnect (the bus closes next anyway).
-    for (const off of this.#unsubscribe) void off().catch(() => {});
+    this.#reclaims.stop();
     await this.#giveBack([...this.#slices.values()].filter((s) => s.inFlight === 0));
   }
 
@@ -288,71 +301,9 @@ export class Escrow {
       .map((o) => o.owner)
       .filter((o): o is string => o !== null && !(options.others && o === this.owner));
     if (!list.length) return;
-    await this.#reclaimFrom(projectId, userIds, list);
-  }
-
-  async #reclaimFrom(projectId: string, userIds: string[], owners: string[]): Promise<void> {
-    const others = owners.filter((o) => o !== this.owner);
-    if (owners.includes(this.owner)) await this.#shrink(projectId, new Set(userIds));
-    if (!others.length) return;
-    const id = newId('rcl');
-    const waiting = new Set(others);
-    const answered = new Promise<void>((resolve) => {
-      this.#asked.set(id, { owners: waiting, done: resolve });
-    });
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, this.#reclaimTimeoutMs);
-    });
-    try {
-      // (the publish is inside the time limit too: with Redis unreachable it waits for a reconnect)
-      const asked = this.#bus.publish(RECLAIM, JSON.stringify({ id, projectId, userIds, from: this.owner }));
-      const sent = asked.then(
-        () => answered,
-        (err: unknown) => this.#log.warn({ err }, 'could not ask the other pods to give their slices back'),
-      );
-      await Promise.race([sent, timeout]);
-    } catch (err) {
-      this.#log.warn({ err }, 'could not ask the other pods to give their slices back');
-    } finally {
-      clearTimeout(timer);
-      this.#asked.delete(id);
-    }
-    if (waiting.size) {
-      this.#log.info(
-        { project: projectId, owners: [...waiting] },
-        'pods holding slices of a wallet did not answer a reclaim (their slices come back through the sweeper)',
-      );
-    }
-  }
-
-  #onReclaim(message: string): void {
-    let ask: { id: string; projectId: string; userIds: string[]; from: string };
-    try {
-      ask = JSON.parse(message);
-    } catch {
-      return;
-    }
-    if (ask.from === this.owner) return;
-    // Answered even when this pod holds nothing of those wallets (any more): the asker stops waiting.
-    void this.#shrink(ask.projectId, new Set(ask.userIds))
-      .catch((err) => this.#log.error({ err }, 'giving slices back on a reclaim failed'))
-      .finally(() => {
-        void this.#bus.publish(RETURNED, JSON.stringify({ id: ask.id, by: this.owner })).catch(() => {});
-      });
-  }
-
-  #onReturned(message: string): void {
-    let answer: { id: string; by: string };
-    try {
-      answer = JSON.parse(message);
-    } catch {
-      return;
-    }
-    const asked = this.#asked.get(answer.id);
-    if (!asked) return;
-    asked.owners.delete(answer.by);
-    if (!asked.owners.size) asked.done();
+    const others = list.filter((o) => o !== this.owner);
+    if (list.includes(this.owner)) await this.#shrink(projectId, new Set(userIds));
+    if (others.length) await this.#reclaims.ask(projectId, userIds, others);
   }
 
   /** Gives back the free part of this pod's slices of these wallets (all of a slice without requests). */
@@ -488,18 +439,15 @@ export class Escrow {
     }
   }
 
-  #batchStarted(statement: 'take' | 'apply', size: number): () => void {
-    this.#metrics.billingBatchSize.observe({ statement }, size);
-    return this.#metrics.billingBatchDuration.startTimer({ statement });
-  }
-
   #takeQueue(projectId: string): GroupCommit<TakeItem, TakeRow> {
-    let queue = this.#takeQueues.get(projectId);
-    if (!queue) {
-      queue = new GroupCommit(
-        async (items) => {
-          const done = this.#batchStarted('take', items.length);
-          const rows = await this.#database.run<TakeRow>(takeSlices, [
+    return (
+      this.#takeQueues.get(projectId) ??
+      this.#newQueue(this.#takeQueues, projectId, {
+        statement: 'take',
+        parallel: TAKE_PARALLEL,
+        keyOf: (item) => item.externalId,
+        run: (items) =>
+          this.#database.run<TakeRow>(takeSlices, [
             projectId,
             items.map((i) => i.externalId),
             items.map((i) => i.need),
@@ -508,55 +456,60 @@ export class Escrow {
             this.owner,
             this.#ttlSeconds,
             items.map((i) => i.purpose),
-          ]);
-          done();
-          const byId = new Map(rows.map((r) => [r.slice_id, r]));
-          return items.map((i) => byId.get(i.sliceId) ?? NOT_FOUND);
-        },
-        (item) => item.externalId,
-        512,
-        TAKE_PARALLEL,
-      );
-      this.#takeQueues.set(projectId, queue);
-    }
-    return queue;
+          ]),
+        missing: () => NOT_FOUND,
+      })
+    );
   }
 
   #applyQueue(projectId: string): GroupCommit<ApplyItem, ApplyRow> {
-    let queue = this.#applyQueues.get(projectId);
-    if (!queue) {
-      queue = new GroupCommit(
-        async (items) => {
-          const done = this.#batchStarted('apply', items.length);
-          // Retried here, inside the batch, so a wallet's later changes never overtake a retried one.
-          const rows = await retrying(() =>
-            this.#database.run<ApplyRow>(applySlices, [
-              projectId,
-              items.map((i) => i.sliceId),
-              items.map((i) => i.userId),
-              items.map((i) => i.seq),
-              items.map((i) => i.charged),
-              items.map((i) => i.released),
-              items.map((i) => i.close),
-              items.map((i) => i.entryId),
-              items.map((i) => i.source),
-              items.map((i) => i.description),
-              items.map((i) => i.metadata),
-              items.map((i) => i.events),
-              items.map((i) => i.threshold),
-              this.#durable ? 'on' : 'off',
-            ]),
-          );
-          done();
-          const byId = new Map(rows.map((r) => [r.slice_id, r]));
-          return items.map((i) => byId.get(i.sliceId) ?? { ...NO_ROW, slice_id: i.sliceId });
-        },
-        (item) => item.userId,
-        512,
-        APPLY_PARALLEL,
-      );
-      this.#applyQueues.set(projectId, queue);
-    }
+    return (
+      this.#applyQueues.get(projectId) ??
+      this.#newQueue(this.#applyQueues, projectId, {
+        statement: 'apply',
+        parallel: APPLY_PARALLEL,
+        keyOf: (item) => item.userId,
+        // Retried here, inside the batch, so a wallet's later changes never overtake a retried one.
+        run: (items) =>
+          retrying(() =>
+            this.#database.run<ApplyRow>(
+              applySlices,
+              applyParameters(projectId, items, this.#durable ? 'on' : 'off'),
+            ),
+          ),
+        missing: (item) => ({ ...NO_ROW, slice_id: item.sliceId }),
+      })
+    );
+  }
+
+  /** A project's group-commit queue of one statement: one row per item, by slice id (timed, counted). */
+  #newQueue<I extends { sliceId: string }, R extends { slice_id: string }>(
+    queues: Map<string, GroupCommit<I, R>>,
+    projectId: string,
+    batch: {
+      statement: 'take' | 'apply';
+      parallel: number;
+      keyOf: (item: I) => string;
+      run: (items: I[]) => Promise<R[]>;
+      /** The row of an item the statement returned none for. */
+      missing: (item: I) => R;
+    },
+  ): GroupCommit<I, R> {
+    const { statement } = batch;
+    const queue = new GroupCommit<I, R>(
+      async (items) => {
+        this.#metrics.billingBatchSize.observe({ statement }, items.length);
+        const done = this.#metrics.billingBatchDuration.startTimer({ statement });
+        const rows = await batch.run(items);
+        done();
+        const byId = new Map(rows.map((r) => [r.slice_id, r]));
+        return items.map((i) => byId.get(i.sliceId) ?? batch.missing(i));
+      },
+      batch.keyOf,
+      512,
+      batch.parallel,
+    );
+    queues.set(projectId, queue);
     return queue;
   }
 }
@@ -564,41 +517,6 @@ export class Escrow {
 /** A wallet's key in the pod's maps: the project and the external id (current slices) or user id (changes). */
 function walletKey(projectId: string, id: string): string {
   return `${projectId}\u0000${id}`;
-}
-
-/** What one request reserved of a slice. */
-export interface Reservation {
-  sliceId: string;
-  projectId: string;
-  userId: string;
-  amount: string;
-}
-
-/** What a settle statement records with a non-zero charge (see `applySlices`). */
-export interface ChargeRecord {
-  charged: string;
-  entryId: string;
-  source: string;
-  description: string | null;
-  /** JSON text. */
-  metadata: string;
-  /** A JSON array of event envelopes, or null. */
-  events: string | null;
-  /** The project's low-balance threshold, or null. */
-  threshold: string | null;
-}
-
-/** A wallet after a settle statement changed it. */
-export interface ApplyRow {
-  slice_id: string;
-  /** Whether the slice was open when the change was applied. */
-  open: boolean;
-  user_id: string | null;
-  external_id: string | null;
-  charged: string | null;
-  balance: string | null;
-  held: string | null;
-  granted: string | null;
 }
 
 /**
@@ -612,9 +530,7 @@ export interface ApplyRow {
 const APPLY_PARALLEL = 1;
 const TAKE_PARALLEL = 2;
 
-const RECLAIM = 'escrow.reclaim';
-const RETURNED = 'escrow.returned';
-
+/** A change that charges nothing (a slice given back, or a release). */
 const NO_CHARGE: ChargeRecord = {
   charged: '0',
   entryId: '',
@@ -624,92 +540,6 @@ const NO_CHARGE: ChargeRecord = {
   events: null,
   threshold: null,
 };
-
-const NO_ROW: Omit<ApplyRow, 'slice_id'> = {
-  open: true,
-  user_id: null,
-  external_id: null,
-  charged: null,
-  balance: null,
-  held: null,
-  granted: null,
-};
-
-/** One pod's slice of one wallet, as the pod knows it. */
-class Slice {
-  readonly id: string;
-  readonly projectId: string;
-  readonly externalId: string;
-  userId = '';
-  /** The slice's amount (`holds.amount` once this pod's changes are applied). */
-  amount = new Money(0);
-  /** Reserved by this pod's requests in flight. */
-  reserved = new Money(0);
-  inFlight = 0;
-  /** The number of this pod's last change to the slice. */
-  seq = 0;
-  lastUsed = Date.now();
-  /** No longer admits requests (given back, swept, or its database state unknown). */
-  suspended = false;
-  /** The last change of this slice submitted by this pod: resolves once it is applied (or failed). */
-  applied: Promise<unknown> = Promise.resolve();
-  /** A take of this slice succeeded (its `holds` row exists). */
-  taken = false;
-  /** A take of this slice in flight. */
-  taking: Promise<void> | undefined;
-
-  constructor(id: string, projectId: string, externalId: string) {
-    this.id = id;
-    this.projectId = projectId;
-    this.externalId = externalId;
-  }
-
-  get free(): Money {
-    return this.suspended ? new Money(0) : this.amount.minus(this.reserved);
-  }
-
-  admit(amount: Money): Reservation {
-    this.reserved = this.reserved.plus(amount);
-    this.inFlight++;
-    this.lastUsed = Date.now();
-    return { sliceId: this.id, projectId: this.projectId, userId: this.userId, amount: formatAmount(amount) };
-  }
-}
-
-interface TakeItem {
-  externalId: string;
-  /** The least the slice must grow by to admit the request. */
-  need: string;
-  /** What it grows by when the available balance allows. */
-  want: string;
-  sliceId: string;
-  /** The API of the request. */
-  purpose: string;
-}
-
-interface TakeRow {
-  slice_id: string;
-  user_id: string | null;
-  /** What the slice grew by; null when the wallet could not pay (or is not connected or unknown). */
-  take: string | null;
-  /** The wallet's held amount before the statement (all pods' slices). */
-  held: string | null;
-  /** The slice was closed (by the sweeper): take a new one. */
-  gone: boolean;
-}
-
-const NOT_FOUND: TakeRow = { slice_id: '', user_id: null, take: null, held: null, gone: false };
-
-interface ApplyItem extends ChargeRecord {
-  sliceId: string;
-  userId: string;
-  /** The slice's change number ('0' for a charge only, on a slice this pod no longer holds). */
-  seq: string;
-  /** What comes off the slice (and the wallet's `held`). */
-  released: string;
-  /** The slice closes (its rest is in `released`). */
-  close: boolean;
-}
 
 /** Retries a statement after a transient database failure (it is idempotent). */
 async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {

@@ -3,6 +3,7 @@ import { newId } from '../core/ids.ts';
 import { formatAmount, formatForCurrency, Money } from '../core/money.ts';
 import type { CreditGrant, DB, EndUser, LedgerEntry, Project } from '../db/schema.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
+import { type ChargeFacts, recordBalanceEvents } from './balance-events.ts';
 
 /**
  * The ledger's statements for deposits and charges, and the wallet reads. Only the billing service
@@ -114,7 +115,8 @@ export function moneyEventData(
   };
 }
 
-export interface DepositInput {
+/** A movement of money of one wallet: a deposit, a charge or a reversal. */
+export interface MoneyInput {
   project: LedgerProject;
   externalId: string;
   amount: string;
@@ -123,6 +125,8 @@ export interface DepositInput {
   metadata?: Record<string, unknown> | undefined;
   description?: string | undefined;
 }
+
+export type DepositInput = MoneyInput;
 
 export interface DepositResult {
   entry: LedgerEntry;
@@ -193,14 +197,7 @@ async function credit(
   return { amount, user };
 }
 
-export interface ChargeInput {
-  project: LedgerProject;
-  externalId: string;
-  amount: string;
-  source: string;
-  trigger: Trigger;
-  metadata?: Record<string, unknown> | undefined;
-  description?: string | undefined;
+export interface ChargeInput extends MoneyInput {
   /** The project's `lowBalanceThreshold` (a user's own threshold overrides it). */
   lowBalanceThreshold?: string | undefined;
 }
@@ -250,30 +247,39 @@ export async function charge(
     'charge',
     formatAmount(new Money(input.amount).neg()),
   );
-  const wallet = walletOf(user);
-  const subject = { type: 'user', id: user.id, externalId: user.external_id };
-  const event = await events.record(tx, {
-    project: input.project,
-    type: 'balance.charge.created',
-    trigger: input.trigger,
-    subject,
-    data: {
-      ...moneyEventData(input.project, wallet, input.amount, input.source, entry.id),
-      balance: wallet.balance,
+  const event = await recordBalanceEvents(
+    tx,
+    events,
+    chargeFacts(input, user, input.amount, entry.id),
+    {
+      charged: input.amount,
+      balance: user.balance,
+      held: user.held,
+      threshold: user.low_balance_threshold ?? input.lowBalanceThreshold,
     },
+    'charge',
+  );
+  return { ok: true, entry, wallet: walletOf(user), event };
+}
+
+/** The facts of a charge or reversal's balance events (balance-events.ts). */
+function chargeFacts(
+  input: MoneyInput,
+  user: Pick<EndUser, 'id' | 'external_id'>,
+  amount: string,
+  activityId: string,
+): ChargeFacts {
+  return {
+    project: input.project,
+    userId: user.id,
+    externalId: user.external_id,
+    amount,
+    source: input.source,
+    activityId,
+    holdAmount: '0',
+    trigger: input.trigger,
     metadata: input.metadata,
-  });
-  const threshold = user.low_balance_threshold ?? input.lowBalanceThreshold;
-  for (const alert of balanceAlerts(new Money(user.balance).plus(input.amount), user.balance, threshold)) {
-    await events.record(tx, {
-      project: input.project,
-      type: alert.type,
-      trigger: input.trigger,
-      subject,
-      data: { ...alertEventData(input.project, wallet), ...alert.data },
-    });
-  }
-  return { ok: true, entry, wallet, event };
+  };
 }
 
 /** Draws `amount` from the user's grants (the caller holds the wallet's row lock); returns the draws. */
@@ -285,39 +291,6 @@ async function drawGrants(
   const { rows } = await sql<{ draws: Array<{ grant: string; amount: string }> }>`
     SELECT tollgate_draw_grants(${userId}, ${amount}::numeric) AS draws`.execute(tx);
   return rows[0]?.draws ?? [];
-}
-
-/**
- * The low-balance events a change of the balance from `before` to `after` crosses into: `balance.low`
- * when it goes below the threshold (once per crossing: only a change from at or above it), and
- * `balance.depleted` when it reaches zero or less from above zero.
- */
-export function balanceAlerts(
-  before: Money | string,
-  after: Money | string,
-  threshold: string | null | undefined,
-): Array<{ type: 'balance.low' | 'balance.depleted'; data: Record<string, string> }> {
-  const was = new Money(before);
-  const now = new Money(after);
-  const alerts: Array<{ type: 'balance.low' | 'balance.depleted'; data: Record<string, string> }> = [];
-  if (threshold != null && now.lt(threshold) && was.gte(threshold)) {
-    alerts.push({ type: 'balance.low', data: { threshold: formatAmount(threshold) } });
-  }
-  if (now.lte(0) && was.gt(0)) alerts.push({ type: 'balance.depleted', data: {} });
-  return alerts;
-}
-
-/** The `data` every wallet alert carries. */
-export function alertEventData(project: LedgerProject, wallet: WalletState): Record<string, string> {
-  return {
-    paywallId: project.id,
-    ownerUserId: project.owner_user_id,
-    walletUserId: wallet.userId,
-    externalUserId: wallet.externalId,
-    balance: wallet.balance,
-    available: wallet.available,
-    currency: project.currency,
-  };
 }
 
 // ---- credit grants ----
@@ -503,7 +476,7 @@ export async function expireGrants(
 /** Appends the ledger entry of a deposit or charge, with the wallet's values after it. */
 function writeEntry(
   tx: Transaction<DB>,
-  input: DepositInput | ChargeInput,
+  input: MoneyInput,
   user: Pick<EndUser, 'id' | 'balance' | 'held'>,
   kind: 'deposit' | 'charge' | 'grant' | 'grant_expiry',
   amount: string,
@@ -539,16 +512,8 @@ export async function refusal(
   return { ok: false, reason: 'insufficient_balance', wallet, required: formatAmount(required) };
 }
 
-export interface ReverseInput {
-  project: LedgerProject;
-  externalId: string;
-  /** What the provider took back (a refund or a dispute). */
-  amount: string;
-  source: string;
-  trigger: Trigger;
-  metadata?: Record<string, unknown> | undefined;
-  description?: string | undefined;
-}
+/** A reversal: `amount` is what the provider took back (a refund or a dispute). */
+export type ReverseInput = MoneyInput;
 
 export interface ReverseResult {
   /** What the wallet gave back: the whole amount (below zero when the balance cannot cover it). */
@@ -589,41 +554,12 @@ export async function reverse(
     .returning(WALLET_COLUMNS)
     .executeTakeFirstOrThrow();
   const entry = await writeEntry(tx, input, user, 'charge', formatAmount(wanted.neg()));
-  const wallet = walletOf(user);
-  const subject = { type: 'user', id: user.id, externalId: user.external_id };
-  const event = await events.record(tx, {
-    project: input.project,
-    type: 'balance.charge.created',
-    trigger: input.trigger,
-    subject,
-    data: {
-      ...moneyEventData(input.project, wallet, amount, input.source, entry.id),
-      balance: wallet.balance,
-    },
-    metadata: input.metadata,
-  });
-  const after = new Money(user.balance);
-  if (after.lt(0)) {
-    await events.record(tx, {
-      project: input.project,
-      type: 'balance.debt.created',
-      trigger: input.trigger,
-      subject,
-      data: {
-        ...moneyEventData(
-          input.project,
-          wallet,
-          formatAmount(Money.min(wanted, after.neg())),
-          input.source,
-          entry.id,
-        ),
-        charged: amount,
-        holdAmount: '0',
-        debt: formatAmount(after.neg()),
-        balance: wallet.balance,
-      },
-      metadata: input.metadata,
-    });
-  }
-  return { debited: amount, uncollected: '0', entry, wallet, event };
+  const event = await recordBalanceEvents(
+    tx,
+    events,
+    chargeFacts(input, user, amount, entry.id),
+    { charged: wanted, balance: user.balance, held: user.held, threshold: null },
+    'reversal',
+  );
+  return { debited: amount, uncollected: '0', entry, wallet: walletOf(user), event };
 }

@@ -9,7 +9,8 @@ import type { DB, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
 import type { Metrics } from '../metrics/registry.ts';
-import { Escrow, type Reservation } from './escrow.ts';
+import { balanceEventEnvelopes } from './balance-events.ts';
+import { Escrow } from './escrow.ts';
 import {
   type ChargeInput,
   type ChargeResult,
@@ -22,7 +23,6 @@ import {
   type GrantResult,
   grant,
   type LedgerProject,
-  moneyEventData,
   type PaywallRefusal,
   type ReverseInput,
   type ReverseResult,
@@ -32,6 +32,7 @@ import {
   type WalletState,
   walletOf,
 } from './ledger.ts';
+import type { Reservation } from './slice.ts';
 import { type SubscriptionAccess, subscriptionAccess } from './subscriptions.ts';
 
 /**
@@ -116,7 +117,8 @@ export class BillingService {
    * Closes a hold at the real cost — the provider's usage × the price, never capped: above the hold the
    * excess comes from the balance in the same statement, and what even the balance cannot cover leaves
    * the wallet below zero (a debt, with `balance.debt.created`) — with its ledger entry and its events
-   * (`balance.charge.created` when wanted, and `completed` when given) in the same transaction. Joins the project's next settle batch; resolves once it committed, so a read that
+   * (the balance events the charge emits, balance-events.ts, and `completed` when given) in the same
+   * transaction. Joins the project's next settle batch; resolves once it committed, so a read that
    * follows sees the charge. Retried after a transient failure: closing is idempotent (a hold no longer
    * open is left alone), so a retry after an ambiguous failure cannot charge twice.
    */
@@ -125,91 +127,7 @@ export class BillingService {
     const cost = new Money(input.cost);
     const charged = cost.gt(0) ? formatAmount(cost) : '0';
     const entryId = newId('act');
-    const envelopes: EventEnvelope[] = [];
-    const subject = { type: 'user', id: hold.userId, externalId: input.externalId };
-    if (charged !== '0' && this.#events.wants(project.id, 'balance.charge.created')) {
-      envelopes.push(
-        this.#events.build({
-          project,
-          type: 'balance.charge.created',
-          trigger: input.trigger,
-          subject,
-          data: {
-            ...moneyEventData(
-              project,
-              { userId: hold.userId, externalId: input.externalId },
-              charged,
-              input.source,
-              entryId,
-            ),
-            balance: '',
-          },
-          metadata: input.metadata,
-        }),
-      );
-    }
-    if (charged !== '0' && this.#events.wants(project.id, 'balance.debt.created')) {
-      // Written by the statement only when this charge leaves the balance below zero; it fills in
-      // `balance`, `debt` and `amount` (the part of the charge the balance did not cover).
-      envelopes.push(
-        this.#events.build({
-          project,
-          type: 'balance.debt.created',
-          trigger: input.trigger,
-          subject,
-          data: {
-            ...moneyEventData(
-              project,
-              { userId: hold.userId, externalId: input.externalId },
-              '',
-              input.source,
-              entryId,
-            ),
-            charged,
-            holdAmount: hold.amount,
-            balance: '',
-            debt: '',
-          },
-          metadata: input.metadata,
-        }),
-      );
-    }
-    // Written by the statement only when the charge crosses below the threshold / reaches zero.
-    if (charged !== '0') {
-      for (const type of ['balance.low', 'balance.depleted'] as const) {
-        if (!this.#events.wants(project.id, type)) continue;
-        envelopes.push(
-          this.#events.build({
-            project,
-            type,
-            trigger: input.trigger,
-            subject,
-            data: {
-              paywallId: project.id,
-              ownerUserId: project.owner_user_id,
-              walletUserId: hold.userId,
-              externalUserId: input.externalId,
-              balance: '',
-              available: '',
-              ...(type === 'balance.low' ? { threshold: '' } : {}),
-              currency: project.currency,
-            },
-          }),
-        );
-      }
-    }
-    const completed = input.completed;
-    if (completed && this.#events.wants(project.id, completed.type)) {
-      envelopes.push(
-        this.#events.build({
-          project,
-          type: completed.type,
-          trigger: input.trigger,
-          subject,
-          data: completed.data(charged),
-        }),
-      );
-    }
+    const envelopes = this.#settleEvents(input, charged, entryId);
     if (this.#closedHolds.has(hold)) return { charged: '0', shortfall: '0', wallet: undefined };
     this.#closedHolds.add(hold);
     this.#metrics.holdsOpen.dec({ project: project.id });
@@ -225,31 +143,8 @@ export class BillingService {
     if (!row || row.charged === null || row.balance === null || row.held === null) {
       return { charged: '0', shortfall: '0', wallet: undefined };
     }
-    if (new Money(row.charged).gt(0))
-      this.#debited({
-        projectId: project.id,
-        userId: hold.userId,
-        externalId: input.externalId,
-        available: formatAmount(new Money(row.balance).minus(row.held)),
-      });
+    const shortfall = this.#settled(input, row.charged, row.balance, row.held);
     if (envelopes.length) this.#events.wake();
-    const chargedAmount = new Money(row.charged);
-    let shortfall = new Money(0);
-    if (chargedAmount.gt(0)) {
-      const labels = { project: project.id, model: input.model, currency: project.currency };
-      this.#metrics.charged.inc({ ...labels, source: input.source }, chargedAmount.toNumber());
-      const overage = chargedAmount.minus(hold.amount);
-      if (overage.gt(0)) this.#metrics.chargeOverage.inc(labels, overage.toNumber());
-      const balance = new Money(row.balance);
-      if (balance.lt(0)) {
-        shortfall = Money.min(chargedAmount, balance.neg());
-        this.#metrics.debtCreated.inc(labels, shortfall.toNumber());
-        this.#log.info(
-          { project: project.id, user: hold.userId, charged: row.charged, debt: formatAmount(balance.neg()) },
-          'a charge above its hold left the wallet below zero (debt)',
-        );
-      }
-    }
     return {
       charged: formatAmount(row.charged),
       shortfall: formatAmount(shortfall),
@@ -262,6 +157,71 @@ export class BillingService {
         granted: row.granted ?? '0',
       }),
     };
+  }
+
+  /**
+   * The events a settle may write, that the project wants: the balance events of its charge (the
+   * statement keeps those whose rule holds, and fills in their amounts) and `completed`.
+   */
+  #settleEvents(input: SettleInput, charged: string, entryId: string): EventEnvelope[] {
+    const { project, hold } = input;
+    const envelopes: EventEnvelope[] = [];
+    if (charged !== '0') {
+      const facts = {
+        project,
+        userId: hold.userId,
+        externalId: input.externalId,
+        amount: charged,
+        source: input.source,
+        activityId: entryId,
+        holdAmount: hold.amount,
+        trigger: input.trigger,
+        metadata: input.metadata,
+      };
+      balanceEventEnvelopes(this.#events, facts, envelopes);
+    }
+    const completed = input.completed;
+    if (completed && this.#events.wants(project.id, completed.type)) {
+      envelopes.push(
+        this.#events.build({
+          project,
+          type: completed.type,
+          trigger: input.trigger,
+          subject: { type: 'user', id: hold.userId, externalId: input.externalId },
+          data: completed.data(charged),
+        }),
+      );
+    }
+    return envelopes;
+  }
+
+  /**
+   * A settle committed: tells the debit listeners and counts the money (charged, above the hold, into
+   * debt). Returns the part of the charge the balance did not cover.
+   */
+  #settled(input: SettleInput, charged: string, balance: string, held: string): Money {
+    const { project, hold } = input;
+    const chargedAmount = new Money(charged);
+    if (chargedAmount.lte(0)) return new Money(0);
+    this.#debited({
+      projectId: project.id,
+      userId: hold.userId,
+      externalId: input.externalId,
+      available: formatAmount(new Money(balance).minus(held)),
+    });
+    const labels = { project: project.id, model: input.model, currency: project.currency };
+    this.#metrics.charged.inc({ ...labels, source: input.source }, chargedAmount.toNumber());
+    const overage = chargedAmount.minus(hold.amount);
+    if (overage.gt(0)) this.#metrics.chargeOverage.inc(labels, overage.toNumber());
+    const after = new Money(balance);
+    if (after.gte(0)) return new Money(0);
+    const shortfall = Money.min(chargedAmount, after.neg());
+    this.#metrics.debtCreated.inc(labels, shortfall.toNumber());
+    this.#log.info(
+      { project: project.id, user: hold.userId, charged, debt: formatAmount(after.neg()) },
+      'a charge above its hold left the wallet below zero (debt)',
+    );
+    return shortfall;
   }
 
   /** Releases a hold in full (nothing was served, or the provider failed). */
@@ -300,18 +260,14 @@ export class BillingService {
   }
 
   /** Credits a wallet (creating the user when unknown); in `within` when given (see `transaction`). */
-  async deposit(input: DepositInput, within?: Transaction<DB>): Promise<DepositResult> {
-    return this.#moving(within, async (tx, after) => {
-      const result = await deposit(tx, this.#events, input);
-      after(() => {
-        if (result.event) this.#events.wake();
-        this.#metrics.deposited.inc(
-          { project: input.project.id, currency: input.project.currency },
-          Number(input.amount),
-        );
-      });
-      return result;
-    });
+  deposit(input: DepositInput, within?: Transaction<DB>): Promise<DepositResult> {
+    const labels = { project: input.project.id, currency: input.project.currency };
+    return this.#crediting(
+      within,
+      input.amount,
+      (tx) => deposit(tx, this.#events, input),
+      (amount) => this.#metrics.deposited.inc(labels, amount),
+    );
   }
 
   /**
@@ -352,15 +308,28 @@ export class BillingService {
   }
 
   /** Grants credit to a wallet (creating the user when unknown); in `within` when given. */
-  async grant(input: GrantInput, within?: Transaction<DB>): Promise<GrantResult> {
+  grant(input: GrantInput, within?: Transaction<DB>): Promise<GrantResult> {
+    const labels = { project: input.project.id, currency: input.project.currency, reason: input.reason };
+    return this.#crediting(
+      within,
+      input.amount,
+      (tx) => grant(tx, this.#events, input),
+      (amount) => this.#metrics.granted.inc(labels, amount),
+    );
+  }
+
+  /** A credit (deposit or grant) in `within` or a transaction of its own; once committed, its event is sent and `count`ed. */
+  #crediting<T extends { event: EventEnvelope | undefined }>(
+    within: Transaction<DB> | undefined,
+    amount: string,
+    credit: (tx: Transaction<DB>) => Promise<T>,
+    count: (amount: number) => void,
+  ): Promise<T> {
     return this.#moving(within, async (tx, after) => {
-      const result = await grant(tx, this.#events, input);
+      const result = await credit(tx);
       after(() => {
         if (result.event) this.#events.wake();
-        this.#metrics.granted.inc(
-          { project: input.project.id, currency: input.project.currency, reason: input.reason },
-          Number(input.amount),
-        );
+        count(Number(amount));
       });
       return result;
     });

@@ -1,4 +1,5 @@
 import type { Statement } from '../db/index.ts';
+import { balanceEventConditionSql, balanceEventDataSql } from './balance-events.ts';
 
 /**
  * The statements of the metered hot path (escrow.ts): taking a slice and applying changes to slices.
@@ -11,6 +12,33 @@ import type { Statement } from '../db/index.ts';
  * Every statement names its project: on a database distributed by project (Citus) each stays on one
  * shard.
  */
+
+/** One request's take (`takeSlices`). */
+export interface TakeItem {
+  externalId: string;
+  /** The least the slice must grow by to admit the request. */
+  need: string;
+  /** What it grows by when the available balance allows. */
+  want: string;
+  sliceId: string;
+  /** The API of the request. */
+  purpose: string;
+}
+
+/** A row of `takeSlices`. */
+export interface TakeRow {
+  slice_id: string;
+  user_id: string | null;
+  /** What the slice grew by; null when the wallet could not pay (or is not connected or unknown). */
+  take: string | null;
+  /** The wallet's held amount before the statement (all pods' slices). */
+  held: string | null;
+  /** The slice was closed (by the sweeper): take a new one. */
+  gone: boolean;
+}
+
+/** The row of a take the statement returned none for (an unknown wallet). */
+export const NOT_FOUND: TakeRow = { slice_id: '', user_id: null, take: null, held: null, gone: false };
 
 /**
  * Takes (more of) a slice for each request (escrow.ts): grows the pod's slice of a connected wallet by
@@ -59,6 +87,106 @@ export const takeSlices: Statement = {
          LEFT JOIN u ON u.slice_id = r.slice_id`,
 };
 
+/** What a settle statement records with a non-zero charge (see `applySlices`). */
+export interface ChargeRecord {
+  charged: string;
+  entryId: string;
+  source: string;
+  description: string | null;
+  /** JSON text. */
+  metadata: string;
+  /** A JSON array of event envelopes, or null. */
+  events: string | null;
+  /** The project's low-balance threshold, or null. */
+  threshold: string | null;
+}
+
+/** One change of a slice (`applySlices`): a settle, or a slice given back. */
+export interface ApplyItem extends ChargeRecord {
+  sliceId: string;
+  userId: string;
+  /** The slice's change number ('0' for a charge only, on a slice this pod no longer holds). */
+  seq: string;
+  /** What comes off the slice (and the wallet's `held`). */
+  released: string;
+  /** The slice closes (its rest is in `released`). */
+  close: boolean;
+}
+
+/** A wallet after a settle statement changed it. */
+export interface ApplyRow {
+  slice_id: string;
+  /** Whether the slice was open when the change was applied. */
+  open: boolean;
+  user_id: string | null;
+  external_id: string | null;
+  charged: string | null;
+  balance: string | null;
+  held: string | null;
+  granted: string | null;
+}
+
+/** The row of a change the statement returned none for: the wallet did not change. */
+export const NO_ROW: Omit<ApplyRow, 'slice_id'> = {
+  open: true,
+  user_id: null,
+  external_id: null,
+  charged: null,
+  balance: null,
+  held: null,
+  granted: null,
+};
+
+/**
+ * The columns of `applySlices`'s changes, in the order of their parameters (from $2, one array each,
+ * of one value per change): the statement's text and its parameters (`applyParameters`) are both
+ * written from this list.
+ */
+export const APPLY_COLUMNS = [
+  { name: 'slice_id', type: 'text', field: 'sliceId' },
+  { name: 'user_id', type: 'text', field: 'userId' },
+  { name: 'seq', type: 'bigint', field: 'seq' },
+  /** The charge (the provider's usage × the price), '0' for none. */
+  { name: 'charged', type: 'numeric', field: 'charged' },
+  { name: 'released', type: 'numeric', field: 'released' },
+  { name: 'close', type: 'boolean', field: 'close' },
+  /** The charge's ledger entry, its source, description and metadata (JSON text). */
+  { name: 'entry_id', type: 'text', field: 'entryId' },
+  { name: 'source', type: 'text', field: 'source' },
+  { name: 'description', type: 'text', field: 'description' },
+  { name: 'metadata', type: 'text', field: 'metadata' },
+  /** The event envelopes to write with the charge (a JSON array), or null. */
+  { name: 'events', type: 'text', field: 'events' },
+  /** The project's low-balance threshold, or null. */
+  { name: 'threshold', type: 'numeric', field: 'threshold' },
+] as const satisfies ReadonlyArray<{ name: string; type: string; field: keyof ApplyItem }>;
+
+type ApplyColumn = (typeof APPLY_COLUMNS)[number]['name'];
+
+/** The parameter of a column of `applySlices` (`$2::text[]`, …). */
+function applyParam(name: ApplyColumn): string {
+  const i = APPLY_COLUMNS.findIndex((c) => c.name === name);
+  return `$${i + 2}::${APPLY_COLUMNS[i]!.type}[]`;
+}
+
+/** The parameter after the columns: `synchronous_commit` for the transaction. */
+const COMMIT_PARAM = `$${APPLY_COLUMNS.length + 2}::text`;
+
+/**
+ * The parameters of `applySlices`: the project, one array per column (`APPLY_COLUMNS`) of the changes,
+ * and `synchronous_commit` for its transaction: 'on', or 'off' (SETTLE_COMMIT=async).
+ */
+export function applyParameters(
+  projectId: string,
+  items: readonly ApplyItem[],
+  commit: 'on' | 'off',
+): unknown[] {
+  const values: unknown[] = [projectId];
+  for (const column of APPLY_COLUMNS) values.push(items.map((i) => i[column.field]));
+  values.push(commit);
+  return values;
+}
+
 /**
  * Applies one change to each slice (escrow.ts) — the settle of a request, or a slice given back — all in
  * one transaction, durably unless SETTLE_COMMIT=async:
@@ -77,32 +205,28 @@ export const takeSlices: Statement = {
  * the charge from them — highest priority, then soonest expiry — after the wallet's row is locked, and
  * the entry's metadata lists the draws (`grants`).
  *
- * `balance.charge.created` envelopes get the wallet's balance after the charge in `data.balance`;
- * a `balance.debt.created` envelope is written only when the charge left the balance below zero, with
- * `data.balance`, `data.debt` (the whole debt) and `data.amount` (the part of this charge not covered);
- * `balance.low` only when the balance crossed below the threshold (the user's own, else the project's)
- * and `balance.depleted` only when it reached zero from above, each with `data.balance` and
- * `data.available`.
+ * The balance events among the envelopes are written only when their rule holds over the wallet after
+ * the charge, with their amounts filled in (balance-events.ts: `balance.charge.created` for a charge,
+ * `balance.debt.created` when it left the balance below zero, `balance.low` when it crossed below the
+ * threshold — the user's own, else the project's — and `balance.depleted` when it reached zero from
+ * above); other envelopes are written as they are.
  *
  * One row per change: `open` (the slice was open), and the wallet after it when the wallet changed.
  *
- * $1 project id · $2 slice ids · $3 user ids · $4 seqs · $5 charged · $6 released · $7 close
- * $8 entry ids · $9 sources · $10 descriptions · $11 metadata (JSON text) · $12 events (JSON arrays or
- * null) · $13 the project's low-balance thresholds (or null) · $14 `synchronous_commit` for this transaction: 'on', or 'off' (SETTLE_COMMIT=async)
+ * $1 project id · $2… the changes' columns (`APPLY_COLUMNS`) · then `synchronous_commit` for this
+ * transaction (`applyParameters`)
  */
 export const applySlices: Statement = {
   name: 'tollgate_apply_slices_v3',
   text: `
     WITH r AS (
-      SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::numeric[], $6::numeric[], $7::boolean[],
-                           $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::numeric[])
-        AS r(slice_id, user_id, seq, charged, released, close, entry_id, source, description, metadata, events,
-             threshold)
+      SELECT * FROM unnest(${APPLY_COLUMNS.map((c) => applyParam(c.name)).join(', ')})
+        AS r(${APPLY_COLUMNS.map((c) => c.name).join(', ')})
       -- SETTLE_COMMIT: 'on' (durable, the default) or 'off' (visible at once, flushed within moments)
-      CROSS JOIN (SELECT set_config('synchronous_commit', $14::text, true)) AS commit_mode
+      CROSS JOIN (SELECT set_config('synchronous_commit', ${COMMIT_PARAM}, true)) AS commit_mode
     ), hl AS (
       SELECT h.id, h.status, h.seq FROM holds h
-      WHERE h.project_id = $1 AND h.id = ANY($2::text[])
+      WHERE h.project_id = $1 AND h.id = ANY(${applyParam('slice_id')})
       ORDER BY h.id FOR NO KEY UPDATE
     ), h AS (
       -- a closed slice keeps its last amount as its record (status: settled when its last change charged)
@@ -148,30 +272,11 @@ export const applySlices: Statement = {
                   ELSE metadata::jsonb END
       FROM u WHERE charged > 0
     ), ev AS (
+      -- the balance events' rules and amounts: balance-events.ts
       INSERT INTO events (id, project_id, type, version, envelope, created_at)
-      SELECT j->>'id', $1, j->>'type', j->>'version',
-             CASE j->>'type'
-               WHEN 'balance.charge.created'
-                 THEN jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text))
-               WHEN 'balance.debt.created'
-                 THEN jsonb_set(jsonb_set(jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
-                                          '{data,debt}', to_jsonb(trim_scale(-u.balance)::text)),
-                                '{data,amount}', to_jsonb(trim_scale(least(u.charged, -u.balance))::text))
-               WHEN 'balance.low'
-                 THEN jsonb_set(jsonb_set(jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
-                                          '{data,available}', to_jsonb(trim_scale(u.balance - u.held)::text)),
-                                '{data,threshold}', to_jsonb(trim_scale(u.threshold)::text))
-               WHEN 'balance.depleted'
-                 THEN jsonb_set(jsonb_set(j, '{data,balance}', to_jsonb(trim_scale(u.balance)::text)),
-                                '{data,available}', to_jsonb(trim_scale(u.balance - u.held)::text))
-               ELSE j END,
-             (j->>'createdAt')::timestamptz
+      SELECT j->>'id', $1, j->>'type', j->>'version', ${balanceEventDataSql()}, (j->>'createdAt')::timestamptz
       FROM u CROSS JOIN LATERAL jsonb_array_elements(u.events::jsonb) AS j
-      WHERE u.events IS NOT NULL AND (u.charged > 0 OR j->>'type' <> 'balance.charge.created')
-        AND (j->>'type' <> 'balance.debt.created' OR (u.charged > 0 AND u.balance < 0))
-        AND (j->>'type' <> 'balance.low'
-             OR (u.threshold IS NOT NULL AND u.balance < u.threshold AND u.balance + u.charged >= u.threshold))
-        AND (j->>'type' <> 'balance.depleted' OR (u.balance <= 0 AND u.balance + u.charged > 0))
+      WHERE u.events IS NOT NULL AND ${balanceEventConditionSql()}
     )
     SELECT r.slice_id, coalesce(hl.status = 'open', false) AS open, u.id AS user_id, u.external_id, u.charged,
            u.balance, u.held, u.granted

@@ -1,9 +1,15 @@
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import { formatAmount, Money } from '../core/money.ts';
 import type { Database } from '../db/index.ts';
-import type { ModelRow } from '../db/schema.ts';
-import type { LedgerProject, PaywallRefusal, Trigger } from './ledger.ts';
-import type { BillingService } from './service.ts';
+import type { DB, ModelRow } from '../db/schema.ts';
+import type { ChargeInput, ChargeResult, LedgerProject, PaywallRefusal, Trigger } from './ledger.ts';
+
+/** What a subscription's fee needs of the billing service (service.ts, which passes itself). */
+export interface FeeBilling {
+  withRoom<T>(work: () => Promise<T>): Promise<T>;
+  transaction<T>(fn: (tx: Transaction<DB>) => Promise<T>): Promise<T>;
+  charge(input: ChargeInput & { model?: string }, within?: Transaction<DB>): Promise<ChargeResult>;
+}
 
 export type SubscriptionAccess =
   | { ok: true; userId: string; renewal?: { charged: string; entryId: string | undefined; periodEnd: Date } }
@@ -15,7 +21,7 @@ export type SubscriptionAccess =
  * renewal locks the user's row, so concurrent first requests charge one fee.
  */
 export async function subscriptionAccess(
-  billing: BillingService,
+  billing: FeeBilling,
   db: Database,
   input: {
     project: LedgerProject;

@@ -1,10 +1,13 @@
 import fc from 'fast-check';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
+import { BALANCE_EVENTS } from '../../src/billing/balance-events.ts';
 import { findWallet } from '../../src/billing/ledger.ts';
 import type { Hold } from '../../src/billing/service.ts';
 import { Money } from '../../src/core/money.ts';
 import type { Project } from '../../src/db/schema.ts';
+import { recordEverything } from '../../src/events/outbox.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createTestContext, newTestId, realPostgres } from '../helpers/context.ts';
@@ -33,10 +36,25 @@ import { seedProject } from '../helpers/server.ts';
  * the front of that order — the model applies exactly that, and the database's remainders must match;
  * an expired grant is never drawn on, and leaves with its whole rest when the job reaches it.
  *
+ * The balance events take part too: every charge (a manual charge, or a settle) writes the events that
+ * the table of src/billing/balance-events.ts says, and only those. After each round the model computes
+ * them from the table for every charge entry of the ledger (the wallet after it: balance and held, and
+ * the charge; the threshold in force for the wallet — its own, the project's given with the charge, or
+ * none) and the events written must equal them, with their amounts.
+ *
  * A failure prints its seed: PROPERTY_SEED=<seed> runs the same plans again, PROPERTY_RUNS=<n> sets how
  * many random runs each variant makes (after the counterexamples found before, `FOUND`).
  */
 const WALLETS = ['w0', 'w1', 'w2'];
+/**
+ * The low-balance thresholds: w0 has its own (set on the wallet), w1 the project's (given with each of
+ * its charges and settles), w2 none.
+ */
+const THRESHOLDS: Array<{ own?: string; project?: string }> = [
+  { own: '0.25', project: '1' },
+  { project: '1' },
+  {},
+];
 const trigger = { source: 'test', actorType: 'test', actorId: 'property' };
 
 type Op =
@@ -168,6 +186,14 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
       run++;
       const ids = WALLETS.map((w) => `${w}-${run}`);
       for (const id of ids) await connectUser(ctx.db, ctx.events, project, id, trigger);
+      for (const [i, id] of ids.entries()) {
+        await ctx.db
+          .updateTable('end_users')
+          .set({ low_balance_threshold: THRESHOLDS[i]!.own ?? null })
+          .where('project_id', '=', project.id)
+          .where('external_id', '=', id)
+          .execute();
+      }
       const model: ModelWallet[] = ids.map(() => ({
         balance: new Money(0),
         open: new Map(),
@@ -231,6 +257,7 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
                 amount: o.amount,
                 source: 't',
                 trigger,
+                lowBalanceThreshold: THRESHOLDS[o.wallet]!.project,
               });
               return { o, ok: r.ok };
             }
@@ -268,6 +295,7 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
                 externalId: ids[target.wallet]!,
                 metadata: {},
                 description: 'property',
+                lowBalanceThreshold: THRESHOLDS[target.wallet]!.project,
               });
               return { o, ok: true as const, target, charged: r.charged, cost };
             }
@@ -387,10 +415,12 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
     const wallet = (await findWallet(ctx.db, project.id, id))!;
     const entries = await ctx.db
       .selectFrom('ledger_entries')
-      .select('amount')
+      .select(['id', 'kind', 'amount', 'balance_after', 'held_after'])
       .where('user_id', '=', wallet.userId)
       .orderBy('id')
       .execute();
+    const charges = entries.filter((e) => e.kind === 'charge');
+    await compareEvents(ctx, project, id, wallet.userId, charges, THRESHOLDS[i]!);
     const openHolds = await ctx.db
       .selectFrom('holds')
       .select(['id', 'amount'])
@@ -432,6 +462,87 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
   }
 }
 
+type Rule = { when: readonly string[]; data: Readonly<Record<string, string>> };
+const RULES = Object.entries(BALANCE_EVENTS) as Array<[string, Rule]>;
+/** The amounts a rule decides on and fills in: the wallet after the charge. */
+const QUANTITIES = new Set(['charged', 'balance', 'before', 'available', 'threshold', 'debt', 'uncovered']);
+
+/**
+ * The balance events the table says a charge emits, computed from its ledger entry (the wallet after
+ * it) and the threshold in force, each as its type, ledger entry (when it names one) and amounts.
+ */
+function eventsOfCharge(
+  entry: { id: string; amount: string; balance_after: string; held_after: string },
+  threshold: string | null,
+): Array<Record<string, string>> {
+  const charged = new Money(entry.amount).neg();
+  const balance = new Money(entry.balance_after);
+  const q: Record<string, Money | null> = {
+    charged,
+    balance,
+    before: balance.plus(charged),
+    available: balance.minus(entry.held_after),
+    threshold: threshold === null ? null : new Money(threshold),
+    debt: balance.neg(),
+    uncovered: Money.min(charged, balance.neg()),
+  };
+  const compares = (l: Money, op: string, r: Money) =>
+    op === '<' ? l.lt(r) : op === '<=' ? l.lte(r) : op === '>' ? l.gt(r) : l.gte(r);
+  const out: Array<Record<string, string>> = [];
+  for (const [type, rule] of RULES) {
+    const fires = rule.when.every((comparison) => {
+      const [a, op, b] = comparison.split(' ') as [string, string, string];
+      const l = q[a];
+      const r = b === '0' ? new Money(0) : q[b];
+      return l != null && r != null && compares(l, op, r);
+    });
+    if (!fires) continue;
+    const event: Record<string, string> = { type };
+    for (const [field, source] of Object.entries(rule.data)) {
+      if (source === 'activityId') event[field] = entry.id;
+      else if (QUANTITIES.has(source)) event[field] = q[source]!.toFixed();
+    }
+    out.push(event);
+  }
+  return out;
+}
+
+/** The wallet's balance events written equal, as a whole, those the table says its charges (entries) emit. */
+async function compareEvents(
+  ctx: AppContext,
+  project: Project,
+  id: string,
+  userId: string,
+  charges: Array<{ id: string; amount: string; balance_after: string; held_after: string }>,
+  threshold: { own?: string; project?: string },
+) {
+  const written = await ctx.db
+    .selectFrom('events')
+    .select(['type', 'envelope'])
+    .where('project_id', '=', project.id)
+    .where(
+      'type',
+      'in',
+      RULES.map(([type]) => type),
+    )
+    .where(sql<string>`envelope->'subject'->>'id'`, '=', userId)
+    .execute();
+  const inForce = threshold.own ?? threshold.project ?? null;
+  const expected = charges.flatMap((entry) => eventsOfCharge(entry, inForce));
+  const actual = written.map(({ type, envelope }) => {
+    const data = (envelope as { data: Record<string, string> }).data;
+    const rule = BALANCE_EVENTS[type as keyof typeof BALANCE_EVENTS] as Rule;
+    const event: Record<string, string> = { type };
+    for (const [field, source] of Object.entries(rule.data)) {
+      if (source === 'activityId') event[field] = data[field]!;
+      else if (QUANTITIES.has(source)) event[field] = new Money(data[field]!).toFixed();
+    }
+    return event;
+  });
+  const sorted = (xs: Array<Record<string, string>>) => xs.map((x) => JSON.stringify(x)).sort();
+  expect({ wallet: id, events: sorted(actual) }).toEqual({ wallet: id, events: sorted(expected) });
+}
+
 const perRequest = { ESCROW_IDLE_MS: '0', ESCROW_SLICE_REQUESTS: '1' };
 const escrowOn = { ESCROW_IDLE_MS: '30000', ESCROW_SLICE_REQUESTS: '16' };
 
@@ -448,6 +559,8 @@ describe.each([
     const shared = { id: newTestId() };
     for (let i = 0; i < podCount; i++)
       pods.push(await createTestContext(env as Record<string, string>, shared));
+    // Every balance event is written (which events a project wants is the webhooks' concern).
+    for (const pod of pods) pod.events.filter = recordEverything;
     project = await getProject(pods[0]!.db, (await seedProject(pods[0]!)).projectId);
   });
   afterAll(async () => {

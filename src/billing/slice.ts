@@ -1,0 +1,54 @@
+import { formatAmount, Money } from '../core/money.ts';
+
+/**
+ * A pod's slice of a wallet as the pod knows it (escrow.ts), and what one request reserved of it.
+ */
+
+/** What one request reserved of a slice. */
+export interface Reservation {
+  sliceId: string;
+  projectId: string;
+  userId: string;
+  amount: string;
+}
+
+/** One pod's slice of one wallet, as the pod knows it. */
+export class Slice {
+  readonly id: string;
+  readonly projectId: string;
+  readonly externalId: string;
+  userId = '';
+  /** The slice's amount (`holds.amount` once this pod's changes are applied). */
+  amount = new Money(0);
+  /** Reserved by this pod's requests in flight. */
+  reserved = new Money(0);
+  inFlight = 0;
+  /** The number of this pod's last change to the slice. */
+  seq = 0;
+  lastUsed = Date.now();
+  /** No longer admits requests (given back, swept, or its database state unknown). */
+  suspended = false;
+  /** The last change of this slice submitted by this pod: resolves once it is applied (or failed). */
+  applied: Promise<unknown> = Promise.resolve();
+  /** A take of this slice succeeded (its `holds` row exists). */
+  taken = false;
+  /** A take of this slice in flight. */
+  taking: Promise<void> | undefined;
+
+  constructor(id: string, projectId: string, externalId: string) {
+    this.id = id;
+    this.projectId = projectId;
+    this.externalId = externalId;
+  }
+
+  get free(): Money {
+    return this.suspended ? new Money(0) : this.amount.minus(this.reserved);
+  }
+
+  admit(amount: Money): Reservation {
+    this.reserved = this.reserved.plus(amount);
+    this.inFlight++;
+    this.lastUsed = Date.now();
+    return { sliceId: this.id, projectId: this.projectId, userId: this.userId, amount: formatAmount(amount) };
+  }
+}
