@@ -2,8 +2,8 @@ import type { AppContext } from '../app/context.ts';
 import { ApiError } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import type { RateLimit } from '../db/schema.ts';
-import type { ProjectContext } from '../projects/directory.ts';
-import { chargedSince, fromUnits, periodOf, type SpendCaps, type SpendPeriod, toUnits } from './spend.ts';
+import type { ProjectContext, SpendCaps } from '../projects/directory.ts';
+import { chargedSince, fromUnits, periodOf, type SpendPeriod, toUnits } from './spend.ts';
 import { type CounterStore, MemoryCounterStore, RedisCounterStore } from './store.ts';
 
 /**

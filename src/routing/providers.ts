@@ -6,7 +6,7 @@ import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { ProviderKind } from '../db/schema.ts';
-import { upstreamUrlSchema } from '../projects/service.ts';
+import { DEFAULT_PROVIDER, upstreamUrlSchema } from '../projects/service.ts';
 
 /**
  * A project's named model providers (base URL, kind — `openai-compatible` or `anthropic` —, key sealed
@@ -18,8 +18,6 @@ import { upstreamUrlSchema } from '../projects/service.ts';
 export const providerNameSchema = z
   .string()
   .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, { message: 'may hold letters, digits and . _ - (64 at most)' });
-
-export const DEFAULT_PROVIDER = 'default';
 
 export const PROVIDER_KINDS = ['openai-compatible', 'anthropic'] as const satisfies readonly ProviderKind[];
 
@@ -47,16 +45,6 @@ export interface ProviderView {
   keySet: boolean;
   timeouts: { connectMs: number | undefined; responseMs: number | undefined };
   updatedAt: Date;
-}
-
-/** A provider as the router uses it (key unsealed; cached with the project). */
-export interface ProviderConfig {
-  name: string;
-  baseUrl: string;
-  kind: ProviderKind;
-  apiKey: string | undefined;
-  connectMs: number | undefined;
-  responseMs: number | undefined;
 }
 
 /** Creates or replaces a provider of a project (the key is sealed at rest). */
@@ -209,28 +197,6 @@ async function assertProviderWritable(
     .where('name', '=', name)
     .executeTakeFirst();
   assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
-}
-
-/** The providers of a project with their keys unsealed (the project directory caches them). */
-export async function loadProviders(
-  db: Database,
-  sealer: Sealer,
-  projectId: string,
-): Promise<Map<string, ProviderConfig>> {
-  const rows = await db.selectFrom('providers').selectAll().where('project_id', '=', projectId).execute();
-  return new Map(
-    rows.map((r) => [
-      r.name,
-      {
-        name: r.name,
-        baseUrl: r.base_url,
-        kind: r.kind,
-        apiKey: r.key_sealed ? sealer.open(r.key_sealed) : undefined,
-        connectMs: r.connect_timeout_ms ?? undefined,
-        responseMs: r.response_timeout_ms ?? undefined,
-      },
-    ]),
-  );
 }
 
 function view(row: {

@@ -4,8 +4,8 @@ import type { ModelRoute, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
 import { ChatOverMessages } from '../messages/from-chat.ts';
 import { MessagesOverChat } from '../messages/translate.ts';
-import type { ProjectContext } from '../projects/directory.ts';
-import { ECHO_UPSTREAM } from '../projects/service.ts';
+import type { ProjectContext, ProviderConfig } from '../projects/directory.ts';
+import { DEFAULT_PROVIDER, ECHO_UPSTREAM } from '../projects/service.ts';
 import { failed, SpanKind, type Tracing, withTraceHeaders } from '../tracing/index.ts';
 import { EchoProvider } from '../upstream/echo.ts';
 import {
@@ -22,7 +22,6 @@ import {
   UpstreamError,
 } from '../upstream/types.ts';
 import { CircuitBreakers } from './breaker.ts';
-import { DEFAULT_PROVIDER, type ProviderConfig } from './providers.ts';
 
 /**
  * Routing: a model's routes (pricing file `routes`; by default the provider `default` with the model's

@@ -1,7 +1,6 @@
 import type { V1Secret } from '@kubernetes/client-node';
 import { checkProvider, pricingAudit, projectAudit } from '../../admin/service.ts';
 import { type AuditEntry, operatorActor, recordAudit } from '../../audit/index.ts';
-import { createKey, findKeyByManager } from '../../auth/keys.ts';
 import { sha256Hex } from '../../core/crypto.ts';
 import { parseInput } from '../../core/validation.ts';
 import type { ProjectLimits, ProjectSettings } from '../../db/schema.ts';
@@ -14,13 +13,15 @@ import {
   pricingOf,
 } from '../../models/pricing.ts';
 import { applyPricing, deleteAllModels, setProjectLimits } from '../../models/service.ts';
+import { loadProviders } from '../../projects/directory.ts';
+import { createKey, findKeyByManager } from '../../projects/keys.ts';
 import {
   createManagedProject,
   findProjectByManager,
   releaseProject,
   updateProject,
 } from '../../projects/service.ts';
-import { loadProviders, removeProvider, upsertProvider } from '../../routing/providers.ts';
+import { removeProvider, upsertProvider } from '../../routing/providers.ts';
 import { API_VERSION, GROUP } from '../api.ts';
 import { FIELD_MANAGER, statusOf } from '../runtime/kube.ts';
 import { Failure, type Helpers, type KindHandler, type Resource, type Synced } from './framework.ts';
