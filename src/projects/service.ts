@@ -169,6 +169,23 @@ export async function createManagedProject(
   });
 }
 
+/** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts);
+ * src/routing/providers.ts writes the providers, `updateProject` the provider `default`. */
+export async function assertProviderWritable(
+  db: Database,
+  projectId: string,
+  name: string,
+  writer: string | undefined,
+): Promise<void> {
+  const row = await db
+    .selectFrom('providers')
+    .select('managed_by')
+    .where('project_id', '=', projectId)
+    .where('name', '=', name)
+    .executeTakeFirst();
+  assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
+}
+
 /** A project as the audit log keeps it: name, currency, settings, the provider without its key. */
 export function auditedProject(p: Project) {
   return {
@@ -226,15 +243,8 @@ export async function updateProject(
   const parsed = parseInput(updateProjectSchema, input, 'project');
   const current = await getProject(db, id);
   assertWritable(`Project ${id}`, current.managed_by, opts.managedBy);
-  if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined) {
-    const provider = await db
-      .selectFrom('providers')
-      .select('managed_by')
-      .where('project_id', '=', id)
-      .where('name', '=', DEFAULT_PROVIDER)
-      .executeTakeFirst();
-    assertWritable(`The provider default of ${id}`, provider?.managed_by, opts.managedBy);
-  }
+  if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined)
+    await assertProviderWritable(db, id, DEFAULT_PROVIDER, opts.managedBy);
   const updated = await db
     .updateTable('projects')
     .set({

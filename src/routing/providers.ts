@@ -2,11 +2,10 @@ import { z } from 'zod';
 import { type Actor, recordAudit } from '../audit/index.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
-import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { ProviderKind } from '../db/schema.ts';
-import { DEFAULT_PROVIDER, upstreamUrlSchema } from '../projects/service.ts';
+import { assertProviderWritable, DEFAULT_PROVIDER, upstreamUrlSchema } from '../projects/service.ts';
 
 /**
  * A project's named model providers (base URL, kind — `openai-compatible` or `anthropic` —, key sealed
@@ -181,22 +180,6 @@ export async function removeProvider(
       after: null,
     });
   return deleted !== undefined;
-}
-
-/** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts). */
-async function assertProviderWritable(
-  db: Database,
-  projectId: string,
-  name: string,
-  writer: string | undefined,
-): Promise<void> {
-  const row = await db
-    .selectFrom('providers')
-    .select('managed_by')
-    .where('project_id', '=', projectId)
-    .where('name', '=', name)
-    .executeTakeFirst();
-  assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
 }
 
 function view(row: {

@@ -120,7 +120,17 @@ async function fetchLogs(
   const attempts = page.length
     ? await ctx.db
         .selectFrom('webhook_attempts')
-        .selectAll()
+        .select([
+          'delivery_id',
+          'attempt',
+          'outcome',
+          'response_status as responseStatus',
+          'response_excerpt as responseBody',
+          'error',
+          'duration_ms as durationMs',
+          'started_at',
+          'finished_at',
+        ])
         .where(
           'delivery_id',
           'in',
@@ -131,19 +141,10 @@ async function fetchLogs(
         .execute()
     : [];
   const byDelivery = new Map<string, AttemptView[]>();
-  for (const a of attempts) {
-    const list = byDelivery.get(a.delivery_id) ?? [];
-    list.push({
-      attempt: a.attempt,
-      outcome: a.outcome,
-      responseStatus: a.response_status,
-      responseBody: a.response_excerpt,
-      error: a.error,
-      durationMs: a.duration_ms,
-      startedAt: iso(a.started_at)!,
-      finishedAt: iso(a.finished_at)!,
-    });
-    byDelivery.set(a.delivery_id, list);
+  for (const { delivery_id, started_at, finished_at, ...attempt } of attempts) {
+    const list = byDelivery.get(delivery_id) ?? [];
+    list.push({ ...attempt, startedAt: iso(started_at)!, finishedAt: iso(finished_at)! });
+    byDelivery.set(delivery_id, list);
   }
   return {
     hasMore: rows.length > limit,
