@@ -3,7 +3,6 @@ import { request } from 'undici';
 import { z } from 'zod';
 import type { AppContext } from '../app/context.ts';
 import { type Actor, recordAudit } from '../audit/index.ts';
-import { createKey, listKeys } from '../auth/keys.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
@@ -13,16 +12,18 @@ import { type IdempotentResult, requestHash, withIdempotency } from '../idempote
 import type { ModelSpec, PricingFile } from '../models/pricing.ts';
 import { type ApplyResult, applyPricing, editPricing, listedModel, readPricing } from '../models/service.ts';
 import { checkDestination, DestinationError } from '../net/destination.ts';
+import { createKey, listKeys } from '../projects/keys.ts';
 import {
   auditedProject,
   baseUrlProblem,
   type CreateProjectInput,
   createProject,
+  DEFAULT_PROVIDER,
   ECHO_UPSTREAM,
   type UpdateProjectInput,
   updateProject,
 } from '../projects/service.ts';
-import { DEFAULT_PROVIDER, PROVIDER_KINDS, upsertProvider } from '../routing/providers.ts';
+import { PROVIDER_KINDS, upsertProvider } from '../routing/providers.ts';
 import { ANTHROPIC_VERSION } from '../upstream/anthropic/provider.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import {

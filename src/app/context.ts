@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { sql } from 'kysely';
 import { type Logger, pino } from 'pino';
-import { KeyDirectory } from '../auth/directory.ts';
+import { KeyDirectory } from '../auth/key-directory.ts';
 import { BillingService } from '../billing/service.ts';
 import { type Bus, openBus } from '../bus/index.ts';
 import { type Config, ConfigError, decodeKey, publicBaseUrl } from '../config/index.ts';

@@ -87,7 +87,7 @@ export class EventRecorder {
       .insertInto('events')
       .values({
         id: envelope.id,
-        project_id: envelope.paywallId,
+        project_id: input.project.id,
         type: envelope.type,
         version: envelope.version,
         envelope: JSON.stringify(envelope),

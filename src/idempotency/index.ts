@@ -1,5 +1,4 @@
 import { sql, type Transaction } from 'kysely';
-import type { AppContext } from '../app/context.ts';
 import { sha256Hex } from '../core/crypto.ts';
 import { ApiError, badRequest, conflict } from '../core/errors.ts';
 import type { Database, DB } from '../db/index.ts';
@@ -78,6 +77,14 @@ export function canonicalJson(value: unknown): string {
   return JSON.stringify(value ?? null);
 }
 
+/**
+ * Where the work runs: a billing transaction (src/billing/service.ts `transaction`), whose money effects
+ * run after the commit. Callers pass the application context.
+ */
+export interface MoneyTransactions {
+  billing: { transaction<T>(fn: (tx: Transaction<DB>) => Promise<T>): Promise<T> };
+}
+
 /** The fingerprint of a request body that a reused key must match. */
 export function requestHash(body: unknown): string {
   return sha256Hex(canonicalJson(body));
@@ -90,7 +97,7 @@ export function requestHash(body: unknown): string {
  * (a billing transaction: the effects of what moved run after it commits, and never for a replay).
  */
 export async function withIdempotency(
-  ctx: Pick<AppContext, 'billing'>,
+  ctx: MoneyTransactions,
   scope: IdempotencyScope,
   fn: (tx: Transaction<DB>) => Promise<IdempotentResponse>,
   ttlSeconds = IDEMPOTENCY_KEY_TTL_SECONDS,

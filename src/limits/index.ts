@@ -5,8 +5,8 @@ import { formatForCurrency, Money } from '../core/money.ts';
 import type { Database } from '../db/index.ts';
 import type { RateLimit } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
-import type { ProjectContext } from '../projects/directory.ts';
-import { chargedSince, fromUnits, periodOf, type SpendCaps, type SpendPeriod, toUnits } from './spend.ts';
+import type { ProjectContext, SpendCaps } from '../projects/directory.ts';
+import { chargedSince, fromUnits, periodOf, type SpendPeriod, toUnits } from './spend.ts';
 import {
   type CounterStore,
   type CounterTake,

@@ -5,16 +5,12 @@ import { notFound } from '../core/errors.ts';
 import { Money, priceSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
+import type { SpendCaps } from '../projects/directory.ts';
 
 /**
- * Spend caps per end user: at most `daily` per UTC day and `monthly` per UTC month (decimal amounts in
- * the project's currency). The project's caps come from the pricing file (`limits.spend`); a user's own
- * caps (set through `PUT /v1/users/{user}/spend-caps` or the CLI) replace them field by field.
+ * Spend caps per end user (`SpendCaps`, cached with the project in src/projects/directory.ts): the
+ * periods they count over, the amounts charged in a period, and a user's own caps written.
  */
-export interface SpendCaps {
-  daily?: string | undefined;
-  monthly?: string | undefined;
-}
 
 export type SpendPeriod = 'day' | 'month';
 
@@ -59,13 +55,6 @@ export async function chargedSince(
     .where('l.created_at', '>=', since)
     .executeTakeFirst();
   return row?.spent ?? '0';
-}
-
-export async function loadSpendCaps(db: Database, projectId: string): Promise<Map<string, SpendCaps>> {
-  const rows = await db.selectFrom('spend_caps').selectAll().where('project_id', '=', projectId).execute();
-  return new Map(
-    rows.map((r) => [r.external_id, { daily: r.daily ?? undefined, monthly: r.monthly ?? undefined }]),
-  );
 }
 
 export const spendCapsSchema = z.strictObject({

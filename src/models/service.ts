@@ -86,14 +86,18 @@ export async function readPricing(
   projectId: string,
   project: { currency: string; limits: unknown },
 ): Promise<PricingFile> {
-  const rows = await tx
-    .selectFrom('models')
-    .selectAll()
-    .where('project_id', '=', projectId)
-    .orderBy('id')
-    .execute();
-  const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
-  return { currency: project.currency, models: rows.map(listedModel), ...limits };
+  const rows = await modelRows(tx, projectId);
+  return { currency: project.currency, models: rows.map(listedModel), ...limitsOf(project) };
+}
+
+/** The project's models, in id order. */
+function modelRows(tx: Transaction<DB>, projectId: string): Promise<ModelRow[]> {
+  return tx.selectFrom('models').selectAll().where('project_id', '=', projectId).orderBy('id').execute();
+}
+
+/** The pricing file's `limits`, when the project has any. */
+function limitsOf(project: { limits: unknown }): Pick<PricingFile, 'limits'> {
+  return project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
 }
 
 /**
@@ -155,13 +159,8 @@ async function editIn(
 ): Promise<{ applied: ApplyResult; before: PricingFile }> {
   const project = await lockProject(tx, projectId);
   assertWritable(`The pricing of ${projectId}`, project.pricing_managed_by, undefined);
-  const rows = await tx
-    .selectFrom('models')
-    .selectAll()
-    .where('project_id', '=', projectId)
-    .orderBy('id')
-    .execute();
-  const limits = project.limits ? { limits: project.limits as PricingFile['limits'] } : {};
+  const rows = await modelRows(tx, projectId);
+  const limits = limitsOf(project);
   const current: PricingFile = { currency: project.currency, models: rows.map(specOf), ...limits };
   const models = edit(current);
   const before = { ...current, models: rows.map(listedModel) };
@@ -174,13 +173,19 @@ async function editIn(
   return { applied: await applyIn(tx, projectId, file, !project.limits_managed_by), before };
 }
 
-async function lockProject(tx: Transaction<DB>, projectId: string) {
-  const project = await tx
+/** The project's row, locked until `tx` ends: its currency and limits, and who manages its pricing and limits. */
+function lockedProject(tx: Transaction<DB>, projectId: string) {
+  return tx
     .selectFrom('projects')
     .select(['currency', 'limits', 'pricing_managed_by', 'limits_managed_by'])
     .where('id', '=', projectId)
     .forUpdate()
     .executeTakeFirst();
+}
+
+/** `lockedProject`, 400 when there is no such project. */
+async function lockProject(tx: Transaction<DB>, projectId: string) {
+  const project = await lockedProject(tx, projectId);
   if (!project) throw badRequest(`no project ${projectId}`, 'project');
   return project;
 }
@@ -236,12 +241,7 @@ export async function deleteAllModels(
   opts: { managedBy?: string } = {},
 ): Promise<void> {
   await db.transaction().execute(async (tx) => {
-    const project = await tx
-      .selectFrom('projects')
-      .select('pricing_managed_by')
-      .where('id', '=', projectId)
-      .forUpdate()
-      .executeTakeFirst();
+    const project = await lockedProject(tx, projectId);
     assertWritable(`The pricing of ${projectId}`, project?.pricing_managed_by, opts.managedBy);
     await tx.deleteFrom('models').where('project_id', '=', projectId).execute();
     if (opts.managedBy)
@@ -264,13 +264,7 @@ export async function setProjectLimits(
   opts: { managedBy?: string; release?: boolean } = {},
 ): Promise<void> {
   await db.transaction().execute(async (tx) => {
-    const project = await tx
-      .selectFrom('projects')
-      .select('limits_managed_by')
-      .where('id', '=', projectId)
-      .forUpdate()
-      .executeTakeFirst();
-    if (!project) throw badRequest(`no project ${projectId}`, 'project');
+    const project = await lockProject(tx, projectId);
     assertWritable(`The limits of ${projectId}`, project.limits_managed_by, opts.managedBy);
     await tx
       .updateTable('projects')

@@ -1,11 +1,12 @@
 import { type Actor, operatorActor, recordAudit } from '../audit/index.ts';
-import { createKey, findKeyByManager } from '../auth/keys.ts';
 import type { Bus } from '../bus/index.ts';
 import type { Sealer } from '../core/crypto.ts';
 import type { Database } from '../db/index.ts';
 import type { ProjectLimits } from '../db/schema.ts';
 import { endpointsOf, type PricingFile, pricingOf } from '../models/pricing.ts';
 import { applyPricing, deleteAllModels, type PricingAudit, setProjectLimits } from '../models/service.ts';
+import { loadProviders } from '../projects/directory.ts';
+import { createKey, findKeyByManager } from '../projects/keys.ts';
 import {
   auditedProject,
   createManagedProject,
@@ -13,7 +14,7 @@ import {
   releaseProject,
   updateProject,
 } from '../projects/service.ts';
-import { loadProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
+import { removeProvider, upsertProvider } from '../routing/providers.ts';
 import { subscriptionsChangedChannel } from '../webhooks/filter.ts';
 import {
   createSubscription,

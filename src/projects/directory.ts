@@ -2,9 +2,8 @@ import { type Bus, channels } from '../bus/index.ts';
 import { TtlCache } from '../core/cache.ts';
 import type { Sealer } from '../core/crypto.ts';
 import type { Database } from '../db/index.ts';
-import type { ModelRow, ProjectLimits, ProjectSettings } from '../db/schema.ts';
-import { loadSpendCaps, type SpendCaps } from '../limits/spend.ts';
-import { DEFAULT_PROVIDER, loadProviders, type ProviderConfig } from '../routing/providers.ts';
+import type { ModelRow, ProjectLimits, ProjectSettings, ProviderKind } from '../db/schema.ts';
+import { DEFAULT_PROVIDER } from './service.ts';
 
 /** What a request needs to know about its project, loaded once and cached. */
 export interface ProjectContext {
@@ -21,6 +20,57 @@ export interface ProjectContext {
   limits: ProjectLimits | undefined;
   /** Per-user spend cap overrides, by external user id. */
   spendCaps: Map<string, SpendCaps>;
+}
+
+/** A provider as the router uses it (key unsealed; cached with the project). src/routing writes them. */
+export interface ProviderConfig {
+  name: string;
+  baseUrl: string;
+  kind: ProviderKind;
+  apiKey: string | undefined;
+  connectMs: number | undefined;
+  responseMs: number | undefined;
+}
+
+/**
+ * Spend caps per end user: at most `daily` per UTC day and `monthly` per UTC month (decimal amounts in
+ * the project's currency). The project's caps come from the pricing file (`limits.spend`); a user's own
+ * caps (set through `PUT /v1/users/{user}/spend-caps` or the CLI, src/limits/spend.ts) replace them field
+ * by field.
+ */
+export interface SpendCaps {
+  daily?: string | undefined;
+  monthly?: string | undefined;
+}
+
+/** The providers of a project with their keys unsealed (the directory caches them). */
+export async function loadProviders(
+  db: Database,
+  sealer: Sealer,
+  projectId: string,
+): Promise<Map<string, ProviderConfig>> {
+  const rows = await db.selectFrom('providers').selectAll().where('project_id', '=', projectId).execute();
+  return new Map(
+    rows.map((r) => [
+      r.name,
+      {
+        name: r.name,
+        baseUrl: r.base_url,
+        kind: r.kind,
+        apiKey: r.key_sealed ? sealer.open(r.key_sealed) : undefined,
+        connectMs: r.connect_timeout_ms ?? undefined,
+        responseMs: r.response_timeout_ms ?? undefined,
+      },
+    ]),
+  );
+}
+
+/** The users' own spend caps of a project, by external user id. */
+async function loadSpendCaps(db: Database, projectId: string): Promise<Map<string, SpendCaps>> {
+  const rows = await db.selectFrom('spend_caps').selectAll().where('project_id', '=', projectId).execute();
+  return new Map(
+    rows.map((r) => [r.external_id, { daily: r.daily ?? undefined, monthly: r.monthly ?? undefined }]),
+  );
 }
 
 const TTL_MS = 60_000;

@@ -1,6 +1,5 @@
 import { z } from 'zod';
 import { type Actor, operatorActor, recordAudit } from '../audit/index.ts';
-import { createKey } from '../auth/keys.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
@@ -9,6 +8,7 @@ import { amountInputSchema, currencySchema } from '../core/money.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput, storableText } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { Project, ProjectSettings } from '../db/schema.ts';
+import { createKey } from './keys.ts';
 
 const httpUrl = z
   .string()
@@ -41,6 +41,9 @@ export const upstreamUrlSchema = z
   });
 
 export const ECHO_UPSTREAM = 'echo://local';
+
+/** The provider a project's upstream is (src/routing/providers.ts writes the others). */
+export const DEFAULT_PROVIDER = 'default';
 
 export const projectSettingsSchema = z.strictObject({
   connectMessage: z.string().min(1).max(2000).refine(isStorable, { message: NOT_STORABLE }).optional(),
@@ -90,7 +93,7 @@ export async function createProject(
         .insertInto('providers')
         .values({
           project_id: id,
-          name: 'default',
+          name: DEFAULT_PROVIDER,
           base_url: project.upstream_base_url,
           key_sealed: project.upstream_key_sealed,
         })
@@ -166,6 +169,23 @@ export async function createManagedProject(
   });
 }
 
+/** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts);
+ * src/routing/providers.ts writes the providers, `updateProject` the provider `default`. */
+export async function assertProviderWritable(
+  db: Database,
+  projectId: string,
+  name: string,
+  writer: string | undefined,
+): Promise<void> {
+  const row = await db
+    .selectFrom('providers')
+    .select('managed_by')
+    .where('project_id', '=', projectId)
+    .where('name', '=', name)
+    .executeTakeFirst();
+  assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
+}
+
 /** A project as the audit log keeps it: name, currency, settings, the provider without its key. */
 export function auditedProject(p: Project) {
   return {
@@ -223,15 +243,8 @@ export async function updateProject(
   const parsed = parseInput(updateProjectSchema, input, 'project');
   const current = await getProject(db, id);
   assertWritable(`Project ${id}`, current.managed_by, opts.managedBy);
-  if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined) {
-    const provider = await db
-      .selectFrom('providers')
-      .select('managed_by')
-      .where('project_id', '=', id)
-      .where('name', '=', 'default')
-      .executeTakeFirst();
-    assertWritable(`The provider default of ${id}`, provider?.managed_by, opts.managedBy);
-  }
+  if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined)
+    await assertProviderWritable(db, id, DEFAULT_PROVIDER, opts.managedBy);
   const updated = await db
     .updateTable('projects')
     .set({
@@ -258,12 +271,16 @@ export async function updateProject(
   // Routing (src/routing/providers.ts): the upstream is the project's provider `default`.
   if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined) {
     if (!updated.upstream_base_url) {
-      await db.deleteFrom('providers').where('project_id', '=', id).where('name', '=', 'default').execute();
+      await db
+        .deleteFrom('providers')
+        .where('project_id', '=', id)
+        .where('name', '=', DEFAULT_PROVIDER)
+        .execute();
     } else {
       const row = { base_url: updated.upstream_base_url, key_sealed: updated.upstream_key_sealed };
       await db
         .insertInto('providers')
-        .values({ project_id: id, name: 'default', ...row })
+        .values({ project_id: id, name: DEFAULT_PROVIDER, ...row })
         .onConflict((oc) =>
           oc.columns(['project_id', 'name']).doUpdateSet({ ...row, updated_at: new Date() }),
         )

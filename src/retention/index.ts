@@ -1,7 +1,8 @@
-import { type Kysely, sql } from 'kysely';
-import type { AppContext } from '../app/context.ts';
+import { type Kysely, type RawBuilder, sql } from 'kysely';
+import type { Config } from '../config/index.ts';
 import { idBound } from '../core/ids.ts';
 import type { DB } from '../db/schema.ts';
+import type { Metrics } from '../metrics/registry.ts';
 
 /**
  * Retention: pruning by age, in small batches that never block the hot path. Each batch is one
@@ -41,60 +42,77 @@ export interface PruneOptions {
   minPauseMs?: number;
 }
 
-type Statement = (db: Kysely<DB>, cutoffMs: number, limit: number) => Promise<number>;
+/** What pruning uses: the database, the retention settings, and the counter of rows pruned. */
+export interface RetentionContext {
+  db: Kysely<DB>;
+  config: RetentionSettings;
+  metrics: Pick<Metrics, 'pruned'>;
+}
 
-const affected = (res: { numAffectedRows?: bigint }) => Number(res.numAffectedRows ?? 0);
+export type RetentionSettings = Pick<
+  Config,
+  | 'RETENTION_BATCH_SIZE'
+  | 'RETENTION_DELIVERIES_DAYS'
+  | 'RETENTION_EVENTS_DAYS'
+  | 'RETENTION_IDEMPOTENCY_HOURS'
+  | 'RETENTION_HOLDS_DAYS'
+>;
+
 const iso = (ms: number) => new Date(ms).toISOString();
+
+/**
+ * A kind of row pruned: its table, the rows older than the cutoff (`where`), and the key and order its
+ * batches go by (default: the id).
+ */
+interface Prunable {
+  table: string;
+  where: (cutoffMs: number) => RawBuilder<unknown>;
+  key?: string[];
+  orderBy?: string;
+}
 
 // Old rows are found by primary key range: ids sort by creation time (src/core/ids.ts), so everything
 // made before the cutoff sorts below `idBound(prefix, cutoff)`. No extra index on the hot tables.
-const statements: Record<PrunedKind, Statement> = {
-  deliveries: async (db, cutoff, limit) =>
-    affected(
-      await sql`
-        DELETE FROM webhook_deliveries WHERE id IN (
-          SELECT id FROM webhook_deliveries
-          WHERE id < ${idBound('dlv', cutoff)} AND status <> 'pending' AND finished_at < ${iso(cutoff)}::timestamptz
-          ORDER BY id
-          LIMIT ${limit}
-          FOR UPDATE SKIP LOCKED)`.execute(db),
-    ),
+const prunable: Record<PrunedKind, Prunable> = {
+  deliveries: {
+    table: 'webhook_deliveries',
+    where: (cutoff) =>
+      sql`id < ${idBound('dlv', cutoff)} AND status <> 'pending' AND finished_at < ${iso(cutoff)}::timestamptz`,
+  },
   // An event goes once its deliveries may have gone (see retentionAges) and none of them is pending.
-  events: async (db, cutoff, limit) =>
-    affected(
-      await sql`
-        DELETE FROM events WHERE id IN (
-          SELECT id FROM events
-          WHERE id < ${idBound('evt', cutoff)} AND dispatched_at IS NOT NULL
-            AND id NOT IN (SELECT event_id FROM webhook_deliveries WHERE status = 'pending')
-          ORDER BY id
-          LIMIT ${limit}
-          FOR UPDATE SKIP LOCKED)`.execute(db),
-    ),
-  idempotencyKeys: async (db, cutoff, limit) =>
-    affected(
-      await sql`
-        DELETE FROM idempotency_keys WHERE (project_id, endpoint, key) IN (
-          SELECT project_id, endpoint, key FROM idempotency_keys
-          WHERE expires_at <= now() AND created_at < ${iso(cutoff)}::timestamptz
-          ORDER BY expires_at
-          LIMIT ${limit}
-          FOR UPDATE SKIP LOCKED)`.execute(db),
-    ),
-  holds: async (db, cutoff, limit) =>
-    affected(
-      await sql`
-        DELETE FROM holds WHERE id IN (
-          SELECT id FROM holds
-          WHERE id < ${idBound('hold', cutoff)} AND status <> 'open' AND closed_at < ${iso(cutoff)}::timestamptz
-          ORDER BY id
-          LIMIT ${limit}
-          FOR UPDATE SKIP LOCKED)`.execute(db),
-    ),
+  events: {
+    table: 'events',
+    where: (cutoff) => sql`id < ${idBound('evt', cutoff)} AND dispatched_at IS NOT NULL
+      AND id NOT IN (SELECT event_id FROM webhook_deliveries WHERE status = 'pending')`,
+  },
+  idempotencyKeys: {
+    table: 'idempotency_keys',
+    key: ['project_id', 'endpoint', 'key'],
+    orderBy: 'expires_at',
+    where: (cutoff) => sql`expires_at <= now() AND created_at < ${iso(cutoff)}::timestamptz`,
+  },
+  holds: {
+    table: 'holds',
+    where: (cutoff) =>
+      sql`id < ${idBound('hold', cutoff)} AND status <> 'open' AND closed_at < ${iso(cutoff)}::timestamptz`,
+  },
 };
 
+/** One batch: up to `limit` rows of a kind older than the cutoff, in key order, rows locked elsewhere skipped. */
+async function deleteBatch(db: Kysely<DB>, kind: Prunable, cutoffMs: number, limit: number): Promise<number> {
+  const key = sql.join((kind.key ?? ['id']).map((column) => sql.ref(column)));
+  const res = await sql`
+    DELETE FROM ${sql.table(kind.table)} WHERE (${key}) IN (
+      SELECT ${key} FROM ${sql.table(kind.table)}
+      WHERE ${kind.where(cutoffMs)}
+      ORDER BY ${sql.ref(kind.orderBy ?? 'id')}
+      LIMIT ${limit}
+      FOR UPDATE SKIP LOCKED)`.execute(db);
+  return Number(res.numAffectedRows ?? 0);
+}
+
 /** The age past which each kind is pruned, in milliseconds (undefined: kept forever). */
-export function retentionAges(config: AppContext['config']): Record<PrunedKind, number | undefined> {
+export function retentionAges(config: RetentionSettings): Record<PrunedKind, number | undefined> {
   const days = (d: number) => (d > 0 ? d * 24 * 3600_000 : undefined);
   const deliveries = days(config.RETENTION_DELIVERIES_DAYS);
   const events = days(config.RETENTION_EVENTS_DAYS);
@@ -117,7 +135,7 @@ const pause = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
  * One retention pass: each kind in turn, batch after batch until a batch comes back short (or
  * `maxBatches`). Deliveries go before events, which wait for their deliveries to be gone.
  */
-export async function pruneOnce(ctx: AppContext, options: PruneOptions = {}): Promise<PruneCounts> {
+export async function pruneOnce(ctx: RetentionContext, options: PruneOptions = {}): Promise<PruneCounts> {
   const limit = options.batchSize ?? ctx.config.RETENTION_BATCH_SIZE;
   const maxBatches = options.maxBatches ?? 1000;
   const minPauseMs = options.minPauseMs ?? 20;
@@ -130,7 +148,7 @@ export async function pruneOnce(ctx: AppContext, options: PruneOptions = {}): Pr
     const cutoff = now - age;
     for (let batch = 0; batch < maxBatches && !options.signal?.aborted; batch++) {
       const started = performance.now();
-      const deleted = await statements[kind](ctx.db, cutoff, limit);
+      const deleted = await deleteBatch(ctx.db, prunable[kind], cutoff, limit);
       counts[kind] += deleted;
       if (deleted > 0) ctx.metrics.pruned.inc({ kind }, deleted);
       if (deleted < limit) break;

@@ -2,11 +2,10 @@ import { z } from 'zod';
 import { type Actor, recordAudit } from '../audit/index.ts';
 import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
-import { assertWritable } from '../core/managed.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { ProviderKind } from '../db/schema.ts';
-import { upstreamUrlSchema } from '../projects/service.ts';
+import { assertProviderWritable, DEFAULT_PROVIDER, upstreamUrlSchema } from '../projects/service.ts';
 
 /**
  * A project's named model providers (base URL, kind — `openai-compatible` or `anthropic` —, key sealed
@@ -18,8 +17,6 @@ import { upstreamUrlSchema } from '../projects/service.ts';
 export const providerNameSchema = z
   .string()
   .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, { message: 'may hold letters, digits and . _ - (64 at most)' });
-
-export const DEFAULT_PROVIDER = 'default';
 
 export const PROVIDER_KINDS = ['openai-compatible', 'anthropic'] as const satisfies readonly ProviderKind[];
 
@@ -47,16 +44,6 @@ export interface ProviderView {
   keySet: boolean;
   timeouts: { connectMs: number | undefined; responseMs: number | undefined };
   updatedAt: Date;
-}
-
-/** A provider as the router uses it (key unsealed; cached with the project). */
-export interface ProviderConfig {
-  name: string;
-  baseUrl: string;
-  kind: ProviderKind;
-  apiKey: string | undefined;
-  connectMs: number | undefined;
-  responseMs: number | undefined;
 }
 
 /** Creates or replaces a provider of a project (the key is sealed at rest). */
@@ -193,44 +180,6 @@ export async function removeProvider(
       after: null,
     });
   return deleted !== undefined;
-}
-
-/** A provider a ModelProvider resource manages is written only by it (src/core/managed.ts). */
-async function assertProviderWritable(
-  db: Database,
-  projectId: string,
-  name: string,
-  writer: string | undefined,
-): Promise<void> {
-  const row = await db
-    .selectFrom('providers')
-    .select('managed_by')
-    .where('project_id', '=', projectId)
-    .where('name', '=', name)
-    .executeTakeFirst();
-  assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
-}
-
-/** The providers of a project with their keys unsealed (the project directory caches them). */
-export async function loadProviders(
-  db: Database,
-  sealer: Sealer,
-  projectId: string,
-): Promise<Map<string, ProviderConfig>> {
-  const rows = await db.selectFrom('providers').selectAll().where('project_id', '=', projectId).execute();
-  return new Map(
-    rows.map((r) => [
-      r.name,
-      {
-        name: r.name,
-        baseUrl: r.base_url,
-        kind: r.kind,
-        apiKey: r.key_sealed ? sealer.open(r.key_sealed) : undefined,
-        connectMs: r.connect_timeout_ms ?? undefined,
-        responseMs: r.response_timeout_ms ?? undefined,
-      },
-    ]),
-  );
 }
 
 function view(row: {

@@ -2,8 +2,8 @@ import type { Agent } from 'undici';
 import type { Config } from '../config/index.ts';
 import type { ModelRoute, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
-import type { ProjectContext } from '../projects/directory.ts';
-import { ECHO_UPSTREAM } from '../projects/service.ts';
+import type { ProjectContext, ProviderConfig } from '../projects/directory.ts';
+import { DEFAULT_PROVIDER, ECHO_UPSTREAM } from '../projects/service.ts';
 import { failed, type Span, SpanKind, type Tracing, withTraceHeaders } from '../tracing/index.ts';
 import { ChatOverMessages } from '../upstream/anthropic/chat-over-messages.ts';
 import { MessagesOverChat } from '../upstream/anthropic/messages-over-chat.ts';
@@ -19,7 +19,6 @@ import {
   UpstreamError,
 } from '../upstream/types.ts';
 import { CircuitBreakers } from './breaker.ts';
-import { DEFAULT_PROVIDER, type ProviderConfig } from './providers.ts';
 
 /**
  * Routing: a model's routes (pricing file `routes`; by default the provider `default` with the model's

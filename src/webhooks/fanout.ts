@@ -1,9 +1,18 @@
 import { sql } from 'kysely';
-import type { AppContext } from '../app/context.ts';
+import type { Config } from '../config/index.ts';
 import { newId } from '../core/ids.ts';
+import type { Database } from '../db/index.ts';
 import type { EventEnvelope } from '../events/outbox.ts';
+import type { Metrics } from '../metrics/registry.ts';
 import { matchesAny } from './patterns.ts';
 import type { EnvelopeCache } from './queue.ts';
+
+/** What the fan-out uses of the application context (callers pass the context). */
+export interface FanoutContext {
+  db: Database;
+  config: Pick<Config, 'WEBHOOK_MAX_ATTEMPTS'>;
+  metrics: Pick<Metrics, 'eventsFannedOut'>;
+}
 
 export interface FanoutResult {
   events: number;
@@ -17,7 +26,7 @@ export interface FanoutResult {
  * the deliveries as well). Events are locked with SKIP LOCKED, so many workers fan out side by side.
  */
 export async function fanOut(
-  ctx: AppContext,
+  ctx: FanoutContext,
   batchSize = 200,
   envelopes?: EnvelopeCache,
 ): Promise<FanoutResult> {

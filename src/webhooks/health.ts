@@ -1,6 +1,10 @@
 import { sql } from 'kysely';
-import type { AppContext } from '../app/context.ts';
-import { subscriptionsChanged } from './subscriptions.ts';
+import type { Logger } from 'pino';
+import type { Config } from '../config/index.ts';
+import type { Database } from '../db/index.ts';
+import type { EventRecorder } from '../events/outbox.ts';
+import type { Metrics } from '../metrics/registry.ts';
+import { type SubscriptionStore, subscriptionsChanged } from './subscriptions.ts';
 
 /**
  * Endpoint health, as Svix does it: a subscription whose attempts have all failed for
@@ -11,7 +15,10 @@ import { subscriptionsChanged } from './subscriptions.ts';
  * operator then sets `Ready=False`/`EndpointDisabled` on a managed one). Re-enabling — `isActive: true`
  * through the API or the CLI, or a spec change of the resource — clears the reason.
  */
-export async function disableFailingSubscriptions(ctx: AppContext, now = new Date()): Promise<number> {
+export async function disableFailingSubscriptions(
+  ctx: EndpointHealthContext,
+  now = new Date(),
+): Promise<number> {
   const hours = ctx.config.WEBHOOK_DISABLE_AFTER_HOURS;
   if (hours <= 0) return 0;
   const disabled = await ctx.db.transaction().execute(async (tx) => {
@@ -71,4 +78,13 @@ export async function disableFailingSubscriptions(ctx: AppContext, now = new Dat
   }
   for (const project of new Set(disabled.map((r) => r.project_id))) await subscriptionsChanged(ctx, project);
   return disabled.length;
+}
+
+/** What endpoint health uses of the application context (callers pass the context). */
+export interface EndpointHealthContext extends Pick<SubscriptionStore, 'bus'> {
+  db: Database;
+  config: Pick<Config, 'WEBHOOK_DISABLE_AFTER_HOURS'>;
+  events: Pick<EventRecorder, 'filter' | 'record' | 'wake'>;
+  metrics: Pick<Metrics, 'subscriptionsDisabled'>;
+  log: Logger;
 }

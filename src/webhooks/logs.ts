@@ -1,15 +1,24 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import type { AppContext } from '../app/context.ts';
-import { channels } from '../bus/index.ts';
+import { type Bus, channels } from '../bus/index.ts';
+import type { Config } from '../config/index.ts';
 import { conflict, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { textInput } from '../core/validation.ts';
+import type { Database } from '../db/index.ts';
 import type { EventEnvelope } from '../events/outbox.ts';
 import { eventObject } from './deliver.ts';
 import { getSubscription } from './subscriptions.ts';
 
 /** Delivery logs: what was sent where, every attempt and its answer. */
+
+/** What the delivery log uses of the application context (callers pass the context). */
+export interface DeliveryLogStore {
+  db: Database;
+  /** Wakes the delivery workers when a delivery is due again. */
+  bus: Bus;
+  config: Pick<Config, 'WEBHOOK_MAX_ATTEMPTS'>;
+}
 
 const intParam = (min: number, max: number, fallback: number) =>
   z
@@ -72,7 +81,7 @@ export interface DeliveryLogView {
 const iso = (d: Date | string | null) => (d === null ? null : new Date(d).toISOString());
 
 async function fetchLogs(
-  ctx: AppContext,
+  ctx: Pick<DeliveryLogStore, 'db'>,
   projectId: string,
   where: { id?: string; query?: LogsQuery },
 ): Promise<{ data: DeliveryLogView[]; hasMore: boolean }> {
@@ -111,7 +120,17 @@ async function fetchLogs(
   const attempts = page.length
     ? await ctx.db
         .selectFrom('webhook_attempts')
-        .selectAll()
+        .select([
+          'delivery_id',
+          'attempt',
+          'outcome',
+          'response_status as responseStatus',
+          'response_excerpt as responseBody',
+          'error',
+          'duration_ms as durationMs',
+          'started_at',
+          'finished_at',
+        ])
         .where(
           'delivery_id',
           'in',
@@ -122,19 +141,10 @@ async function fetchLogs(
         .execute()
     : [];
   const byDelivery = new Map<string, AttemptView[]>();
-  for (const a of attempts) {
-    const list = byDelivery.get(a.delivery_id) ?? [];
-    list.push({
-      attempt: a.attempt,
-      outcome: a.outcome,
-      responseStatus: a.response_status,
-      responseBody: a.response_excerpt,
-      error: a.error,
-      durationMs: a.duration_ms,
-      startedAt: iso(a.started_at)!,
-      finishedAt: iso(a.finished_at)!,
-    });
-    byDelivery.set(a.delivery_id, list);
+  for (const { delivery_id, started_at, finished_at, ...attempt } of attempts) {
+    const list = byDelivery.get(delivery_id) ?? [];
+    list.push({ ...attempt, startedAt: iso(started_at)!, finishedAt: iso(finished_at)! });
+    byDelivery.set(delivery_id, list);
   }
   return {
     hasMore: rows.length > limit,
@@ -160,12 +170,12 @@ async function fetchLogs(
   };
 }
 
-export function listDeliveryLogs(ctx: AppContext, projectId: string, query: LogsQuery) {
+export function listDeliveryLogs(ctx: Pick<DeliveryLogStore, 'db'>, projectId: string, query: LogsQuery) {
   return fetchLogs(ctx, projectId, { query });
 }
 
 export async function getDeliveryLog(
-  ctx: AppContext,
+  ctx: Pick<DeliveryLogStore, 'db'>,
   projectId: string,
   id: string,
 ): Promise<DeliveryLogView> {
@@ -179,7 +189,7 @@ export async function getDeliveryLog(
  * A delivery still pending is refused: it is already due or waiting for its next retry.
  */
 export async function retryDelivery(
-  ctx: AppContext,
+  ctx: DeliveryLogStore,
   projectId: string,
   id: string,
 ): Promise<DeliveryLogView> {
@@ -211,7 +221,7 @@ export async function retryDelivery(
  * endpoint and its signature verification. Returns the delivery's log entry.
  */
 export async function sendTestPing(
-  ctx: AppContext,
+  ctx: DeliveryLogStore,
   project: { id: string; owner_user_id: string },
   subscriptionId: string,
   actor: { type: string; id: string },

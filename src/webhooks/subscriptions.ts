@@ -1,12 +1,16 @@
 import { randomBytes } from 'node:crypto';
-import { sql } from 'kysely';
+import { sql, type UpdateObject } from 'kysely';
 import { z } from 'zod';
-import type { AppContext } from '../app/context.ts';
 import { type Actor, CLI_ACTOR, operatorActor, recordAudit } from '../audit/index.ts';
+import type { Bus } from '../bus/index.ts';
+import type { Config } from '../config/index.ts';
+import type { Sealer } from '../core/crypto.ts';
 import { ApiError, badRequest, conflict, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput } from '../core/validation.ts';
-import type { WebhookSubscriptionsTable } from '../db/schema.ts';
+import type { Database } from '../db/index.ts';
+import type { DB, WebhookSubscriptionsTable } from '../db/schema.ts';
+import type { EventFilter } from '../events/outbox.ts';
 import { checkDestination, DestinationError } from '../net/destination.ts';
 import { SubscriptionFilter, subscriptionsChangedChannel } from './filter.ts';
 import { patternProblem } from './patterns.ts';
@@ -15,6 +19,19 @@ import { patternProblem } from './patterns.ts';
  * Webhook subscriptions: one service for the REST surface, the CLI and the Kubernetes operator (which
  * owns the rows it made through `managedBy`). Secrets are sealed at rest and returned only on creation.
  */
+
+/** What the service uses of the application context (callers pass the context). */
+export interface SubscriptionStore {
+  db: Database;
+  sealer: Sealer;
+  bus: Bus;
+  config: Pick<Config, 'WEBHOOK_ALLOW_HTTP' | 'WEBHOOK_ALLOW_PRIVATE_NETWORKS'>;
+  /** This process's event filter, refreshed at once when a project's subscriptions change. */
+  events: { filter: EventFilter };
+}
+
+/** Reading subscriptions needs only the database. */
+export type SubscriptionReader = Pick<SubscriptionStore, 'db'>;
 
 export const MAX_CUSTOM_HEADERS = 10;
 export const MIN_SECRET_LENGTH = 24;
@@ -189,7 +206,7 @@ export function generateSecret(): string {
 const suffixOf = (secret: string) => secret.slice(-4);
 
 /** Checks the scheme and destination of a URL already shaped by the schema; 400 on `url`. */
-async function checkUrl(ctx: AppContext, raw: string): Promise<void> {
+async function checkUrl(ctx: Pick<SubscriptionStore, 'config'>, raw: string): Promise<void> {
   const url = new URL(raw);
   if (url.protocol === 'http:' && !ctx.config.WEBHOOK_ALLOW_HTTP)
     throw badRequest(
@@ -207,7 +224,10 @@ async function checkUrl(ctx: AppContext, raw: string): Promise<void> {
 }
 
 /** Makes every process refresh its event filter for the project. */
-export async function subscriptionsChanged(ctx: AppContext, projectId: string): Promise<void> {
+export async function subscriptionsChanged(
+  ctx: Pick<SubscriptionStore, 'bus' | 'events'>,
+  projectId: string,
+): Promise<void> {
   const filter = ctx.events.filter;
   if (filter instanceof SubscriptionFilter) await filter.refresh(projectId).catch(() => {});
   await ctx.bus.publish(subscriptionsChangedChannel, projectId).catch(() => {});
@@ -241,13 +261,16 @@ function auditActor(opts: { managedBy?: string | undefined; actor?: Actor | unde
  * Refuses what createSubscription would refuse (shape, scheme, destination, headers) without writing
  * anything: the operator checks a spec before it generates a Secret for it.
  */
-export async function validateSubscriptionInput(ctx: AppContext, input: SubscriptionInput): Promise<void> {
+export async function validateSubscriptionInput(
+  ctx: Pick<SubscriptionStore, 'config'>,
+  input: SubscriptionInput,
+): Promise<void> {
   const parsed = parseInput(subscriptionInputSchema, input);
   await checkUrl(ctx, parsed.url);
 }
 
 export async function createSubscription(
-  ctx: AppContext,
+  ctx: SubscriptionStore,
   projectId: string,
   input: SubscriptionInput,
   opts: { createdBy: string; managedBy?: string; actor?: Actor },
@@ -294,7 +317,7 @@ export async function createSubscription(
   return { subscription: toView(row), secret };
 }
 
-async function findRow(ctx: AppContext, projectId: string, id: string): Promise<Row> {
+async function findRow(ctx: SubscriptionReader, projectId: string, id: string): Promise<Row> {
   const row = await ctx.db
     .selectFrom('webhook_subscriptions')
     .selectAll()
@@ -306,7 +329,7 @@ async function findRow(ctx: AppContext, projectId: string, id: string): Promise<
 }
 
 export async function getSubscription(
-  ctx: AppContext,
+  ctx: SubscriptionReader,
   projectId: string,
   id: string,
 ): Promise<SubscriptionView> {
@@ -314,7 +337,7 @@ export async function getSubscription(
 }
 
 export async function updateSubscription(
-  ctx: AppContext,
+  ctx: SubscriptionStore,
   projectId: string,
   id: string,
   input: SubscriptionInput & { isActive?: boolean },
@@ -324,42 +347,31 @@ export async function updateSubscription(
   const current = await findRow(ctx, projectId, id);
   assertManager(current, opts.managedBy);
   await checkUrl(ctx, parsed.url);
-  const row = await ctx.db.transaction().execute(async (tx) => {
-    const updated = (await tx
-      .updateTable('webhook_subscriptions')
-      .set({
-        url: parsed.url,
-        events: JSON.stringify(parsed.events),
-        description: parsed.description,
-        custom_headers: JSON.stringify(parsed.customHeaders),
-        ...(parsed.secret
-          ? { secret_sealed: ctx.sealer.seal(parsed.secret), secret_suffix: suffixOf(parsed.secret) }
-          : {}),
-        ...(parsed.isActive !== undefined ? { is_active: parsed.isActive } : {}),
-        ...(parsed.isActive === true && !current.is_active ? healthReset : {}),
-        updated_at: sql`now()`,
-      })
-      .where('id', '=', id)
-      .where('project_id', '=', projectId)
-      .returningAll()
-      .executeTakeFirstOrThrow()) as Row;
-    await recordAudit(tx, {
+  return writeChange(
+    ctx,
+    current,
+    {
+      url: parsed.url,
+      events: JSON.stringify(parsed.events),
+      description: parsed.description,
+      custom_headers: JSON.stringify(parsed.customHeaders),
+      ...(parsed.secret
+        ? { secret_sealed: ctx.sealer.seal(parsed.secret), secret_suffix: suffixOf(parsed.secret) }
+        : {}),
+      ...(parsed.isActive !== undefined ? { is_active: parsed.isActive } : {}),
+      ...(parsed.isActive === true && !current.is_active ? healthReset : {}),
+    },
+    {
       actor: auditActor(opts),
-      projectId,
       action: 'webhook_subscription.update',
-      targetType: 'webhook_subscription',
-      targetId: id,
       before: toView(current),
-      after: { ...toView(updated), secretChanged: parsed.secret !== undefined },
-    });
-    return updated;
-  });
-  await subscriptionsChanged(ctx, projectId);
-  return toView(row);
+      after: (updated) => ({ ...toView(updated), secretChanged: parsed.secret !== undefined }),
+    },
+  );
 }
 
 export async function setSubscriptionActive(
-  ctx: AppContext,
+  ctx: SubscriptionStore,
   projectId: string,
   id: string,
   active: boolean,
@@ -368,26 +380,46 @@ export async function setSubscriptionActive(
   const current = await findRow(ctx, projectId, id);
   assertManager(current, opts.managedBy);
   if (current.is_active === active) return toView(current);
+  return writeChange(
+    ctx,
+    current,
+    { is_active: active, ...(active ? healthReset : { disabled_at: null, disabled_reason: null }) },
+    {
+      actor: auditActor(opts),
+      action: active ? 'webhook_subscription.enable' : 'webhook_subscription.disable',
+      before: { isActive: current.is_active },
+      after: (updated) => ({ isActive: updated.is_active }),
+    },
+  );
+}
+
+/**
+ * Writes a change of one subscription and its audit entry in one transaction, then makes every process
+ * refresh its event filter.
+ */
+async function writeChange(
+  ctx: SubscriptionStore,
+  current: Row,
+  set: UpdateObject<DB, 'webhook_subscriptions'>,
+  audit: { actor: Actor; action: string; before: unknown; after: (updated: Row) => unknown },
+): Promise<SubscriptionView> {
+  const projectId = current.project_id;
   const row = await ctx.db.transaction().execute(async (tx) => {
     const updated = (await tx
       .updateTable('webhook_subscriptions')
-      .set({
-        is_active: active,
-        ...(active ? healthReset : { disabled_at: null, disabled_reason: null }),
-        updated_at: sql`now()`,
-      })
-      .where('id', '=', id)
+      .set({ ...set, updated_at: sql`now()` })
+      .where('id', '=', current.id)
       .where('project_id', '=', projectId)
       .returningAll()
       .executeTakeFirstOrThrow()) as Row;
     await recordAudit(tx, {
-      actor: auditActor(opts),
+      actor: audit.actor,
       projectId,
-      action: active ? 'webhook_subscription.enable' : 'webhook_subscription.disable',
+      action: audit.action,
       targetType: 'webhook_subscription',
-      targetId: id,
-      before: { isActive: current.is_active },
-      after: { isActive: updated.is_active },
+      targetId: current.id,
+      before: audit.before,
+      after: audit.after(updated),
     });
     return updated;
   });
@@ -396,7 +428,7 @@ export async function setSubscriptionActive(
 }
 
 /** The project of a subscription, for commands that only know its id (the CLI). */
-export async function projectOfSubscription(ctx: AppContext, id: string): Promise<string> {
+export async function projectOfSubscription(ctx: SubscriptionReader, id: string): Promise<string> {
   const row = await ctx.db
     .selectFrom('webhook_subscriptions')
     .select('project_id')
@@ -407,7 +439,7 @@ export async function projectOfSubscription(ctx: AppContext, id: string): Promis
 }
 
 export async function findSubscriptionByManager(
-  ctx: AppContext,
+  ctx: SubscriptionReader,
   managedBy: string,
 ): Promise<SubscriptionView | undefined> {
   const row = await ctx.db
@@ -426,7 +458,7 @@ export interface ListOptions {
 
 /** Newest first; `startingAfter` is the id of the last item of the previous page. */
 export async function listSubscriptions(
-  ctx: AppContext,
+  ctx: SubscriptionReader,
   projectId: string,
   options: ListOptions,
 ): Promise<{ data: SubscriptionView[]; hasMore: boolean }> {
@@ -440,9 +472,4 @@ export async function listSubscriptions(
   if (options.startingAfter) query = query.where('id', '<', options.startingAfter);
   const rows = (await query.execute()) as Row[];
   return { data: rows.slice(0, options.limit).map(toView), hasMore: rows.length > options.limit };
-}
-
-/** The plaintext secret of a subscription (deliveries and test pings). */
-export function openSecret(ctx: AppContext, sealed: string): string {
-  return ctx.sealer.open(sealed);
 }

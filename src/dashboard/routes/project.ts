@@ -15,8 +15,8 @@ import {
 } from '../../admin/service.ts';
 import { storableText, textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
-import { projectSettingsSchema } from '../../projects/service.ts';
-import { DEFAULT_PROVIDER, PROVIDER_KINDS } from '../../routing/providers.ts';
+import { DEFAULT_PROVIDER, projectSettingsSchema } from '../../projects/service.ts';
+import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { barChart, lastDays } from '../charts.ts';
 import { keyPage } from '../key-page.ts';
 import {

@@ -1,4 +1,4 @@
-import type { ProviderConfig } from '../../routing/providers.ts';
+import type { ProviderConfig } from '../../projects/directory.ts';
 import { Failure } from '../failure.ts';
 import {
   finalized,

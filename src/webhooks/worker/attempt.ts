@@ -1,4 +1,6 @@
 import type { Config } from '../../config/index.ts';
+import type { Sealer } from '../../core/crypto.ts';
+import { failed, linkTo, SpanKind, type Tracing } from '../../tracing/index.ts';
 import {
   backoffMs,
   buildRequest,
@@ -12,7 +14,7 @@ import type { AttemptResult, ClaimedDelivery } from '../queue.ts';
 /**
  * One delivery attempt, as svix's worker runs it: prepare → call → handle success | handle failure, each
  * stage returning a typed value. Nothing here touches the database; the result writer records what
- * `run` returns.
+ * `runAttempt` returns.
  */
 
 /** After prepare: the signed request to send, or an outcome decided without sending. */
@@ -116,4 +118,53 @@ export async function runAttempt(deps: AttemptDeps, delivery: ClaimedDelivery): 
   const prepared = prepare(deps, delivery, startedAt);
   if (prepared.state === 'decided') return prepared.completed;
   return complete(deps, delivery, await call(deps, prepared), startedAt);
+}
+
+/**
+ * The whole attempt; with tracing, in a span of its own trace, linked to the trace of the request that
+ * caused the event (the event's `metadata.traceparent`).
+ */
+export function tracedAttempt(tracing: Tracing, deps: AttemptDeps, d: ClaimedDelivery): Promise<Completed> {
+  if (!tracing.enabled) return runAttempt(deps, d);
+  const span = tracing.start(
+    'tollgate.webhook.delivery',
+    {
+      'tollgate.event.id': d.envelope.id,
+      'tollgate.event.type': d.envelope.type,
+      'tollgate.project.id': d.project_id,
+      'tollgate.webhook.subscription_id': d.subscription_id,
+      'tollgate.webhook.delivery_id': d.id,
+      'tollgate.webhook.attempt': d.attempts,
+    },
+    { kind: SpanKind.CLIENT, root: true, links: linkTo(d.envelope.metadata?.traceparent) },
+  )!;
+  return runAttempt(deps, d).then(
+    (completed) => {
+      span.setAttribute('tollgate.outcome', completed.result.outcome);
+      if (completed.result.status !== undefined)
+        span.setAttribute('http.response.status_code', completed.result.status);
+      if (completed.state === 'failed') failed(span, completed.result.error ?? 'delivery failed');
+      span.end();
+      return completed;
+    },
+    (err) => {
+      failed(span, err);
+      span.end();
+      throw err;
+    },
+  );
+}
+
+/** Opens sealed signing secrets, keeping the plaintexts of the recent ones (bounded). */
+export function cachedSecrets(sealer: Pick<Sealer, 'open'>): (sealed: string) => string {
+  const secrets = new Map<string, string>();
+  return (sealed) => {
+    let secret = secrets.get(sealed);
+    if (secret === undefined) {
+      secret = sealer.open(sealed);
+      if (secrets.size > 10_000) secrets.clear();
+      secrets.set(sealed, secret);
+    }
+    return secret;
+  };
 }

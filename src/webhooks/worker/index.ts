@@ -1,34 +1,44 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import type { AppContext } from '../../app/context.ts';
+import type { Logger } from 'pino';
 import { channels } from '../../bus/index.ts';
-import { failed, linkTo, SpanKind } from '../../tracing/index.ts';
+import type { Config } from '../../config/index.ts';
+import type { Sealer } from '../../core/crypto.ts';
+import type { Metrics } from '../../metrics/registry.ts';
+import type { Tracing } from '../../tracing/index.ts';
 import { Sender } from '../deliver.ts';
-import { fanOut } from '../fanout.ts';
-import { disableFailingSubscriptions } from '../health.ts';
-import {
-  type ClaimedDelivery,
-  EnvelopeCache,
-  expireAbandoned,
-  queueStats,
-  releaseClaim,
-  releaseOwnership,
-  renewOwnership,
-} from '../queue.ts';
-import { type AttemptDeps, type Completed, runAttempt } from './attempt.ts';
-import { ClaimLoop } from './claim.ts';
-import { SerialLoop } from './loop.ts';
-import { ResultWriter } from './result-writer.ts';
-import { SubscriptionSlots } from './slots.ts';
+import { type FanoutContext, fanOut } from '../fanout.ts';
+import type { EndpointHealthContext } from '../health.ts';
+import { EnvelopeCache, releaseOwnership } from '../queue.ts';
+import { type AttemptDeps, cachedSecrets, tracedAttempt } from './attempt.ts';
+import { ClaimLoop } from './claim-loop.ts';
+import { Dispatcher } from './dispatcher.ts';
+import { Housekeeping } from './housekeeping.ts';
+import { SerialLoop } from './serial-loop.ts';
+import { SubscriptionSlots } from './subscription-slots.ts';
+import { WakeTimer } from './wake-timer.ts';
 
 /**
  * The webhook delivery worker, in parts:
- * - `claim.ts`: the claim loop (batches of due deliveries, of subscriptions this worker owns);
- * - `slots.ts`: per-subscription slots (at most N requests at once per subscription, the rest waiting);
+ * - `claim-loop.ts`: the claim loop (batches of due deliveries, of subscriptions this worker owns);
+ * - `subscription-slots.ts`: per-subscription slots (at most N requests at once per subscription, the
+ *   rest waiting);
+ * - `dispatcher.ts`: sending what was claimed as slots allow, results written and counted;
  * - `attempt.ts`: one attempt, prepare → call → success | failure, each with its typed state;
  * - `result-writer.ts`: results written in groups;
- * - this file: the fan-out loop, timers, wake-ups, and start/stop.
+ * - `housekeeping.ts`: ownership renewal, abandoned deliveries, failing endpoints, queue gauges;
+ * - `wake-timer.ts`: the claim loop woken when a retry falls due;
+ * - this file: the fan-out loop, wake-ups, and start/stop.
  */
+
+/** What the worker uses of the application context (callers pass the context). */
+export interface WorkerContext extends FanoutContext, EndpointHealthContext {
+  config: Config;
+  log: Logger;
+  sealer: Sealer;
+  metrics: Metrics;
+  tracing: Tracing;
+}
 
 export interface WorkerOptions {
   /** Deliveries held (claimed and not finished) at once; default WEBHOOK_WORKER_CONCURRENCY. */
@@ -72,160 +82,47 @@ export interface DeliveryWorker {
  * `deliveries.due`) and polls as a fallback. Any number may run at once; Postgres row locks keep them
  * from sending the same attempt twice, and subscription ownership keeps the per-subscription limit.
  */
-export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): DeliveryWorker {
+export function startDeliveryWorker(ctx: WorkerContext, opts: WorkerOptions = {}): DeliveryWorker {
   const { config, log } = ctx;
-  const concurrency = opts.concurrency ?? config.WEBHOOK_WORKER_CONCURRENCY;
-  const perSubscription = opts.perSubscription ?? config.WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY;
   const leaseMs = opts.leaseMs ?? config.WEBHOOK_CLAIM_LEASE_MS;
   const ownerLeaseMs = opts.ownerLeaseMs ?? Math.min(leaseMs, 15_000);
   const pollMs = opts.pollIntervalMs ?? config.WEBHOOK_POLL_INTERVAL_MS;
   const fanoutBatch = opts.fanoutBatch ?? 200;
-  const statsMs = opts.statsIntervalMs ?? Math.max(5000, pollMs);
   const owner = opts.identity ?? `${hostname()}-${randomBytes(4).toString('hex')}`;
 
   const sender = new Sender(config);
   const abort = new AbortController();
-  const secrets = new Map<string, string>();
   const envelopes = new EnvelopeCache();
-  const slots = new SubscriptionSlots(perSubscription);
-  const writer = new ResultWriter(ctx.db);
-  const tasks = new Set<Promise<void>>();
+  const slots = new SubscriptionSlots(opts.perSubscription ?? config.WEBHOOK_PER_SUBSCRIPTION_CONCURRENCY);
   let stopping = false;
 
   const attemptDeps: AttemptDeps = {
     config,
     sender,
     signal: abort.signal,
-    openSecret(sealed) {
-      let secret = secrets.get(sealed);
-      if (secret === undefined) {
-        secret = ctx.sealer.open(sealed);
-        if (secrets.size > 10_000) secrets.clear();
-        secrets.set(sealed, secret);
-      }
-      return secret;
-    },
+    openSecret: cachedSecrets(ctx.sealer),
   };
-
+  const retries = new WakeTimer(() => claims.wake());
+  const dispatcher = new Dispatcher({
+    db: ctx.db,
+    log,
+    metrics: ctx.metrics,
+    slots,
+    attempt: (d) => tracedAttempt(ctx.tracing, attemptDeps, d),
+    freed: (roomAgain) => claims.freed(roomAgain),
+    retryIn: (ms) => retries.in(ms),
+  });
   const claims = new ClaimLoop({
     db: ctx.db,
     log,
     slots,
     envelopes,
     owner,
-    concurrency,
+    concurrency: opts.concurrency ?? config.WEBHOOK_WORKER_CONCURRENCY,
     leaseMs,
     ownerLeaseMs,
-    dispatch(d) {
-      if (slots.admit(d)) send(d);
-    },
+    dispatch: (d) => dispatcher.dispatch(d),
   });
-
-  /**
-   * One attempt; with tracing, in a span of its own trace, linked to the trace of the request that caused
-   * the event (the event's `metadata.traceparent`).
-   */
-  function attempt(d: ClaimedDelivery): Promise<Completed> {
-    const tracing = ctx.tracing;
-    if (!tracing.enabled) return runAttempt(attemptDeps, d);
-    const span = tracing.start(
-      'tollgate.webhook.delivery',
-      {
-        'tollgate.event.id': d.envelope.id,
-        'tollgate.event.type': d.envelope.type,
-        'tollgate.project.id': d.envelope.paywallId,
-        'tollgate.webhook.subscription_id': d.subscription_id,
-        'tollgate.webhook.delivery_id': d.id,
-        'tollgate.webhook.attempt': d.attempts,
-      },
-      { kind: SpanKind.CLIENT, root: true, links: linkTo(d.envelope.metadata?.traceparent) },
-    )!;
-    return runAttempt(attemptDeps, d).then(
-      (completed) => {
-        span.setAttribute('tollgate.outcome', completed.result.outcome);
-        if (completed.result.status !== undefined)
-          span.setAttribute('http.response.status_code', completed.result.status);
-        if (completed.state === 'failed') failed(span, completed.result.error ?? 'delivery failed');
-        span.end();
-        return completed;
-      },
-      (err) => {
-        failed(span, err);
-        span.end();
-        throw err;
-      },
-    );
-  }
-
-  /** Sends one held delivery; its slot is given back as soon as the answer is in, the result written after. */
-  function send(d: ClaimedDelivery): void {
-    const task: Promise<void> = attempt(d)
-      .then(
-        (completed) => {
-          freeSlot(d);
-          return record(completed);
-        },
-        (err) => {
-          freeSlot(d);
-          throw err;
-        },
-      )
-      .catch((err) => log.error({ err, delivery: d.id }, 'delivery failed unexpectedly'))
-      .finally(() => tasks.delete(task));
-    tasks.add(task);
-  }
-
-  function freeSlot(d: ClaimedDelivery): void {
-    const { next, roomAgain } = slots.release(d.subscription_id);
-    if (next) {
-      if (!stopping) send(next);
-      else {
-        slots.abandon(next.subscription_id);
-        const give: Promise<void> = releaseClaim(ctx.db, next)
-          .catch(() => {})
-          .finally(() => tasks.delete(give));
-        tasks.add(give);
-      }
-    }
-    claims.freed(roomAgain);
-  }
-
-  /** Records an attempt's result under its claim (in a group with others), then counts it. */
-  async function record({ delivery: d, result }: Completed): Promise<void> {
-    let recorded: boolean;
-    try {
-      recorded = await writer.write({ delivery: d, result });
-    } catch (err) {
-      log.warn(
-        { err, delivery: d.id },
-        'could not record a delivery result; it is retried when its lease runs out',
-      );
-      return;
-    }
-    if (!recorded) {
-      log.warn(
-        { delivery: d.id, attempt: d.attempts },
-        'delivery claim was taken over after its lease ran out; result dropped',
-      );
-      return;
-    }
-    ctx.metrics.deliveries.inc({ project: d.project_id, outcome: result.outcome });
-    ctx.metrics.deliveryLatency.observe({ outcome: result.outcome }, result.durationMs / 1000);
-    if (result.outcome === 'retry') wakeIn(result.retryInMs ?? 0);
-    else ctx.metrics.deliveryAttempts.observe({ outcome: result.outcome }, d.attempts);
-    log.debug(
-      {
-        delivery: d.id,
-        subscription: d.subscription_id,
-        attempt: d.attempts,
-        outcome: result.outcome,
-        status: result.status,
-        error: result.error,
-        ms: result.durationMs,
-      },
-      'webhook attempt',
-    );
-  }
 
   // ---- the fan-out loop ----
   const fanout = new SerialLoop(async () => {
@@ -243,59 +140,20 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     }
   });
 
-  // ---- timers ----
-  let wakeTimer: NodeJS.Timeout | undefined;
-  let wakeAt = Number.POSITIVE_INFINITY;
-  function wakeIn(ms: number): void {
-    if (stopping) return;
-    const at = Date.now() + ms;
-    if (wakeTimer && at >= wakeAt) return;
-    if (wakeTimer) clearTimeout(wakeTimer);
-    wakeAt = at;
-    wakeTimer = setTimeout(() => {
-      wakeTimer = undefined;
-      wakeAt = Number.POSITIVE_INFINITY;
-      claims.wake();
-    }, Math.max(ms, 0) + 5);
-    wakeTimer.unref();
-  }
-
-  const poll = setInterval(() => {
+  // ---- wake-ups: the poll, the bus ----
+  const wake = () => {
     fanout.request();
     claims.wake();
-  }, pollMs);
-  poll.unref();
-
-  // Ownership of the subscriptions this worker holds deliveries of is renewed well within its lease.
-  const renew = setInterval(
-    () => {
-      renewOwnership(ctx.db, owner, slots.busy(), ownerLeaseMs).catch((err) =>
-        log.debug({ err }, 'renewing subscription ownership failed'),
-      );
-    },
-    Math.max(250, Math.floor(ownerLeaseMs / 3)),
-  );
-  renew.unref();
-
-  let statsRunning = false;
-  const refreshStats = async () => {
-    if (statsRunning || stopping) return;
-    statsRunning = true;
-    try {
-      const ended = await expireAbandoned(ctx.db);
-      if (ended) log.info({ count: ended }, 'ended deliveries whose final attempt was abandoned');
-      await disableFailingSubscriptions(ctx);
-      const stats = await queueStats(ctx.db);
-      ctx.metrics.deliveriesPending.set(stats.pending);
-      ctx.metrics.oldestPendingAge.set(stats.oldestAgeSeconds);
-    } catch (err) {
-      log.debug({ err }, 'refreshing webhook queue stats failed');
-    } finally {
-      statsRunning = false;
-    }
   };
-  const stats = setInterval(refreshStats, statsMs);
-  stats.unref();
+  const poll = setInterval(wake, pollMs);
+  poll.unref();
+  const housekeeping = new Housekeeping({
+    ctx,
+    slots,
+    owner,
+    ownerLeaseMs,
+    statsMs: opts.statsIntervalMs ?? Math.max(5000, pollMs),
+  });
 
   const unsubscribers: Array<() => Promise<void>> = [];
   const ready = (async () => {
@@ -305,43 +163,24 @@ export function startDeliveryWorker(ctx: AppContext, opts: WorkerOptions = {}): 
     } catch (err) {
       log.warn({ err }, 'delivery worker could not subscribe to wake-ups; polling only');
     }
-    fanout.request();
-    claims.wake();
-    void refreshStats();
+    wake();
+    void housekeeping.refresh();
   })();
 
   return {
     ready,
-    wake() {
-      fanout.request();
-      claims.wake();
-    },
+    wake,
     async stop(graceMs = 10_000) {
       if (stopping) return;
       stopping = true;
+      dispatcher.halt();
       clearInterval(poll);
-      clearInterval(stats);
-      clearInterval(renew);
-      if (wakeTimer) clearTimeout(wakeTimer);
+      housekeeping.stop();
+      retries.stop();
       await ready;
       await Promise.allSettled(unsubscribers.map((u) => u()));
       await Promise.allSettled([claims.stop(), fanout.stop()]);
-      const unsent = slots.drainWaiting();
-      await Promise.allSettled(unsent.map((d) => releaseClaim(ctx.db, d)));
-      const inFlight = Promise.allSettled([...tasks]);
-      let timer: NodeJS.Timeout | undefined;
-      const expired = await Promise.race([
-        inFlight.then(() => false),
-        new Promise<boolean>((resolve) => {
-          timer = setTimeout(() => resolve(true), graceMs);
-        }),
-      ]);
-      clearTimeout(timer);
-      if (expired) {
-        abort.abort(new Error('the worker is stopping'));
-        await inFlight;
-      }
-      await writer.idle();
+      await dispatcher.finish(graceMs, () => abort.abort(new Error('the worker is stopping')));
       await releaseOwnership(ctx.db, owner).catch((err) =>
         log.debug({ err }, 'giving up subscription ownership failed; it runs out by itself'),
       );

@@ -2,7 +2,7 @@ import { type Bus, channels } from '../bus/index.ts';
 import { TtlCache } from '../core/cache.ts';
 import { sha256Hex } from '../core/crypto.ts';
 import type { Database } from '../db/index.ts';
-import { findActiveKey, revokeKey } from './keys.ts';
+import { findActiveKey, revokeKey } from '../projects/keys.ts';
 
 export interface ResolvedKey {
   id: string;

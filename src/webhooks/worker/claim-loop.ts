@@ -2,8 +2,8 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import type { DB } from '../../db/schema.ts';
 import { type ClaimedDelivery, claimDue, type EnvelopeCache, releaseClaim } from '../queue.ts';
-import { SerialLoop } from './loop.ts';
-import type { SubscriptionSlots } from './slots.ts';
+import { SerialLoop } from './serial-loop.ts';
+import type { SubscriptionSlots } from './subscription-slots.ts';
 
 export interface ClaimLoopOptions {
   db: Kysely<DB>;

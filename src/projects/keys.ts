@@ -6,8 +6,10 @@ import { assertWritable } from '../core/managed.ts';
 import type { DB } from '../db/schema.ts';
 
 /**
- * API keys: `tg_` followed by 43 random characters. Only a SHA-256 hash is stored; the key is shown
- * once at creation. The first 11 characters (`tg_` + 8) stay visible as the prefix, to tell keys apart.
+ * A project's API keys: `tg_` followed by 43 random characters. Only a SHA-256 hash is stored; the key
+ * is shown once at creation. The first 11 characters (`tg_` + 8) stay visible as the prefix, to tell
+ * keys apart.
+ * Authentication (src/auth) resolves a presented key to its project through `findActiveKey`.
  */
 export const KEY_PREFIX_LENGTH = 11;
 
