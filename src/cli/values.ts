@@ -1,11 +1,11 @@
 import { readFileSync } from 'node:fs';
+import { UsageError } from '../admin/operations.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import type { PricingFile } from '../models/pricing.ts';
 import { parsePricingFile } from '../models/service.ts';
 import { grantBody } from '../users/routes.ts';
 import type { GrantRequest } from '../users/service.ts';
-import { UsageError } from './output.ts';
 
 /** The parsed options of an admin command, read the same way on the database and over HTTP. */
 export type Values = Record<string, string | boolean | string[] | undefined>;

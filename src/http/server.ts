@@ -8,7 +8,7 @@ import Fastify, {
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
 import { accountLimits } from '../admin/rate-limit.ts';
-import { adminRoutes } from '../admin/routes.ts';
+import { adminRoutes } from '../admin/routes/index.ts';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
@@ -52,7 +52,7 @@ declare module 'fastify' {
  * - `/connect/*`, `/topup/*`, `/portal/*` — the hosted pages of links, ../users/pages.ts (no key)
  * - `/payments/stripe/{project}/webhook` — payment provider webhooks, ../payments/routes.ts (signed)
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
- * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
+ * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes/
  * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/plugin.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, responses,
  *   embeddings, messages — Anthropic's API —, user, webhooks)

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { actorOf, ownedProject } from '../../admin/service.ts';
+import { actorOf } from '../../admin/service.ts';
 import { textInput } from '../../core/validation.ts';
 import {
   connectPayments,
@@ -23,7 +23,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /**
@@ -58,8 +57,7 @@ export default async function paymentRoutes(plain: FastifyInstance): Promise<voi
     '/projects/:id/payments',
     { schema: { params: projectParams, querystring: pageQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = await ownedProject(ctx, s.principal, request.params.id);
+      const project = request.ownedProject;
       const view = await showPayments(ctx, project.id);
       const user = request.query.user;
       const payments = await listPayments(ctx, project.id, { limit: 50, user });
@@ -120,8 +118,6 @@ ${
     '/projects/:id/payments',
     { schema: { params: projectParams, body: connectForm } },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
       const { stripeKey, webhookSecret, presets, minimum, maximum } = request.body;
       const settings = {
         ...(presets ? { presets: presets.split(',').map((p) => p.trim()) } : {}),
@@ -136,7 +132,7 @@ ${
           ...(webhookSecret ? { webhookSecret } : {}),
           ...(Object.keys(settings).length ? { settings } : {}),
         },
-        actorOf(s.principal),
+        actorOf(request.developer),
       );
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
@@ -146,8 +142,6 @@ ${
     '/projects/:id/payments/auto-recharge',
     { schema: { params: projectParams, body: rechargeForm } },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
       const { offered, threshold, amount, monthlyCap } = request.body;
       await updatePaymentSettings(
         ctx,
@@ -160,7 +154,7 @@ ${
             ...(monthlyCap ? { monthlyCap } : {}),
           },
         },
-        actorOf(s.principal),
+        actorOf(request.developer),
       );
       return reply.redirect(done(pathOf(request.params.id), 'auto_recharge_saved'), 303);
     },
@@ -170,9 +164,7 @@ ${
     '/projects/:id/payments/disconnect',
     { schema: { params: projectParams, body: formBody({}) } },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
-      await disconnectPayments(ctx, request.params.id, actorOf(s.principal));
+      await disconnectPayments(ctx, request.params.id, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'payments_disconnected'), 303);
     },
   );
@@ -186,9 +178,7 @@ ${
       },
     },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
-      await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(s.principal));
+      await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'refund_requested'), 303);
     },
   );

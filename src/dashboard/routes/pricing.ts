@@ -1,14 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import {
-  applyModels,
-  deleteModel,
-  listModels,
-  ownedProject,
-  projectView,
-  putModel,
-} from '../../admin/service.ts';
+import { applyModels, deleteModel, listModels, projectView, putModel } from '../../admin/service.ts';
 import { parseInput, textInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
@@ -24,7 +17,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /** A project's pricing (`/dashboard/projects/:id/pricing`): the models, one price, the whole file. */
@@ -50,9 +42,8 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
     '/projects/:id/pricing',
     { schema: { params: projectParams, querystring: flashQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
-      const pricing = await listModels(ctx, s.principal, project.id);
+      const project = projectView(request.ownedProject);
+      const pricing = await listModels(ctx, request.developer, project.id);
       const path = projectPath(project.id);
       const managed = project.managedBy.pricing;
       const yaml = yamlLibrary().stringify({
@@ -114,7 +105,6 @@ ${
     '/projects/:id/pricing',
     { schema: { params: projectParams, body: priceForm } },
     async (request, reply) => {
-      const s = signedIn(request);
       const path = `${projectPath(request.params.id)}/pricing`;
       const f = request.body;
       const v = (name: keyof typeof f) => {
@@ -141,7 +131,7 @@ ${
         },
         'form',
       );
-      await putModel(ctx, s.principal, request.params.id, spec);
+      await putModel(ctx, request.developer, request.params.id, spec);
       return reply.redirect(done(path, 'price_saved'), 303);
     },
   );
@@ -152,7 +142,7 @@ ${
       schema: { params: projectParams.extend({ model: textInput(255, 'a model id') }), body: formBody({}) },
     },
     async (request, reply) => {
-      await deleteModel(ctx, signedIn(request).principal, request.params.id, request.params.model);
+      await deleteModel(ctx, request.developer, request.params.id, request.params.model);
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'model_deleted'), 303);
     },
   );
@@ -162,7 +152,7 @@ ${
     { schema: { params: projectParams, body: formBody({ file: z.string().max(200_000).default('') }) } },
     async (request, reply) => {
       const file = parsePricingFile(request.body.file);
-      await applyModels(ctx, signedIn(request).principal, request.params.id, file);
+      await applyModels(ctx, request.developer, request.params.id, file);
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'pricing_applied'), 303);
     },
   );

@@ -7,7 +7,6 @@ import {
   createApiKey,
   listApiKeys,
   listModels,
-  ownedProject,
   projectView,
   providerBody,
   revokeApiKey,
@@ -29,7 +28,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /** One project's overview (`/dashboard/projects/:id`): usage charts, provider, settings, API keys. */
@@ -58,14 +56,13 @@ export default async function projectRoutes(plain: FastifyInstance): Promise<voi
     '/projects/:id',
     { schema: { params: projectParams, querystring: flashQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
-      const keys = await listApiKeys(ctx, s.principal, project.id);
+      const project = projectView(request.ownedProject);
+      const keys = await listApiKeys(ctx, request.developer, project.id);
       const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
       const [byDay, byModel, reconciliation] = await Promise.all([
-        usageReport(ctx, s.principal, project.id, { group: 'day', days: 14 }),
-        usageReport(ctx, s.principal, project.id, { group: 'model', days: 30 }),
-        reconciliationReport(ctx, s.principal, project.id, { days: 30 }),
+        usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
+        usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
+        reconciliationReport(ctx, request.ownedProject, { days: 30 }),
       ]);
       const days = new Map(byDay.data.map((r) => [r.key, r]));
       const dayRows = lastDays(14).map((d) => ({ d, r: days.get(d) }));
@@ -163,7 +160,7 @@ ${keys.data.map(
     { schema: { params: projectParams, body: providerForm } },
     async (request, reply) => {
       const { baseUrl, apiKey, kind } = request.body;
-      await connectProvider(ctx, signedIn(request).principal, request.params.id, {
+      await connectProvider(ctx, request.developer, request.params.id, {
         kind,
         baseUrl,
         ...(apiKey ? { apiKey } : {}),
@@ -176,7 +173,7 @@ ${keys.data.map(
     '/projects/:id/reconciliation.csv',
     { schema: { params: projectParams } },
     async (request, reply) => {
-      const report = await reconciliationReport(ctx, signedIn(request).principal, request.params.id, {
+      const report = await reconciliationReport(ctx, request.ownedProject, {
         days: 30,
       });
       return reply
@@ -195,7 +192,7 @@ ${keys.data.map(
     async (request, reply) => {
       const { csrf: _csrf, name, ...given } = request.body;
       const settings = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined));
-      await updateOwnedProject(ctx, signedIn(request).principal, request.params.id, { name, settings });
+      await updateOwnedProject(ctx, request.developer, request.params.id, { name, settings });
       return reply.redirect(done(projectPath(request.params.id), 'settings_saved'), 303);
     },
   );
@@ -204,10 +201,9 @@ ${keys.data.map(
     '/projects/:id/keys',
     { schema: { params: projectParams, body: formBody({ name: storableText(200) }) } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
-      const key = await createApiKey(ctx, s.principal, project.id, request.body.name);
-      const models = await listModels(ctx, s.principal, project.id);
+      const project = projectView(request.ownedProject);
+      const key = await createApiKey(ctx, request.developer, project.id, request.body.name);
+      const models = await listModels(ctx, request.developer, project.id);
       return keyPage(request, reply, project, key.key, models.models[0]?.id ?? 'gpt-4o-mini', false);
     },
   );
@@ -221,7 +217,7 @@ ${keys.data.map(
       },
     },
     async (request, reply) => {
-      await revokeApiKey(ctx, signedIn(request).principal, request.params.id, request.params.key);
+      await revokeApiKey(ctx, request.developer, request.params.id, request.params.key);
       return reply.redirect(done(projectPath(request.params.id), 'key_revoked'), 303);
     },
   );

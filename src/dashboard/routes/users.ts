@@ -2,14 +2,8 @@ import { randomUUID } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import {
-  grantCredit,
-  moveMoney,
-  ownedProject,
-  projectView,
-  searchUsers,
-  setUserConnected,
-} from '../../admin/service.ts';
+import { grantCredit, moveMoney, searchUsers, setUserConnected } from '../../admin/end-users.ts';
+import { projectView } from '../../admin/service.ts';
 import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
@@ -26,7 +20,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /** A project's end users (`/dashboard/projects/:id/users`): search, balances, deposits, charges. */
@@ -69,10 +62,9 @@ export default async function userRoutes(plain: FastifyInstance): Promise<void> 
       schema: { params: projectParams, querystring: flashQuery.extend({ q: optionalField(textInput(256)) }) },
     },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const project = projectView(request.ownedProject);
       const q = request.query.q ?? '';
-      const users = await searchUsers(ctx, s.principal, project.id, { q: q || undefined, limit: 100 });
+      const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
       const path = projectPath(project.id);
       return page(
         request,
@@ -98,14 +90,13 @@ ${depositForm(path, csrf, project.currency)}
       `/projects/:id/users/${kind}`,
       { schema: { params: projectParams, body: moneyForm } },
       async (request, reply) => {
-        const s = signedIn(request);
         const input = request.body;
-        const project = await ownedProject(ctx, s.principal, request.params.id);
+        const project = request.ownedProject;
         const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
         const result = await moveMoney(
           ctx,
-          s.principal,
-          project.id,
+          request.developer,
+          project,
           kind,
           {
             user: input.user,
@@ -129,9 +120,8 @@ ${depositForm(path, csrf, project.currency)}
     '/projects/:id/users/credits',
     { schema: { params: projectParams, body: grantForm } },
     async (request, reply) => {
-      const s = signedIn(request);
       const input = request.body;
-      const project = await ownedProject(ctx, s.principal, request.params.id);
+      const project = request.ownedProject;
       const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
       // a date from the form's date field is the end of that day (UTC); a full ISO time as given
       const expiresAt =
@@ -150,8 +140,8 @@ ${depositForm(path, csrf, project.currency)}
       });
       await grantCredit(
         ctx,
-        s.principal,
-        project.id,
+        request.developer,
+        project,
         grant,
         input.idem ? `dashboard-${input.idem}` : undefined,
       );
@@ -164,8 +154,7 @@ ${depositForm(path, csrf, project.currency)}
     '/projects/:id/users/:user',
     { schema: { params: userParams, querystring: flashQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const row = await ownedProject(ctx, s.principal, request.params.id);
+      const row = request.ownedProject;
       const project = projectView(row);
       const user = request.params.user;
       const balance = await getBalance(ctx.db, row, user);
@@ -222,7 +211,7 @@ ${activity.data.map(
       { schema: { params: userParams, body: formBody({}) } },
       async (request, reply) => {
         const { id, user } = request.params;
-        await setUserConnected(ctx, signedIn(request).principal, id, user, act === 'connect');
+        await setUserConnected(ctx, request.developer, request.ownedProject, user, act === 'connect');
         const userPath = `${projectPath(id)}/users/${encodeURIComponent(user)}`;
         return reply.redirect(done(userPath, act === 'connect' ? 'connected' : 'disconnected'), 303);
       },
