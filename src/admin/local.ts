@@ -1,12 +1,8 @@
 import { CLI_ACTOR, recordAudit } from '../audit/index.ts';
-import type { KeyDirectory } from '../auth/directory.ts';
 import { listKeys } from '../auth/keys.ts';
-import type { BillingService } from '../billing/service.ts';
-import type { Sealer } from '../core/crypto.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import type { EventRecorder } from '../events/outbox.ts';
 import { setUserSpendCaps } from '../limits/spend.ts';
 import { applyPricing, listedModel } from '../models/service.ts';
 import {
@@ -17,7 +13,6 @@ import {
   showPayments,
   updatePaymentSettings,
 } from '../payments/service.ts';
-import type { ProjectDirectory } from '../projects/directory.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
 import { connectUser, grantFromApi } from '../users/service.ts';
@@ -25,6 +20,7 @@ import { projectOfSubscription, setSubscriptionActive } from '../webhooks/subscr
 import { createInvite, inviteSchema, inviteUrl } from './accounts.ts';
 import type { DatabaseOperations } from './operations.ts';
 import {
+  type AdminServices,
   createAuditedKey,
   listProjectModels,
   pricingAudit,
@@ -39,15 +35,8 @@ import {
  */
 
 /** What the operations use of the process (the app context passes as it is). */
-export type LocalAdminServices = {
-  db: Database;
-  sealer: Sealer;
-  events: EventRecorder;
-  billing: BillingService;
-  keys: Pick<KeyDirectory, 'revoke'>;
-  projects: Pick<ProjectDirectory, 'changed'>;
-  publicBaseUrl: string;
-} & Parameters<typeof connectPayments>[0] &
+export type LocalAdminServices = AdminServices &
+  Parameters<typeof connectPayments>[0] &
   Parameters<typeof setSubscriptionActive>[0];
 
 const cliTrigger = { source: 'cli', actorType: 'admin', actorId: 'cli' };
@@ -169,25 +158,24 @@ function projectOperations(ctx: LocalAdminServices) {
       const rows = await listProjectModels(ctx.db, project.id);
       return { object: 'pricing', currency: project.currency, models: rows.map(listedModel) };
     },
-    async addProvider(projectId, spec) {
-      // the provider and its audit entry: one transaction
-      const provider = await ctx.db.transaction().execute((tx) =>
+    // the provider and its audit entry: one transaction; then every proxy reloads the project
+    addProvider: (projectId, spec) =>
+      changing(ctx, projectId, (tx) =>
         upsertProvider(tx, ctx.sealer, projectId, spec as Parameters<typeof upsertProvider>[3], {
           actor: CLI_ACTOR,
         }),
-      );
-      await ctx.projects.changed(projectId);
-      return provider;
-    },
+      ),
     listProviders: (projectId) => listProviders(ctx.db, projectId),
-    async removeProvider(projectId, name) {
-      const removed = await ctx.db
-        .transaction()
-        .execute((tx) => removeProvider(tx, projectId, name, { actor: CLI_ACTOR }));
-      await ctx.projects.changed(projectId);
-      return removed;
-    },
+    removeProvider: (projectId, name) =>
+      changing(ctx, projectId, (tx) => removeProvider(tx, projectId, name, { actor: CLI_ACTOR })),
   } satisfies Partial<DatabaseOperations>;
+}
+
+/** Runs a change of the project in one transaction, then tells the project directory. */
+async function changing<T>(ctx: LocalAdminServices, projectId: string, change: (tx: Database) => Promise<T>) {
+  const result = await ctx.db.transaction().execute(change);
+  await ctx.projects.changed(projectId);
+  return result;
 }
 
 function userOperations(ctx: LocalAdminServices) {

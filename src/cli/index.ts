@@ -2,7 +2,6 @@ import { parseArgs } from 'node:util';
 import { UsageError } from '../admin/operations.ts';
 import { type Config, ConfigError, loadConfig } from '../config/index.ts';
 import { ApiError } from '../core/errors.ts';
-import { ADMIN_COMMANDS } from './admin-commands.ts';
 import {
   COMMANDS,
   type CommandSpec,
@@ -78,7 +77,8 @@ async function run(spec: CommandSpec, { values, positionals }: Parsed, out: Outp
   const config = loadConfig();
   const local = LOCAL_COMMANDS[spec.name];
   if (local) return local(config, values, out);
-  const command = ADMIN_COMMANDS[spec.name];
+  // The admin commands load with their first use, so `--help` and the servers start fast.
+  const command = (await import('./admin-commands.ts')).ADMIN_COMMANDS[spec.name];
   if (!command) throw new UsageError(`unknown command: ${spec.name}`);
   const rest = positionals.slice(spec.name.split(' ').length);
   if (overHttp(config, spec.name)) {

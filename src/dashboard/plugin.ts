@@ -5,7 +5,7 @@ import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { type Principal, resolveSession } from '../admin/accounts.ts';
 import { ownProject } from '../admin/hooks.ts';
 import { ApiError } from '../core/errors.ts';
-import { toApiError } from '../http/server.ts';
+import { toApiError } from '../core/request-errors.ts';
 import { html, htmlHeaders } from './html.ts';
 import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
 import accountRoutes from './routes/accounts.ts';
