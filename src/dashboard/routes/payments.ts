@@ -48,6 +48,33 @@ const rechargeForm = formBody({
 });
 const pageQuery = flashQuery.extend({ user: optionalField(userIdSchema) });
 
+type Raw = ReturnType<typeof html>;
+
+/** The project's top-ups, of one user when one is given, each refundable while paid. */
+function topUpsCard(
+  path: string,
+  user: string | undefined,
+  payments: Awaited<ReturnType<typeof listPayments>>['data'],
+  csrf: string,
+): Raw {
+  return html`<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
+<form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
+<table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${
+  payments.length
+    ? payments.map(
+        (p) =>
+          html`<tr><td><code>${p.id}</code></td><td>${p.user}</td><td>${p.amount} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${p.refunded} refunded)` : ''}</td><td>${p.status}</td><td>${p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—'}</td><td>${
+            p.status === 'paid'
+              ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
+              : ''
+          }</td></tr>`,
+      )
+    : html`<tr><td colspan="6">No top-ups yet.</td></tr>`
+}
+</tbody></table></section>`;
+}
+
 export default async function paymentRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
@@ -94,22 +121,7 @@ ${
 <div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
 <button type="submit">Check and connect</button></form>
 </section>
-<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
-<form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
-<table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${
-  payments.data.length
-    ? payments.data.map(
-        (p) =>
-          html`<tr><td><code>${p.id}</code></td><td>${p.user}</td><td>${p.amount} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${p.refunded} refunded)` : ''}</td><td>${p.status}</td><td>${p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—'}</td><td>${
-            p.status === 'paid'
-              ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
-              : ''
-          }</td></tr>`,
-      )
-    : html`<tr><td colspan="6">No top-ups yet.</td></tr>`
-}
-</tbody></table></section>`,
+${topUpsCard(path, user, payments.data, csrf)}`,
       );
     },
   );

@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { applyModels, deleteModel, listModels, projectView, putModel } from '../../admin/service.ts';
 import { parseInput, textInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
+import type { ModelSpec } from '../../models/pricing.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
 import { parsePricingFile } from '../../models/service.ts';
 import { html } from '../html.ts';
@@ -34,6 +35,26 @@ const priceForm = formBody({
   period: field,
 });
 
+/** The priced models, each deletable unless a resource manages the pricing. */
+function modelsCard(
+  path: string,
+  currency: string,
+  models: ModelSpec[],
+  managed: string | null,
+  csrf: string,
+): ReturnType<typeof html> {
+  return html`<section class="card"><h2>Models</h2>
+${
+  models.length
+    ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${models.map(
+  (m) =>
+    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
+)}</tbody></table>`
+    : html`<p>No models yet: clients can use only the models priced here.</p>`
+}</section>`;
+}
+
 export default async function pricingRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
@@ -61,16 +82,7 @@ ${
     ? html`<section class="card" role="note"><p>This pricing is declared by the Kubernetes resource <code>${managed}</code>: change it there (a reviewed change in Git), not here.</p></section>`
     : ''
 }
-<section class="card"><h2>Models</h2>
-${
-  pricing.models.length
-    ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${project.currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${pricing.models.map(
-  (m) =>
-    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
-)}</tbody></table>`
-    : html`<p>No models yet: clients can use only the models priced here.</p>`
-}</section>
+${modelsCard(path, project.currency, pricing.models, managed, csrf)}
 ${
   managed
     ? ''
