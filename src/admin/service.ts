@@ -30,8 +30,6 @@ import { DEFAULT_PROVIDER, PROVIDER_KINDS, upsertProvider } from '../routing/pro
 import { ANTHROPIC_VERSION, createUpstreamAgent } from '../upstream/openai-compatible.ts';
 import { actorOf, type Principal } from './accounts.ts';
 
-export { actorOf };
-
 /**
  * What the admin API and the dashboard do, on plain inputs. Every function that takes a project id first
  * checks that the principal may see it (`ownedProject`): a developer sees only the projects they own,

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { actorOf } from '../../admin/service.ts';
+import { actorOf } from '../../admin/accounts.ts';
 import { textInput } from '../../core/validation.ts';
 import {
   connectPayments,

@@ -1,7 +1,8 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { actorOf, projectView } from '../../admin/service.ts';
+import { actorOf } from '../../admin/accounts.ts';
+import { projectView } from '../../admin/service.ts';
 import { isStorable, NOT_STORABLE, textInput } from '../../core/validation.ts';
 import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
 import {
