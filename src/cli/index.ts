@@ -14,6 +14,14 @@ import {
 } from './commands.ts';
 import { createOutput, type Output } from './output.ts';
 
+/**
+ * The `tollgate` binary: parses the command line against the command specs (./commands.ts), then runs
+ * a server or maintenance command in this process (`LOCAL_COMMANDS` below: ./serve.ts, ./worker.ts,
+ * the operator, migrations, key rotation), or an admin command of ./admin-commands.ts on the admin
+ * operations — on the database (../admin/local.ts, with a context of ./context.ts) or over a running
+ * server's admin API (../admin/remote.ts).
+ */
+
 type Parsed = ReturnType<typeof parseArgs<{ options: typeof OPTIONS; allowPositionals: true }>>;
 
 /** Entry point of the `tollgate` binary. Returns the exit code. */
