@@ -35,10 +35,12 @@ RUN npm run build \
 
 # ---- the few files of node_modules the bundle reads at run time ----
 # rolldown.config.ts lists them (runtimeFiles): the embedded Postgres of `tollgate dev`, the tokenizer's
-# o200k table and `yaml`; everything else is inside dist/bin. Copied from the same install (no second
-# download), without TypeScript sources and declarations, source maps and markdown.
+# o200k table and `yaml`, and the common-password list of sign-up; everything else is inside dist/bin.
+# Copied from the same install (no second download), without TypeScript sources and declarations,
+# source maps and markdown.
 FROM modules AS deps
 COPY rolldown.config.ts ./
+COPY src/admin/common-passwords.txt ./src/admin/
 RUN mkdir /runtime \
   && node -e "import('./rolldown.config.ts').then((m) => console.log(m.runtimeFiles.join('\\n')))" > /tmp/runtime-files \
   && test -s /tmp/runtime-files \
@@ -58,7 +60,7 @@ RUN groupadd --system --gid 10001 tollgate \
        --shell /usr/sbin/nologin tollgate \
   && node --version
 WORKDIR /app
-COPY --from=deps /runtime/node_modules ./node_modules
+COPY --from=deps /runtime ./
 COPY --from=build /src/dist ./dist
 COPY package.json ./
 COPY README.md ./

@@ -23,7 +23,7 @@ export default defineConfig({
 });
 
 /**
- * What the bundle still reads from node_modules at run time — all the image keeps of it (Dockerfile),
+ * What the bundle still reads at run time, from node_modules and one data file — all the image keeps of them (Dockerfile),
  * and all the tests' bundle gets (test/helpers/bundle.ts), so a missing entry fails there first.
  */
 export const runtimeFiles = [
@@ -34,4 +34,6 @@ export const runtimeFiles = [
   'node_modules/gpt-tokenizer/data/o200k_base.tiktoken',
   // src/core/yaml.ts loads it on first use (pricing and resource files of the CLI)
   'node_modules/yaml',
+  // src/admin/common-passwords.ts reads the list sign-up refuses on first use
+  'src/admin/common-passwords.txt',
 ];

@@ -7,7 +7,7 @@ import { ApiError, notFound } from '../core/errors.ts';
 import { newId, randomToken } from '../core/ids.ts';
 import { isPlainText } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
-import { COMMON_PASSWORDS } from './common-passwords.ts';
+import { isCommonPassword } from './common-passwords.ts';
 
 /**
  * Developer accounts, their sessions and admin tokens.
@@ -66,15 +66,13 @@ export const passwordSchema = z
   .max(200, { message: 'must be at most 200 characters' })
   .refine((v) => !v.includes('\u0000') && !/\p{Cs}/u.test(v), { message: 'must not contain NUL characters' });
 
-const common = new Set(COMMON_PASSWORDS);
-
 /**
  * A new password: at least 10 characters, not only white space, and not one of the common passwords of
- * leaked password sets (./common-passwords.ts).
+ * leaked password sets (./common-passwords.txt).
  */
 export const newPasswordSchema = passwordSchema
   .refine((v) => v.trim().length >= 10, { message: 'must have at least 10 characters besides spaces' })
-  .refine((v) => !common.has(v.toLowerCase()), {
+  .refine((v) => !isCommonPassword(v), {
     message: 'is one of the most common passwords; choose another',
   });
 

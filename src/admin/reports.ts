@@ -1,9 +1,8 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
-import type { AppContext } from '../app/context.ts';
 import { formatForCurrency } from '../core/money.ts';
-import type { Principal } from './accounts.ts';
-import { ownedProject } from './service.ts';
+import type { Project } from '../db/schema.ts';
+import type { AdminServices } from './service.ts';
 
 /**
  * Reports from the ledger, for the admin API and the dashboard: usage and revenue (`usageReport`), and
@@ -39,12 +38,10 @@ export interface ReportRow {
  * (the amounts charged; manual charges count as model `(manual)`).
  */
 export async function usageReport(
-  ctx: AppContext,
-  principal: Principal,
-  projectId: string,
+  ctx: Pick<AdminServices, 'db'>,
+  project: Pick<Project, 'id' | 'currency'>,
   query: ReportQuery,
 ) {
-  const project = await ownedProject(ctx, principal, projectId);
   const key =
     query.group === 'day'
       ? sql<string>`to_char(date_trunc('day', l.created_at at time zone 'UTC'), 'YYYY-MM-DD')`
@@ -66,7 +63,7 @@ export async function usageReport(
                              THEN (l.metadata->>'outputTokens')::numeric END), 0)::text AS output_tokens,
            (-sum(l.amount))::text AS revenue
       FROM ledger_entries l JOIN end_users u ON u.id = l.user_id
-     WHERE l.project_id = ${projectId}
+     WHERE l.project_id = ${project.id}
        AND l.kind = 'charge'
        AND l.created_at >= now() - make_interval(days => ${query.days})
      GROUP BY 1
@@ -149,12 +146,10 @@ export const RECONCILIATION_COLUMNS = [
  * source was recorded count as provider-reported when they carry token counts.
  */
 export async function reconciliationReport(
-  ctx: AppContext,
-  principal: Principal,
-  projectId: string,
+  ctx: Pick<AdminServices, 'db'>,
+  project: Pick<Project, 'id' | 'currency'>,
   query: Pick<ReconciliationQuery, 'days'>,
 ) {
-  const project = await ownedProject(ctx, principal, projectId);
   const result = await sql<Record<string, string>>`
     WITH c AS (
       SELECT to_char(date_trunc('day', l.created_at at time zone 'UTC'), 'YYYY-MM-DD') AS day,
@@ -169,7 +164,7 @@ export async function reconciliationReport(
              ${tokens('outputTokens')} AS output,
              ${tokens('reasoningTokens')} AS reasoning
         FROM ledger_entries l
-       WHERE l.project_id = ${projectId}
+       WHERE l.project_id = ${project.id}
          AND l.kind = 'charge'
          AND l.metadata ? 'requestId'
          AND l.created_at >= now() - make_interval(days => ${query.days})

@@ -1,17 +1,21 @@
 import type { Transaction } from 'kysely';
+import type { Logger } from 'pino';
 import { request } from 'undici';
 import { z } from 'zod';
-import type { AppContext } from '../app/context.ts';
 import { type Actor, recordAudit } from '../audit/index.ts';
-import type { Trigger } from '../billing/ledger.ts';
+import type { KeyDirectory } from '../auth/key-directory.ts';
+import type { BillingService } from '../billing/service.ts';
+import type { Config } from '../config/index.ts';
+import type { Sealer } from '../core/crypto.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
-import { formatForCurrency, Money } from '../core/money.ts';
 import { storableText } from '../core/validation.ts';
+import type { Database } from '../db/index.ts';
 import type { DB, Project } from '../db/schema.ts';
-import { type IdempotentResult, requestHash, withIdempotency } from '../idempotency/index.ts';
+import type { EventRecorder } from '../events/outbox.ts';
 import type { ModelSpec, PricingFile } from '../models/pricing.ts';
 import { type ApplyResult, applyPricing, editPricing, listedModel, readPricing } from '../models/service.ts';
 import { checkDestination, DestinationError } from '../net/destination.ts';
+import type { ProjectDirectory } from '../projects/directory.ts';
 import { createKey, listKeys } from '../projects/keys.ts';
 import {
   auditedProject,
@@ -26,26 +30,27 @@ import {
 import { PROVIDER_KINDS, upsertProvider } from '../routing/providers.ts';
 import { ANTHROPIC_VERSION } from '../upstream/anthropic/provider.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
-import {
-  chargeFromApi,
-  connectUser,
-  depositFromApi,
-  disconnectUser,
-  type GrantRequest,
-  getBalance,
-  grantFromApi,
-  type LinkSettings,
-} from '../users/service.ts';
 import { actorOf, type Principal } from './accounts.ts';
-
-export { actorOf };
 
 /**
  * What the admin API and the dashboard do, on plain inputs. Every function that takes a project id first
  * checks that the principal may see it (`ownedProject`): a developer sees only the projects they own,
- * and a project of someone else answers 404 as if it did not exist. Money moves through
- * ../users/service.ts and ../idempotency (no money code here); revocations through the key directory.
+ * and a project of someone else answers 404 as if it did not exist. End users and their
+ * money: ./end-users.ts. Revocations go through the key directory.
  */
+
+/** What the admin operations use of the process (the app context passes as it is). */
+export interface AdminServices {
+  config: Config;
+  log: Logger;
+  db: Database;
+  sealer: Sealer;
+  events: EventRecorder;
+  billing: BillingService;
+  keys: Pick<KeyDirectory, 'revoke'>;
+  projects: Pick<ProjectDirectory, 'changed'>;
+  publicBaseUrl: string;
+}
 
 // ---- projects ----
 
@@ -84,7 +89,7 @@ export function projectView(p: Project): ProjectView {
 
 /** The project when the principal may see it; 404 otherwise (another developer's project does not exist). */
 export async function ownedProject(
-  ctx: AppContext,
+  ctx: Pick<AdminServices, 'db'>,
   principal: Principal,
   projectId: string,
 ): Promise<Project> {
@@ -104,7 +109,7 @@ export interface Page {
   startingAfter?: string | undefined;
 }
 
-export async function listProjects(ctx: AppContext, principal: Principal, page: Page) {
+export async function listProjects(ctx: AdminServices, principal: Principal, page: Page) {
   let query = ctx.db
     .selectFrom('projects')
     .selectAll()
@@ -135,7 +140,7 @@ export const createProjectBody = z.strictObject({
 
 /** Creates a project owned by the developer (full access: owned by no account), with its first API key. */
 export async function createOwnedProject(
-  ctx: AppContext,
+  ctx: AdminServices,
   principal: Principal,
   input: Pick<CreateProjectInput, 'name' | 'currency'>,
 ) {
@@ -157,7 +162,7 @@ export async function createOwnedProject(
 }
 
 export async function updateOwnedProject(
-  ctx: AppContext,
+  ctx: AdminServices,
   principal: Principal,
   projectId: string,
   input: Pick<UpdateProjectInput, 'name' | 'settings'>,
@@ -209,7 +214,7 @@ const CHECK_READ_LIMIT = 1024 * 1024;
  * cause, so the check cannot be used to scan ports. A refusal or an unexpected answer is a 400 that says
  * what the provider answered. Returns the model ids it lists.
  */
-export async function checkProvider(ctx: AppContext, input: ProviderInput): Promise<{ models: string[] }> {
+export async function checkProvider(ctx: AdminServices, input: ProviderInput): Promise<{ models: string[] }> {
   if (input.baseUrl === ECHO_UPSTREAM) return { models: [] };
   const anthropic = input.kind === 'anthropic';
   const base = input.baseUrl.replace(/\/+$/, '');
@@ -289,7 +294,7 @@ const providerCheckFailed = (why: string) =>
  * the connection: when projects get several providers, this becomes an upsert of the `default` one.
  */
 async function saveProviderConnection(
-  ctx: AppContext,
+  ctx: AdminServices,
   principal: Principal,
   before: Project,
   input: ProviderInput,
@@ -323,7 +328,7 @@ async function saveProviderConnection(
 
 /** Checks the provider live, then saves the connection. */
 export async function connectProvider(
-  ctx: AppContext,
+  ctx: AdminServices,
   principal: Principal,
   projectId: string,
   input: ProviderInput,
@@ -341,12 +346,12 @@ export async function connectProvider(
 
 // ---- API keys ----
 
-export async function createApiKey(ctx: AppContext, principal: Principal, projectId: string, name: string) {
-  await ownedProject(ctx, principal, projectId);
-  const created = await ctx.db.transaction().execute(async (tx) => {
+/** Creates an API key of the project with its audit entry, in one transaction. */
+export async function createAuditedKey(db: Database, actor: Actor, projectId: string, name: string) {
+  return db.transaction().execute(async (tx) => {
     const key = await createKey(tx, projectId, name);
     await recordAudit(tx, {
-      actor: actorOf(principal),
+      actor,
       projectId,
       action: 'api_key.create',
       targetType: 'api_key',
@@ -355,10 +360,20 @@ export async function createApiKey(ctx: AppContext, principal: Principal, projec
     });
     return key;
   });
+}
+
+export async function createApiKey(
+  ctx: AdminServices,
+  principal: Principal,
+  projectId: string,
+  name: string,
+) {
+  await ownedProject(ctx, principal, projectId);
+  const created = await createAuditedKey(ctx.db, actorOf(principal), projectId, name);
   return { id: created.id, object: 'api_key' as const, name, prefix: created.prefix, key: created.key };
 }
 
-export async function listApiKeys(ctx: AppContext, principal: Principal, projectId: string) {
+export async function listApiKeys(ctx: AdminServices, principal: Principal, projectId: string) {
   await ownedProject(ctx, principal, projectId);
   const keys = await listKeys(ctx.db, projectId);
   return list(
@@ -374,28 +389,45 @@ export async function listApiKeys(ctx: AppContext, principal: Principal, project
   );
 }
 
-/** Revokes a key of the project; every proxy drops it from its cache (the key directory's bus message). */
-export async function revokeApiKey(ctx: AppContext, principal: Principal, projectId: string, keyId: string) {
-  await ownedProject(ctx, principal, projectId);
-  const key = await ctx.db
-    .selectFrom('api_keys')
-    .select(['id', 'name', 'prefix', 'revoked_at'])
-    .where('id', '=', keyId)
-    .where('project_id', '=', projectId)
-    .executeTakeFirst();
-  if (!key) throw notFound(`No API key ${keyId} in this project.`, 'key_not_found', 'id');
-  const { propagated } = await ctx.keys.revoke(keyId);
+/**
+ * Revokes a key — of the project when one is named (404 when the key is not one of its keys) — with its
+ * audit entry once per revocation; every proxy drops it from its cache (the key directory's bus message).
+ */
+export async function revokeAuditedKey(
+  ctx: Pick<AdminServices, 'db' | 'keys'>,
+  actor: Actor,
+  keyId: string,
+  projectId?: string,
+) {
+  let query = ctx.db.selectFrom('api_keys').select(['name', 'prefix', 'revoked_at']).where('id', '=', keyId);
+  if (projectId !== undefined) query = query.where('project_id', '=', projectId);
+  const key = await query.executeTakeFirst();
+  if (!key && projectId !== undefined)
+    throw notFound(`No API key ${keyId} in this project.`, 'key_not_found', 'id');
+  const revoked = await ctx.keys.revoke(keyId);
   // The key directory revokes (and tells every proxy) on its own; the entry follows, once per revocation.
-  if (!key.revoked_at)
+  if (key && !key.revoked_at)
     await recordAudit(ctx.db, {
-      actor: actorOf(principal),
-      projectId,
+      actor,
+      projectId: revoked.projectId,
       action: 'api_key.revoke',
       targetType: 'api_key',
       targetId: keyId,
       before: { name: key.name, prefix: key.prefix, revoked: false },
       after: { name: key.name, prefix: key.prefix, revoked: true },
     });
+  return revoked;
+}
+
+/** Revokes a key of the project (`DELETE …/keys/{id}`, the dashboard's revoke button). */
+export async function revokeApiKey(
+  ctx: AdminServices,
+  principal: Principal,
+  projectId: string,
+  keyId: string,
+) {
+  await ownedProject(ctx, principal, projectId);
+  const { propagated } = await revokeAuditedKey(ctx, actorOf(principal), keyId, projectId);
   return { id: keyId, object: 'api_key' as const, revoked: true, propagated };
 }
 
@@ -406,14 +438,9 @@ export async function revokeApiKey(ctx: AppContext, principal: Principal, projec
  * shape `PUT …/models` (and `tollgate models apply`) takes, so applying a listing as read changes
  * nothing.
  */
-export async function listModels(ctx: AppContext, principal: Principal, projectId: string) {
+export async function listModels(ctx: AdminServices, principal: Principal, projectId: string) {
   const project = await ownedProject(ctx, principal, projectId);
-  const rows = await ctx.db
-    .selectFrom('models')
-    .selectAll()
-    .where('project_id', '=', projectId)
-    .orderBy('id')
-    .execute();
+  const rows = await listProjectModels(ctx.db, projectId);
   return {
     object: 'pricing' as const,
     currency: project.currency,
@@ -422,9 +449,14 @@ export async function listModels(ctx: AppContext, principal: Principal, projectI
   };
 }
 
+/** The model rows of a project, by id. */
+export function listProjectModels(db: Database, projectId: string) {
+  return db.selectFrom('models').selectAll().where('project_id', '=', projectId).orderBy('id').execute();
+}
+
 /** Makes the project's models exactly those of the pricing file (as `tollgate models apply`). */
 export async function applyModels(
-  ctx: AppContext,
+  ctx: AdminServices,
   principal: Principal,
   projectId: string,
   file: PricingFile,
@@ -444,7 +476,7 @@ export async function applyModels(
  * write are one transaction (`editPricing`), so concurrent edits of different models both stay.
  */
 export async function putModel(
-  ctx: AppContext,
+  ctx: AdminServices,
   principal: Principal,
   projectId: string,
   spec: Partial<ModelSpec> & Pick<ModelSpec, 'id' | 'pricing'>,
@@ -466,7 +498,12 @@ export async function putModel(
 }
 
 /** Removes one model, keeping the others (with their routes) and the project's limits. */
-export async function deleteModel(ctx: AppContext, principal: Principal, projectId: string, modelId: string) {
+export async function deleteModel(
+  ctx: AdminServices,
+  principal: Principal,
+  projectId: string,
+  modelId: string,
+) {
   const project = await ownedProject(ctx, principal, projectId);
   const result = await editPricing(
     ctx.db,
@@ -524,161 +561,6 @@ export function pricingAudit(
         after: after.limits ?? null,
       });
   };
-}
-
-// ---- end users ----
-
-export interface UserRow {
-  user: string;
-  object: 'user';
-  connected: boolean;
-  balance: string;
-  held: string;
-  available: string;
-  currency: string;
-  createdAt: string;
-}
-
-export async function searchUsers(
-  ctx: AppContext,
-  principal: Principal,
-  projectId: string,
-  query: { q?: string | undefined; limit: number; startingAfter?: string | undefined },
-) {
-  const project = await ownedProject(ctx, principal, projectId);
-  let q = ctx.db
-    .selectFrom('end_users')
-    .select(['external_id', 'connected', 'balance', 'held', 'created_at'])
-    .where('project_id', '=', projectId)
-    .orderBy('external_id')
-    .limit(query.limit + 1);
-  if (query.q) {
-    const pattern = `%${query.q.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
-    q = q.where('external_id', 'ilike', pattern);
-  }
-  if (query.startingAfter) q = q.where('external_id', '>', query.startingAfter);
-  const rows = await q.execute();
-  const money = (v: string) => formatForCurrency(v, project.currency);
-  const data: UserRow[] = rows.slice(0, query.limit).map((r) => ({
-    user: r.external_id,
-    object: 'user',
-    connected: r.connected,
-    balance: money(r.balance),
-    held: money(r.held),
-    available: money(new Money(r.balance).minus(r.held).toFixed()),
-    currency: project.currency,
-    createdAt: r.created_at.toISOString(),
-  }));
-  return list(data, rows.length > query.limit);
-}
-
-export async function userBalance(ctx: AppContext, principal: Principal, projectId: string, user: string) {
-  const project = await ownedProject(ctx, principal, projectId);
-  return getBalance(ctx.db, project, user);
-}
-
-export function triggerOf(principal: Principal): Trigger {
-  return { source: 'admin', actorType: principal.actorType, actorId: principal.actorId };
-}
-
-export async function setUserConnected(
-  ctx: AppContext,
-  principal: Principal,
-  projectId: string,
-  user: string,
-  connected: boolean,
-) {
-  const project = await ownedProject(ctx, principal, projectId);
-  const change = await (connected ? connectUser : disconnectUser)(
-    ctx.db,
-    ctx.events,
-    project,
-    user,
-    triggerOf(principal),
-  );
-  return { ...(await getBalance(ctx.db, project, user)), changed: change.changed };
-}
-
-export interface MoneyInput {
-  user: string;
-  amount: string;
-  metadata?: Record<string, unknown> | undefined;
-}
-
-/**
- * A deposit or a manual charge from the admin API or the dashboard, once per Idempotency-Key (scoped to
- * the project and this endpoint) when one is given; the same service functions as `/v1/user/*`.
- */
-export async function moveMoney(
-  ctx: AppContext,
-  principal: Principal,
-  projectId: string,
-  kind: 'deposit' | 'charge',
-  input: MoneyInput,
-  idempotencyKey: string | undefined,
-): Promise<IdempotentResult> {
-  const project = await ownedProject(ctx, principal, projectId);
-  const links: LinkSettings = {
-    sealer: ctx.sealer,
-    publicBaseUrl: ctx.publicBaseUrl,
-    ttlSeconds: ctx.config.LINK_TOKEN_TTL_SECONDS,
-  };
-  const trigger = triggerOf(principal);
-  const actor = actorOf(principal);
-  const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) =>
-    kind === 'deposit'
-      ? { status: 201, body: await depositFromApi(tx, ctx.billing, project, input, trigger, actor) }
-      : {
-          status: 200,
-          body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, trigger, links, actor),
-        };
-  const endpoint = `POST /admin/v1/projects/users/${kind}`;
-  // The billing service runs the event wake-up and the money metrics after the commit (not for a replay);
-  // withRoom: pods give their slices of the wallet back when they stand in a charge's way (escrow).
-  return ctx.billing.withRoom(async () =>
-    idempotencyKey === undefined
-      ? { ...(await ctx.billing.transaction(run)), replayed: false }
-      : withIdempotency(
-          ctx,
-          { projectId, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
-          run,
-        ),
-  );
-}
-
-/** Grants credit to a user (`POST /admin/v1/projects/{p}/users/{u}/credits`), once per Idempotency-Key. */
-export async function grantCredit(
-  ctx: AppContext,
-  principal: Principal,
-  projectId: string,
-  input: GrantRequest,
-  idempotencyKey: string | undefined,
-): Promise<IdempotentResult> {
-  const project = await ownedProject(ctx, principal, projectId);
-  const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) => ({
-    status: 201,
-    body: await grantFromApi(
-      tx,
-      ctx.billing,
-      project,
-      input,
-      'admin',
-      triggerOf(principal),
-      actorOf(principal),
-    ),
-  });
-  return idempotencyKey === undefined
-    ? { ...(await ctx.billing.transaction(run)), replayed: false }
-    : withIdempotency(
-        ctx,
-        {
-          projectId,
-          endpoint: 'POST /admin/v1/projects/users/credits',
-          key: idempotencyKey,
-          requestHash: requestHash(input),
-        },
-        run,
-      );
 }
 
 export function requireOwner(principal: Principal): string {

@@ -18,6 +18,3 @@ export function createOutput(json: boolean): Output {
     },
   };
 }
-
-/** A mistake in how a command was called: printed with a pointer to --help, exit code 2. */
-export class UsageError extends Error {}

@@ -1,11 +1,11 @@
 import { readFileSync } from 'node:fs';
+import { type Grant, UsageError } from '../admin/operations.ts';
 import { amountSchema } from '../core/money.ts';
 import { parseInput } from '../core/validation.ts';
 import type { PricingFile } from '../models/pricing.ts';
 import { parsePricingFile } from '../models/service.ts';
 import { grantBody } from '../users/schema.ts';
 import type { GrantRequest } from '../users/service.ts';
-import { UsageError } from './output.ts';
 
 /** The parsed options of an admin command, read the same way on the database and over HTTP. */
 export type Values = Record<string, string | boolean | string[] | undefined>;
@@ -66,14 +66,7 @@ export function grantInputFrom(values: Values, currency?: string): GrantRequest 
 }
 
 /** One line saying what a grant did. */
-export function grantSummary(g: {
-  amount: string;
-  currency: string;
-  user: string;
-  reason: string;
-  expiresAt: string | null;
-  balance: string;
-}): string {
+export function grantSummary(g: Grant): string {
   return `Granted ${g.amount} ${g.currency} of ${g.reason} credit to ${g.user}${g.expiresAt ? ` (expires ${g.expiresAt})` : ''}; balance ${g.balance} ${g.currency}`;
 }
 

@@ -91,13 +91,6 @@ export const optionalField = <S extends z.ZodType>(schema: S) =>
 export const projectParams = z.object({ id: textInput(255, 'a project id') });
 export const projectPath = (id: string) => `/dashboard/projects/${encodeURIComponent(id)}`;
 
-/** The signed-in developer of a page behind the sign-in hook (./plugin.ts). */
-export function signedIn(request: FastifyRequest) {
-  const s = request.dashboard;
-  if (!s) throw new Error('dashboard route outside the signed-in scope');
-  return s;
-}
-
 /**
  * Renders a page in the layout; forms on it carry a CSRF token made for this response. A page that
  * shows its flash messages passes `flash: true`.

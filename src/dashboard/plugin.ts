@@ -3,9 +3,10 @@ import csrfProtection from '@fastify/csrf-protection';
 import formbody from '@fastify/formbody';
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { type Principal, resolveSession } from '../admin/accounts.ts';
+import { ownProject } from '../admin/hooks.ts';
 import { ApiError } from '../core/errors.ts';
+import { toApiError } from '../core/request-errors.ts';
 import { html, htmlHeaders } from '../html/index.ts';
-import { toApiError } from '../http/server.ts';
 import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
 import accountRoutes from './routes/accounts.ts';
 import adminTokenRoutes from './routes/admin-tokens.ts';
@@ -42,6 +43,8 @@ import webhookRoutes from './routes/webhooks.ts';
 declare module 'fastify' {
   interface FastifyRequest {
     dashboard: { principal: Principal; email: string; csrf: string } | null;
+    /** The signed-in developer, in the scope behind the sign-in hook (a visitor never gets there). */
+    developer: Principal;
     /** The CSRF secret of the signed-in session, where @fastify/csrf-protection reads it. */
     session: { csrf?: string | undefined };
   }
@@ -118,9 +121,11 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
       getToken: csrfToken,
     });
     scope.addHook('preValidation', csrfOnPost(scope));
-    // Visitors are sent to the sign-in page.
+    // Visitors are sent to the sign-in page; a developer's pages read them as `request.developer`.
+    scope.decorateRequest('developer', null as unknown as Principal);
     scope.addHook('preHandler', async (request, reply) => {
-      if (!request.dashboard && !request.is404) return reply.redirect('/dashboard/signin', 303);
+      if (request.dashboard) request.developer = request.dashboard.principal;
+      else if (!request.is404) return reply.redirect('/dashboard/signin', 303);
     });
     // Unknown pages (in this scope, so the page's sign-out form gets a CSRF token).
     scope.setNotFoundHandler((request, reply) =>
@@ -136,11 +141,15 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
     await scope.register(signOutRoutes);
     await scope.register(projectsRoutes);
     await scope.register(adminTokenRoutes);
-    await scope.register(projectRoutes);
-    await scope.register(pricingRoutes);
-    await scope.register(auditRoutes);
-    await scope.register(paymentRoutes);
-    await scope.register(userRoutes);
-    await scope.register(webhookRoutes);
+    // A project's pages (`/projects/:id/…`): the project, once the developer owns it, is `request.ownedProject`.
+    await scope.register(async (project) => {
+      ownProject(project, { db: ctx.db, param: 'id', principal: (request) => request.developer });
+      await project.register(projectRoutes);
+      await project.register(pricingRoutes);
+      await project.register(auditRoutes);
+      await project.register(paymentRoutes);
+      await project.register(userRoutes);
+      await project.register(webhookRoutes);
+    });
   });
 }

@@ -8,15 +8,15 @@ import Fastify, {
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
 import { accountLimits } from '../admin/rate-limit.ts';
-import { adminRoutes } from '../admin/routes.ts';
+import { adminRoutes } from '../admin/routes/index.ts';
 import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
-import { ApiError, databaseUnavailable } from '../core/errors.ts';
+import { ApiError } from '../core/errors.ts';
+import { toApiError } from '../core/request-errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
 import { homeRoutes } from '../dashboard/home.ts';
 import { dashboardRoutes } from '../dashboard/plugin.ts';
-import { isDatabaseUnavailable } from '../db/index.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
 import { spendCapRoutes } from '../limits/routes.ts';
 import { messagesRoutes } from '../messages/routes.ts';
@@ -53,7 +53,7 @@ declare module 'fastify' {
  * - `/connect/*`, `/topup/*`, `/portal/*` — the hosted pages of links, ../pages (no key)
  * - `/payments/{provider}/{project}/webhook` — payment provider webhooks, ../payments/routes.ts (signed)
  * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
- * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes.ts
+ * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes/
  * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/plugin.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, responses,
  *   embeddings, messages — Anthropic's API —, user, webhooks)
@@ -166,47 +166,4 @@ function trustProxyOf(setting: number | string[] | undefined) {
   if (setting === undefined) return false;
   if (typeof setting === 'number') return (_address: string, hop: number) => hop < setting;
   return setting;
-}
-
-/** Maps anything thrown while serving a request to an OpenAI-shaped error; bad input never becomes a 500. */
-export function toApiError(error: FastifyError | Error): ApiError {
-  if (error instanceof ApiError) return error;
-  const fastifyError = error as FastifyError;
-  switch (fastifyError.code) {
-    case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return new ApiError(413, 'invalid_request_error', 'Request body is too large.', {
-        code: 'request_too_large',
-      });
-    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return new ApiError(415, 'invalid_request_error', 'Content-Type must be application/json.', {
-        code: 'unsupported_media_type',
-      });
-    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
-      return new ApiError(400, 'invalid_request_error', 'Request body is empty; a JSON object is required.', {
-        code: 'invalid_json',
-      });
-    case 'FST_ERR_CTP_INVALID_JSON_BODY':
-      return new ApiError(
-        400,
-        'invalid_request_error',
-        `Request body is not valid JSON: ${fastifyError.message}`,
-        {
-          code: 'invalid_json',
-        },
-      );
-  }
-  if (error instanceof SyntaxError || (fastifyError.statusCode === 400 && /JSON/i.test(error.message))) {
-    return new ApiError(400, 'invalid_request_error', `Request body is not valid JSON: ${error.message}`, {
-      code: 'invalid_json',
-    });
-  }
-  // The database is down or restarting: 503 with Retry-After, not 500.
-  if (isDatabaseUnavailable(error)) return databaseUnavailable();
-  const status = fastifyError.statusCode;
-  if (status && status >= 400 && status < 500) {
-    return new ApiError(status, 'invalid_request_error', error.message, { code: fastifyError.code ?? null });
-  }
-  return new ApiError(500, 'server_error', 'The server had an error while processing your request.', {
-    code: 'internal_error',
-  });
 }

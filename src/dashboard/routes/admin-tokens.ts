@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { createAdminToken, revokeAdminToken } from '../../admin/accounts.ts';
 import { storableText, textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
-import { done, formBody, page, secretBox, signedIn } from '../pages.ts';
+import { done, formBody, page, secretBox } from '../pages.ts';
 
 /** Admin tokens (listed on the projects page): create one (shown once), revoke one. */
 export default async function adminTokenRoutes(plain: FastifyInstance): Promise<void> {
@@ -15,8 +15,7 @@ export default async function adminTokenRoutes(plain: FastifyInstance): Promise<
     '/admin-tokens',
     { schema: { body: formBody({ name: storableText(200) }) } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const created = await createAdminToken(ctx.db, s.principal, request.body.name);
+      const created = await createAdminToken(ctx.db, request.developer, request.body.name);
       return page(
         request,
         reply,
@@ -34,7 +33,7 @@ ${secretBox('admin-token', 'Your admin token', created.token)}
     '/admin-tokens/:id/revoke',
     { schema: { params: z.object({ id: textInput(255, 'an id') }), body: formBody({}) } },
     async (request, reply) => {
-      await revokeAdminToken(ctx.db, signedIn(request).principal, request.params.id);
+      await revokeAdminToken(ctx.db, request.developer, request.params.id);
       return reply.redirect(done('/dashboard', 'admin_token_revoked'), 303);
     },
   );

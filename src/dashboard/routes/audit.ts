@@ -1,19 +1,11 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { ownedProject, projectView } from '../../admin/service.ts';
+import { projectView } from '../../admin/service.ts';
 import { type AuditView, auditCsv, listAudit } from '../../audit/index.ts';
 import { textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
-import {
-  flashQuery,
-  optionalField,
-  page,
-  projectNav,
-  projectParams,
-  projectPath,
-  signedIn,
-} from '../pages.ts';
+import { flashQuery, optionalField, page, projectNav, projectParams, projectPath } from '../pages.ts';
 
 /**
  * A project's audit log (`/dashboard/projects/:id/audit`): who changed what, when, from where, with the
@@ -74,8 +66,7 @@ export default async function auditRoutes(plain: FastifyInstance): Promise<void>
     '/projects/:id/audit',
     { schema: { params: projectParams, querystring: filterQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const project = projectView(request.ownedProject);
       const f = request.query;
       const { data, hasMore } = await listAudit(ctx.db, { projectId: project.id }, queryOf(f, PAGE));
       const path = `${projectPath(project.id)}/audit`;
@@ -107,8 +98,7 @@ ${hasMore && last ? html`<p><a href="${path}${search(f, { starting_after: last.i
     '/projects/:id/audit.csv',
     { schema: { params: projectParams, querystring: filterQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = await ownedProject(ctx, s.principal, request.params.id);
+      const project = request.ownedProject;
       const { data } = await listAudit(ctx.db, { projectId: project.id }, queryOf(request.query, 1000));
       return reply
         .type('text/csv; charset=utf-8')

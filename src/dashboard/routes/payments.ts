@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { actorOf, ownedProject } from '../../admin/service.ts';
+import { actorOf } from '../../admin/accounts.ts';
 import { textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import {
@@ -23,7 +23,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /**
@@ -49,6 +48,33 @@ const rechargeForm = formBody({
 });
 const pageQuery = flashQuery.extend({ user: optionalField(userIdSchema) });
 
+type Raw = ReturnType<typeof html>;
+
+/** The project's top-ups, of one user when one is given, each refundable while paid. */
+function topUpsCard(
+  path: string,
+  user: string | undefined,
+  payments: Awaited<ReturnType<typeof listPayments>>['data'],
+  csrf: string,
+): Raw {
+  return html`<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
+<form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
+<table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${
+  payments.length
+    ? payments.map(
+        (p) =>
+          html`<tr><td><code>${p.id}</code></td><td>${p.user}</td><td>${p.amount} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${p.refunded} refunded)` : ''}</td><td>${p.status}</td><td>${p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—'}</td><td>${
+            p.status === 'paid'
+              ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
+              : ''
+          }</td></tr>`,
+      )
+    : html`<tr><td colspan="6">No top-ups yet.</td></tr>`
+}
+</tbody></table></section>`;
+}
+
 export default async function paymentRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
@@ -58,8 +84,7 @@ export default async function paymentRoutes(plain: FastifyInstance): Promise<voi
     '/projects/:id/payments',
     { schema: { params: projectParams, querystring: pageQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = await ownedProject(ctx, s.principal, request.params.id);
+      const project = request.ownedProject;
       const view = await showPayments(ctx, project.id);
       const user = request.query.user;
       const payments = await listPayments(ctx, project.id, { limit: 50, user });
@@ -96,22 +121,7 @@ ${
 <div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
 <button type="submit">Check and connect</button></form>
 </section>
-<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
-<form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
-<table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${
-  payments.data.length
-    ? payments.data.map(
-        (p) =>
-          html`<tr><td><code>${p.id}</code></td><td>${p.user}</td><td>${p.amount} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${p.refunded} refunded)` : ''}</td><td>${p.status}</td><td>${p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—'}</td><td>${
-            p.status === 'paid'
-              ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
-              : ''
-          }</td></tr>`,
-      )
-    : html`<tr><td colspan="6">No top-ups yet.</td></tr>`
-}
-</tbody></table></section>`,
+${topUpsCard(path, user, payments.data, csrf)}`,
       );
     },
   );
@@ -120,8 +130,6 @@ ${
     '/projects/:id/payments',
     { schema: { params: projectParams, body: connectForm } },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
       const { stripeKey, webhookSecret, presets, minimum, maximum } = request.body;
       const settings = {
         ...(presets ? { presets: presets.split(',').map((p) => p.trim()) } : {}),
@@ -136,7 +144,7 @@ ${
           ...(webhookSecret ? { webhookSecret } : {}),
           ...(Object.keys(settings).length ? { settings } : {}),
         },
-        actorOf(s.principal),
+        actorOf(request.developer),
       );
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
@@ -146,8 +154,6 @@ ${
     '/projects/:id/payments/auto-recharge',
     { schema: { params: projectParams, body: rechargeForm } },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
       const { offered, threshold, amount, monthlyCap } = request.body;
       await updatePaymentSettings(
         ctx,
@@ -160,7 +166,7 @@ ${
             ...(monthlyCap ? { monthlyCap } : {}),
           },
         },
-        actorOf(s.principal),
+        actorOf(request.developer),
       );
       return reply.redirect(done(pathOf(request.params.id), 'auto_recharge_saved'), 303);
     },
@@ -170,9 +176,7 @@ ${
     '/projects/:id/payments/disconnect',
     { schema: { params: projectParams, body: formBody({}) } },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
-      await disconnectPayments(ctx, request.params.id, actorOf(s.principal));
+      await disconnectPayments(ctx, request.params.id, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'payments_disconnected'), 303);
     },
   );
@@ -186,9 +190,7 @@ ${
       },
     },
     async (request, reply) => {
-      const s = signedIn(request);
-      await ownedProject(ctx, s.principal, request.params.id);
-      await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(s.principal));
+      await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'refund_requested'), 303);
     },
   );

@@ -1,17 +1,11 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import {
-  applyModels,
-  deleteModel,
-  listModels,
-  ownedProject,
-  projectView,
-  putModel,
-} from '../../admin/service.ts';
+import { applyModels, deleteModel, listModels, projectView, putModel } from '../../admin/service.ts';
 import { parseInput, textInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
 import { html } from '../../html/index.ts';
+import type { ModelSpec } from '../../models/pricing.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
 import { parsePricingFile } from '../../models/service.ts';
 import {
@@ -24,7 +18,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /** A project's pricing (`/dashboard/projects/:id/pricing`): the models, one price, the whole file. */
@@ -42,6 +35,26 @@ const priceForm = formBody({
   period: field,
 });
 
+/** The priced models, each deletable unless a resource manages the pricing. */
+function modelsCard(
+  path: string,
+  currency: string,
+  models: ModelSpec[],
+  managed: string | null,
+  csrf: string,
+): ReturnType<typeof html> {
+  return html`<section class="card"><h2>Models</h2>
+${
+  models.length
+    ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
+${models.map(
+  (m) =>
+    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
+)}</tbody></table>`
+    : html`<p>No models yet: clients can use only the models priced here.</p>`
+}</section>`;
+}
+
 export default async function pricingRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
@@ -50,9 +63,8 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
     '/projects/:id/pricing',
     { schema: { params: projectParams, querystring: flashQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
-      const pricing = await listModels(ctx, s.principal, project.id);
+      const project = projectView(request.ownedProject);
+      const pricing = await listModels(ctx, request.developer, project.id);
       const path = projectPath(project.id);
       const managed = project.managedBy.pricing;
       const yaml = yamlLibrary().stringify({
@@ -70,16 +82,7 @@ ${
     ? html`<section class="card" role="note"><p>This pricing is declared by the Kubernetes resource <code>${managed}</code>: change it there (a reviewed change in Git), not here.</p></section>`
     : ''
 }
-<section class="card"><h2>Models</h2>
-${
-  pricing.models.length
-    ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${project.currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${pricing.models.map(
-  (m) =>
-    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
-)}</tbody></table>`
-    : html`<p>No models yet: clients can use only the models priced here.</p>`
-}</section>
+${modelsCard(path, project.currency, pricing.models, managed, csrf)}
 ${
   managed
     ? ''
@@ -114,7 +117,6 @@ ${
     '/projects/:id/pricing',
     { schema: { params: projectParams, body: priceForm } },
     async (request, reply) => {
-      const s = signedIn(request);
       const path = `${projectPath(request.params.id)}/pricing`;
       const f = request.body;
       const v = (name: keyof typeof f) => {
@@ -141,7 +143,7 @@ ${
         },
         'form',
       );
-      await putModel(ctx, s.principal, request.params.id, spec);
+      await putModel(ctx, request.developer, request.params.id, spec);
       return reply.redirect(done(path, 'price_saved'), 303);
     },
   );
@@ -152,7 +154,7 @@ ${
       schema: { params: projectParams.extend({ model: textInput(255, 'a model id') }), body: formBody({}) },
     },
     async (request, reply) => {
-      await deleteModel(ctx, signedIn(request).principal, request.params.id, request.params.model);
+      await deleteModel(ctx, request.developer, request.params.id, request.params.model);
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'model_deleted'), 303);
     },
   );
@@ -162,7 +164,7 @@ ${
     { schema: { params: projectParams, body: formBody({ file: z.string().max(200_000).default('') }) } },
     async (request, reply) => {
       const file = parsePricingFile(request.body.file);
-      await applyModels(ctx, signedIn(request).principal, request.params.id, file);
+      await applyModels(ctx, request.developer, request.params.id, file);
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'pricing_applied'), 303);
     },
   );

@@ -2,12 +2,13 @@ import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { reconciliationCsv, reconciliationReport, usageReport } from '../../admin/reports.ts';
+import { sendCsv } from '../../admin/routes/schemas.ts';
 import {
   connectProvider,
   createApiKey,
   listApiKeys,
   listModels,
-  ownedProject,
+  type ProjectView,
   projectView,
   providerBody,
   revokeApiKey,
@@ -29,7 +30,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /** One project's overview (`/dashboard/projects/:id`): usage charts, provider, settings, API keys. */
@@ -50,32 +50,16 @@ const settingsForm = formBody({
   lowBalanceThreshold: optionalField(settings.lowBalanceThreshold.unwrap()),
 });
 
-export default async function projectRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+type Raw = ReturnType<typeof html>;
+type UsageRow = Awaited<ReturnType<typeof usageReport>>['data'][number];
+type ReconciliationRow = Awaited<ReturnType<typeof reconciliationReport>>['data'][number];
+type KeyRow = Awaited<ReturnType<typeof listApiKeys>>['data'][number];
 
-  app.get(
-    '/projects/:id',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
-      const keys = await listApiKeys(ctx, s.principal, project.id);
-      const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
-      const [byDay, byModel, reconciliation] = await Promise.all([
-        usageReport(ctx, s.principal, project.id, { group: 'day', days: 14 }),
-        usageReport(ctx, s.principal, project.id, { group: 'model', days: 30 }),
-        reconciliationReport(ctx, s.principal, project.id, { days: 30 }),
-      ]);
-      const days = new Map(byDay.data.map((r) => [r.key, r]));
-      const dayRows = lastDays(14).map((d) => ({ d, r: days.get(d) }));
-      const path = projectPath(project.id);
-      return page(
-        request,
-        reply,
-        project.name,
-        ({ csrf, flash }) => html`<h1>${project.name}</h1>${projectNav(project, 'Overview')}${flash}
-<section class="card" aria-labelledby="charts-h"><h2 id="charts-h">Usage</h2>
+/** The usage charts: requests, tokens and revenue per day (14 days) and per model (30 days). */
+function usageCharts(currency: string, byDay: UsageRow[], byModel: UsageRow[]): Raw {
+  const days = new Map(byDay.map((r) => [r.key, r]));
+  const dayRows = lastDays(14).map((d) => ({ d, r: days.get(d) }));
+  return html`<section class="card" aria-labelledby="charts-h"><h2 id="charts-h">Usage</h2>
 <div class="charts">
 ${barChart(
   'Requests per day',
@@ -88,7 +72,7 @@ ${barChart(
   'chart-tokens-day',
 )}
 ${barChart(
-  `Revenue per day (${project.currency})`,
+  `Revenue per day (${currency})`,
   dayRows.map(({ d, r }) => ({
     label: d.slice(5),
     value: Number(r?.revenue ?? 0),
@@ -98,28 +82,38 @@ ${barChart(
 )}
 ${barChart(
   'Requests per model (30 days)',
-  byModel.data.map((r) => ({ label: r.key, value: r.requests })),
+  byModel.map((r) => ({ label: r.key, value: r.requests })),
   'chart-requests-model',
 )}
 ${barChart(
   'Tokens per model (30 days)',
-  byModel.data.map((r) => ({ label: r.key, value: r.inputTokens + r.outputTokens })),
+  byModel.map((r) => ({ label: r.key, value: r.inputTokens + r.outputTokens })),
   'chart-tokens-model',
 )}
 ${barChart(
-  `Revenue per model (30 days, ${project.currency})`,
-  byModel.data.map((r) => ({ label: r.key, value: Number(r.revenue), shown: r.revenue })),
+  `Revenue per model (30 days, ${currency})`,
+  byModel.map((r) => ({ label: r.key, value: Number(r.revenue), shown: r.revenue })),
   'chart-revenue-model',
 )}
-</div></section>
-<section class="card" id="provider" aria-labelledby="provider-h"><h2 id="provider-h">Provider</h2>
+</div></section>`;
+}
+
+/** The provider connection and its form. */
+function providerCard(project: ProjectView, kind: string | undefined, csrf: string): Raw {
+  const path = projectPath(project.id);
+  return html`<section class="card" id="provider" aria-labelledby="provider-h"><h2 id="provider-h">Provider</h2>
 <p>${project.provider.baseUrl ? html`Connected to <code>${project.provider.baseUrl}</code> (${kind === 'anthropic' ? "Anthropic's API" : 'OpenAI-compatible'})${project.provider.keySet ? ' with a key (stored encrypted)' : ' without a key'}.` : 'No provider connected yet.'}</p>
 <form method="post" action="${path}/provider">${csrfField(csrf)}
 <div class="row"><div><label for="kind">Provider API</label><select id="kind" name="kind"><option value="openai-compatible"${kind === 'anthropic' ? '' : ' selected'}>OpenAI-compatible</option><option value="anthropic"${kind === 'anthropic' ? ' selected' : ''}>Anthropic</option></select></div>
 <div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" value="${project.provider.baseUrl ?? 'https://api.openai.com/v1'}" required></div>
 <div><label for="apiKey">Provider API key (paste it again to save)</label><input id="apiKey" name="apiKey" type="password" autocomplete="off" required></div></div>
-<button type="submit">Check and save the provider</button></form></section>
-<section class="card" aria-labelledby="settings-h"><h2 id="settings-h">Settings</h2>
+<button type="submit">Check and save the provider</button></form></section>`;
+}
+
+/** The project's name, links and messages. */
+function settingsCard(project: ProjectView, csrf: string): Raw {
+  const path = projectPath(project.id);
+  return html`<section class="card" aria-labelledby="settings-h"><h2 id="settings-h">Settings</h2>
 <form method="post" action="${path}/settings">${csrfField(csrf)}
 <div class="row"><div><label for="projectName">Project name</label><input id="projectName" name="name" value="${project.name}" required maxlength="200"></div>
 <div><label for="checkoutUrl">Checkout URL (top-up links redirect there)</label><input id="checkoutUrl" name="checkoutUrl" type="url" value="${project.settings.checkoutUrl ?? ''}"></div>
@@ -127,23 +121,32 @@ ${barChart(
 <label for="connectMessage">Connect message (<code>{link}</code> is replaced by the link)</label><input id="connectMessage" name="connectMessage" maxlength="2000" value="${project.settings.connectMessage ?? ''}">
 <label for="topupMessage">Top-up message (<code>{link}</code> and <code>{amount}</code> are replaced)</label><input id="topupMessage" name="topupMessage" maxlength="2000" value="${project.settings.topupMessage ?? ''}">
 <label for="lowBalanceThreshold">Low-balance threshold (<code>balance.low</code> when a charge takes a balance below it; empty: none)</label><input id="lowBalanceThreshold" name="lowBalanceThreshold" inputmode="decimal" value="${project.settings.lowBalanceThreshold ?? ''}">
-<button type="submit">Save the settings</button></form></section>
-<section class="card" aria-labelledby="reconciliation-h"><h2 id="reconciliation-h">Reconciliation with the provider (30 days)</h2>
+<button type="submit">Save the settings</button></form></section>`;
+}
+
+/** The reconciliation with the provider's invoice (30 days). */
+function reconciliationCard(project: ProjectView, rows: ReconciliationRow[]): Raw {
+  const path = projectPath(project.id);
+  return html`<section class="card" aria-labelledby="reconciliation-h"><h2 id="reconciliation-h">Reconciliation with the provider (30 days)</h2>
 <p class="muted">Charges are the provider's reported usage × your prices. Per day and model: the tokens charged, those the provider reported (compare them with its invoice), estimates where it reported none, and what went above the holds or below zero.</p>
 ${
-  reconciliation.data.length
+  rows.length
     ? html`<table><thead><tr><th>Day</th><th>Model</th><th>Requests</th><th>Estimated</th><th>Provider input tokens</th><th>Provider output tokens</th><th>Charged (${project.currency})</th><th>Above holds</th><th>Debt</th></tr></thead><tbody>
-${reconciliation.data.map(
+${rows.map(
   (r) =>
     html`<tr><td>${r.day}</td><td><code>${r.model}</code></td><td>${r.requests}</td><td>${r.estimated}</td><td>${r.providerInputTokens}</td><td>${r.providerOutputTokens}</td><td>${r.amount}</td><td>${r.overage}</td><td>${r.debt}</td></tr>`,
 )}</tbody></table>`
     : html`<p>No metered charges in the last 30 days.</p>`
 }
 <p><a href="${path}/reconciliation.csv">Download as CSV</a></p>
-</section>
-<section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
+</section>`;
+}
+
+/** The API keys: revoke one, create one. */
+function keysCard(path: string, keys: KeyRow[], csrf: string): Raw {
+  return html`<section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
 <table><thead><tr><th>Name</th><th>Key</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${keys.data.map(
+${keys.map(
   (k) =>
     html`<tr><td>${k.name}</td><td><code>${k.prefix}…</code></td><td>${k.createdAt.slice(0, 10)}</td><td>${k.revokedAt ? 'revoked' : 'active'}</td><td>${
       k.revokedAt
@@ -153,7 +156,36 @@ ${keys.data.map(
 )}
 </tbody></table>
 <form method="post" action="${path}/keys">${csrfField(csrf)}<div class="row"><div><label for="keyName">New key name</label><input id="keyName" name="name" value="default" required maxlength="200"></div><div><button type="submit">Create an API key</button></div></div></form>
-</section>`,
+</section>`;
+}
+
+export default async function projectRoutes(plain: FastifyInstance): Promise<void> {
+  const app = plain.withTypeProvider<ZodTypeProvider>();
+  const ctx = app.ctx;
+
+  app.get(
+    '/projects/:id',
+    { schema: { params: projectParams, querystring: flashQuery } },
+    async (request, reply) => {
+      const project = projectView(request.ownedProject);
+      const keys = await listApiKeys(ctx, request.developer, project.id);
+      const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
+      const [byDay, byModel, reconciliation] = await Promise.all([
+        usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
+        usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
+        reconciliationReport(ctx, request.ownedProject, { days: 30 }),
+      ]);
+      const path = projectPath(project.id);
+      return page(
+        request,
+        reply,
+        project.name,
+        ({ csrf, flash }) => html`<h1>${project.name}</h1>${projectNav(project, 'Overview')}${flash}
+${usageCharts(project.currency, byDay.data, byModel.data)}
+${providerCard(project, kind, csrf)}
+${settingsCard(project, csrf)}
+${reconciliationCard(project, reconciliation.data)}
+${keysCard(path, keys.data, csrf)}`,
       );
     },
   );
@@ -163,7 +195,7 @@ ${keys.data.map(
     { schema: { params: projectParams, body: providerForm } },
     async (request, reply) => {
       const { baseUrl, apiKey, kind } = request.body;
-      await connectProvider(ctx, signedIn(request).principal, request.params.id, {
+      await connectProvider(ctx, request.developer, request.params.id, {
         kind,
         baseUrl,
         ...(apiKey ? { apiKey } : {}),
@@ -176,16 +208,9 @@ ${keys.data.map(
     '/projects/:id/reconciliation.csv',
     { schema: { params: projectParams } },
     async (request, reply) => {
-      const report = await reconciliationReport(ctx, signedIn(request).principal, request.params.id, {
-        days: 30,
-      });
-      return reply
-        .type('text/csv; charset=utf-8')
-        .header(
-          'content-disposition',
-          `attachment; filename="tollgate-reconciliation-${request.params.id}-30d.csv"`,
-        )
-        .send(reconciliationCsv(report.data));
+      const report = await reconciliationReport(ctx, request.ownedProject, { days: 30 });
+      const name = `tollgate-reconciliation-${request.params.id}-30d.csv`;
+      return sendCsv(reply, name, reconciliationCsv(report.data));
     },
   );
 
@@ -195,7 +220,7 @@ ${keys.data.map(
     async (request, reply) => {
       const { csrf: _csrf, name, ...given } = request.body;
       const settings = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined));
-      await updateOwnedProject(ctx, signedIn(request).principal, request.params.id, { name, settings });
+      await updateOwnedProject(ctx, request.developer, request.params.id, { name, settings });
       return reply.redirect(done(projectPath(request.params.id), 'settings_saved'), 303);
     },
   );
@@ -204,10 +229,9 @@ ${keys.data.map(
     '/projects/:id/keys',
     { schema: { params: projectParams, body: formBody({ name: storableText(200) }) } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
-      const key = await createApiKey(ctx, s.principal, project.id, request.body.name);
-      const models = await listModels(ctx, s.principal, project.id);
+      const project = projectView(request.ownedProject);
+      const key = await createApiKey(ctx, request.developer, project.id, request.body.name);
+      const models = await listModels(ctx, request.developer, project.id);
       return keyPage(request, reply, project, key.key, models.models[0]?.id ?? 'gpt-4o-mini', false);
     },
   );
@@ -221,7 +245,7 @@ ${keys.data.map(
       },
     },
     async (request, reply) => {
-      await revokeApiKey(ctx, signedIn(request).principal, request.params.id, request.params.key);
+      await revokeApiKey(ctx, request.developer, request.params.id, request.params.key);
       return reply.redirect(done(projectPath(request.params.id), 'key_revoked'), 303);
     },
   );

@@ -13,7 +13,7 @@ import {
 import { html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { keyPage } from '../key-page.ts';
-import { csrfField, flashQuery, formBody, page, signedIn } from '../pages.ts';
+import { csrfField, flashQuery, formBody, page } from '../pages.ts';
 
 /** The projects list (`/dashboard`) with the admin tokens, and the first run (`/dashboard/start`). */
 
@@ -30,10 +30,9 @@ export default async function projectsRoutes(plain: FastifyInstance): Promise<vo
   const ctx = app.ctx;
 
   app.get('/', { schema: { querystring: flashQuery } }, async (request, reply) => {
-    const s = signedIn(request);
-    const projects = await listProjects(ctx, s.principal, { limit: 100 });
+    const projects = await listProjects(ctx, request.developer, { limit: 100 });
     if (projects.data.length === 0) return reply.redirect('/dashboard/start', 303);
-    const tokens = await adminTokensSection(s.principal);
+    const tokens = await adminTokensSection(request.developer);
     return page(
       request,
       reply,
@@ -102,13 +101,12 @@ ${csrfField(csrf)}
   );
 
   app.post('/start', { schema: { body: startForm } }, async (request, reply) => {
-    const s = signedIn(request);
     const { name, currency, baseUrl, apiKey, kind } = request.body;
     const provider = { kind, baseUrl, ...(apiKey ? { apiKey } : {}) };
     // Check first: a project is made only for a provider that answers.
     const { models } = await checkProvider(ctx, provider);
-    const created = await createOwnedProject(ctx, s.principal, { name, currency });
-    await connectProvider(ctx, s.principal, created.project.id, provider);
+    const created = await createOwnedProject(ctx, request.developer, { name, currency });
+    await connectProvider(ctx, request.developer, created.project.id, provider);
     return keyPage(request, reply, created.project, created.apiKey.key, models[0] ?? 'gpt-4o-mini', true);
   });
 }

@@ -2,14 +2,8 @@ import { randomUUID } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import {
-  grantCredit,
-  moveMoney,
-  ownedProject,
-  projectView,
-  searchUsers,
-  setUserConnected,
-} from '../../admin/service.ts';
+import { grantCredit, moveMoney, searchUsers, setUserConnected } from '../../admin/end-users.ts';
+import { projectView } from '../../admin/service.ts';
 import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
@@ -26,7 +20,6 @@ import {
   projectNav,
   projectParams,
   projectPath,
-  signedIn,
 } from '../pages.ts';
 
 /** A project's end users (`/dashboard/projects/:id/users`): search, balances, deposits, charges. */
@@ -59,6 +52,84 @@ function depositForm(path: string, csrf: string, currency: string, user?: string
 <div><button type="submit">Deposit</button></div></div></form>`;
 }
 
+/** The users found, with the search form. */
+function usersCard(path: string, q: string, users: Awaited<ReturnType<typeof searchUsers>>['data']): Raw {
+  return html`<section class="card"><form method="get" action="${path}/users" role="search"><div class="row"><div><label for="q">Search users by id</label><input id="q" name="q" value="${q}"></div><div><button type="submit">Search</button></div></div></form>
+<table><thead><tr><th>User</th><th>Connected</th><th class="num">Balance</th><th class="num">Held</th><th class="num">Available</th></tr></thead><tbody>
+${users.map(
+  (u) =>
+    html`<tr><td><a href="${path}/users/${encodeURIComponent(u.user)}">${u.user}</a></td><td>${u.connected ? 'yes' : 'no'}</td><td class="num">${u.balance}</td><td class="num">${u.held}</td><td class="num">${u.available}</td></tr>`,
+)}
+</tbody></table>${users.length ? '' : html`<p class="muted">No users${q ? ' match' : ' yet'}.</p>`}</section>`;
+}
+
+/** The grant a credit form asks for, checked as the API checks one. */
+function grantOf(input: z.infer<typeof grantForm>, currency: string) {
+  const amount = parseInput(amountSchema(currency), input.amount, 'amount');
+  // a date from the form's date field is the end of that day (UTC); a full ISO time as given
+  const expiresAt =
+    input.expiresAt === undefined
+      ? undefined
+      : /^\d{4}-\d{2}-\d{2}$/.test(input.expiresAt)
+        ? `${input.expiresAt}T23:59:59Z`
+        : input.expiresAt;
+  return parseInput(grantBody, {
+    user: input.user,
+    amount,
+    reason: input.reason,
+    ...(input.priority === undefined ? {} : { priority: input.priority }),
+    ...(expiresAt === undefined ? {} : { expiresAt }),
+    metadata: { via: 'dashboard' },
+  });
+}
+
+/** The form that charges a user by hand. */
+function chargeCard(path: string, user: string, currency: string, csrf: string): Raw {
+  return html`<section class="card"><h2>Charge</h2>
+<form method="post" action="${path}/users/charge">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
+<div class="row"><div><label for="chargeAmount">Amount (${currency})</label><input id="chargeAmount" name="amount" inputmode="decimal" required></div>
+<div><label for="chargeDescription">What for (optional)</label><input id="chargeDescription" name="description" maxlength="200"></div>
+<div><button type="submit">Charge</button></div></div></form></section>`;
+}
+
+/** A user's credit grants, and the form that grants credit. */
+function creditCard(
+  path: string,
+  user: string,
+  currency: string,
+  grants: Awaited<ReturnType<typeof listGrants>>['data'],
+  csrf: string,
+): Raw {
+  return html`<section class="card"><h2>Credit</h2>
+<p class="muted">Credit that is not money (a promotion, a trial, goodwill): spent before the paid balance, highest priority first, then soonest expiry; what is left at its expiry leaves the balance.</p>
+${
+  grants.length
+    ? html`<table id="grants"><thead><tr><th>Grant</th><th>Reason</th><th class="num">Amount</th><th class="num">Left</th><th>Priority</th><th>Expires (UTC)</th></tr></thead><tbody>
+${grants.map(
+  (g) =>
+    html`<tr><td><code>${g.id}</code></td><td>${g.reason}</td><td class="num">${g.amount}</td><td class="num">${g.expired ? html`expired (${g.expiredAmount})` : g.remaining}</td><td>${g.priority}</td><td>${g.expiresAt ? g.expiresAt.replace('T', ' ').slice(0, 16) : 'never'}</td></tr>`,
+)}</tbody></table>`
+    : ''
+}
+<form method="post" action="${path}/users/credits">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
+<div class="row"><div><label for="grantAmount">Amount (${currency})</label><input id="grantAmount" name="amount" inputmode="decimal" required></div>
+<div><label for="grantReason">Reason</label><input id="grantReason" name="reason" value="goodwill" required maxlength="32" pattern="[a-z][a-z0-9_-]{0,31}"></div>
+<div><label for="grantPriority">Priority (optional)</label><input id="grantPriority" name="priority" inputmode="numeric"></div>
+<div><label for="grantExpires">Expires (optional)</label><input id="grantExpires" name="expiresAt" type="date"></div>
+<div><button type="submit">Grant credit</button></div></div></form></section>`;
+}
+
+/** A user's ledger entries, newest first. */
+function activityCard(activity: Awaited<ReturnType<typeof listActivity>>['data']): Raw {
+  return html`<section class="card"><h2>Activity</h2>
+<table id="activity"><thead><tr><th>When (UTC)</th><th>Type</th><th class="num">Amount</th><th class="num">Balance after</th><th>Source</th><th>Details</th></tr></thead><tbody>
+${activity.map(
+  (a) =>
+    html`<tr><td>${a.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${a.type}</td><td class="num">${a.amount}</td><td class="num">${a.balance}</td><td>${a.source}</td><td>${a.description ?? (typeof a.metadata.model === 'string' ? a.metadata.model : '')}</td></tr>`,
+)}
+</tbody></table>${activity.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`;
+}
+
 export default async function userRoutes(plain: FastifyInstance): Promise<void> {
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
@@ -69,23 +140,16 @@ export default async function userRoutes(plain: FastifyInstance): Promise<void> 
       schema: { params: projectParams, querystring: flashQuery.extend({ q: optionalField(textInput(256)) }) },
     },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const project = projectView(request.ownedProject);
       const q = request.query.q ?? '';
-      const users = await searchUsers(ctx, s.principal, project.id, { q: q || undefined, limit: 100 });
+      const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
       const path = projectPath(project.id);
       return page(
         request,
         reply,
         `Users · ${project.name}`,
         ({ csrf, flash }) => html`<h1>End users</h1>${projectNav(project, 'Users')}${flash}
-<section class="card"><form method="get" action="${path}/users" role="search"><div class="row"><div><label for="q">Search users by id</label><input id="q" name="q" value="${q}"></div><div><button type="submit">Search</button></div></div></form>
-<table><thead><tr><th>User</th><th>Connected</th><th class="num">Balance</th><th class="num">Held</th><th class="num">Available</th></tr></thead><tbody>
-${users.data.map(
-  (u) =>
-    html`<tr><td><a href="${path}/users/${encodeURIComponent(u.user)}">${u.user}</a></td><td>${u.connected ? 'yes' : 'no'}</td><td class="num">${u.balance}</td><td class="num">${u.held}</td><td class="num">${u.available}</td></tr>`,
-)}
-</tbody></table>${users.data.length ? '' : html`<p class="muted">No users${q ? ' match' : ' yet'}.</p>`}</section>
+${usersCard(path, q, users.data)}
 <section class="card"><h2>Deposit to a user</h2>
 ${depositForm(path, csrf, project.currency)}
 </section>`,
@@ -98,14 +162,13 @@ ${depositForm(path, csrf, project.currency)}
       `/projects/:id/users/${kind}`,
       { schema: { params: projectParams, body: moneyForm } },
       async (request, reply) => {
-        const s = signedIn(request);
         const input = request.body;
-        const project = await ownedProject(ctx, s.principal, request.params.id);
+        const project = request.ownedProject;
         const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
         const result = await moveMoney(
           ctx,
-          s.principal,
-          project.id,
+          request.developer,
+          project,
           kind,
           {
             user: input.user,
@@ -129,29 +192,13 @@ ${depositForm(path, csrf, project.currency)}
     '/projects/:id/users/credits',
     { schema: { params: projectParams, body: grantForm } },
     async (request, reply) => {
-      const s = signedIn(request);
       const input = request.body;
-      const project = await ownedProject(ctx, s.principal, request.params.id);
-      const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
-      // a date from the form's date field is the end of that day (UTC); a full ISO time as given
-      const expiresAt =
-        input.expiresAt === undefined
-          ? undefined
-          : /^\d{4}-\d{2}-\d{2}$/.test(input.expiresAt)
-            ? `${input.expiresAt}T23:59:59Z`
-            : input.expiresAt;
-      const grant = parseInput(grantBody, {
-        user: input.user,
-        amount,
-        reason: input.reason,
-        ...(input.priority === undefined ? {} : { priority: input.priority }),
-        ...(expiresAt === undefined ? {} : { expiresAt }),
-        metadata: { via: 'dashboard' },
-      });
+      const project = request.ownedProject;
+      const grant = grantOf(input, project.currency);
       await grantCredit(
         ctx,
-        s.principal,
-        project.id,
+        request.developer,
+        project,
         grant,
         input.idem ? `dashboard-${input.idem}` : undefined,
       );
@@ -164,8 +211,7 @@ ${depositForm(path, csrf, project.currency)}
     '/projects/:id/users/:user',
     { schema: { params: userParams, querystring: flashQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const row = await ownedProject(ctx, s.principal, request.params.id);
+      const row = request.ownedProject;
       const project = projectView(row);
       const user = request.params.user;
       const balance = await getBalance(ctx.db, row, user);
@@ -183,35 +229,9 @@ ${depositForm(path, csrf, project.currency)}
 <form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
 </section>
 <section class="card"><h2>Deposit</h2>${depositForm(path, csrf, project.currency, user)}</section>
-<section class="card"><h2>Charge</h2>
-<form method="post" action="${path}/users/charge">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
-<div class="row"><div><label for="chargeAmount">Amount (${project.currency})</label><input id="chargeAmount" name="amount" inputmode="decimal" required></div>
-<div><label for="chargeDescription">What for (optional)</label><input id="chargeDescription" name="description" maxlength="200"></div>
-<div><button type="submit">Charge</button></div></div></form></section>
-<section class="card"><h2>Credit</h2>
-<p class="muted">Credit that is not money (a promotion, a trial, goodwill): spent before the paid balance, highest priority first, then soonest expiry; what is left at its expiry leaves the balance.</p>
-${
-  grants.data.length
-    ? html`<table id="grants"><thead><tr><th>Grant</th><th>Reason</th><th class="num">Amount</th><th class="num">Left</th><th>Priority</th><th>Expires (UTC)</th></tr></thead><tbody>
-${grants.data.map(
-  (g) =>
-    html`<tr><td><code>${g.id}</code></td><td>${g.reason}</td><td class="num">${g.amount}</td><td class="num">${g.expired ? html`expired (${g.expiredAmount})` : g.remaining}</td><td>${g.priority}</td><td>${g.expiresAt ? g.expiresAt.replace('T', ' ').slice(0, 16) : 'never'}</td></tr>`,
-)}</tbody></table>`
-    : ''
-}
-<form method="post" action="${path}/users/credits">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
-<div class="row"><div><label for="grantAmount">Amount (${project.currency})</label><input id="grantAmount" name="amount" inputmode="decimal" required></div>
-<div><label for="grantReason">Reason</label><input id="grantReason" name="reason" value="goodwill" required maxlength="32" pattern="[a-z][a-z0-9_-]{0,31}"></div>
-<div><label for="grantPriority">Priority (optional)</label><input id="grantPriority" name="priority" inputmode="numeric"></div>
-<div><label for="grantExpires">Expires (optional)</label><input id="grantExpires" name="expiresAt" type="date"></div>
-<div><button type="submit">Grant credit</button></div></div></form></section>
-<section class="card"><h2>Activity</h2>
-<table id="activity"><thead><tr><th>When (UTC)</th><th>Type</th><th class="num">Amount</th><th class="num">Balance after</th><th>Source</th><th>Details</th></tr></thead><tbody>
-${activity.data.map(
-  (a) =>
-    html`<tr><td>${a.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${a.type}</td><td class="num">${a.amount}</td><td class="num">${a.balance}</td><td>${a.source}</td><td>${a.description ?? (typeof a.metadata.model === 'string' ? a.metadata.model : '')}</td></tr>`,
-)}
-</tbody></table>${activity.data.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`,
+${chargeCard(path, user, project.currency, csrf)}
+${creditCard(path, user, project.currency, grants.data, csrf)}
+${activityCard(activity.data)}`,
       );
     },
   );
@@ -222,7 +242,7 @@ ${activity.data.map(
       { schema: { params: userParams, body: formBody({}) } },
       async (request, reply) => {
         const { id, user } = request.params;
-        await setUserConnected(ctx, signedIn(request).principal, id, user, act === 'connect');
+        await setUserConnected(ctx, request.developer, request.ownedProject, user, act === 'connect');
         const userPath = `${projectPath(id)}/users/${encodeURIComponent(user)}`;
         return reply.redirect(done(userPath, act === 'connect' ? 'connected' : 'disconnected'), 303);
       },

@@ -1,7 +1,8 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { actorOf, ownedProject, projectView } from '../../admin/service.ts';
+import { actorOf } from '../../admin/accounts.ts';
+import { projectView } from '../../admin/service.ts';
 import { isStorable, NOT_STORABLE, textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
@@ -21,7 +22,6 @@ import {
   projectParams,
   projectPath,
   secretBox,
-  signedIn,
 } from '../pages.ts';
 
 /** A project's webhooks (`/dashboard/projects/:id/webhooks`): subscriptions and the delivery log. */
@@ -40,8 +40,7 @@ export default async function webhookRoutes(plain: FastifyInstance): Promise<voi
     '/projects/:id/webhooks',
     { schema: { params: projectParams, querystring: flashQuery } },
     async (request, reply) => {
-      const s = signedIn(request);
-      const project = projectView(await ownedProject(ctx, s.principal, request.params.id));
+      const project = projectView(request.ownedProject);
       const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
       const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
       const path = projectPath(project.id);
@@ -85,9 +84,7 @@ ${logs.data.map(
     '/projects/:id/webhooks',
     { schema: { params: projectParams, body: subscriptionForm } },
     async (request, reply) => {
-      const s = signedIn(request);
       const path = `${projectPath(request.params.id)}/webhooks`;
-      await ownedProject(ctx, s.principal, request.params.id);
       const f = request.body;
       const { subscription, secret } = await createSubscription(
         ctx,
@@ -97,7 +94,7 @@ ${logs.data.map(
           events: f.events.split(/[\s,]+/).filter(Boolean),
           ...(f.description ? { description: f.description } : {}),
         },
-        { createdBy: `developer:${s.principal.actorId}`, actor: actorOf(s.principal) },
+        { createdBy: `developer:${request.developer.actorId}`, actor: actorOf(request.developer) },
       );
       return page(
         request,
@@ -115,10 +112,8 @@ ${secretBox('webhook-secret', 'Signing secret', secret)}
     '/projects/:id/webhooks/:sub/deactivate',
     { schema: { params: projectParams.extend({ sub: textInput(255, 'an id') }), body: formBody({}) } },
     async (request, reply) => {
-      const principal = signedIn(request).principal;
-      await ownedProject(ctx, principal, request.params.id);
       await setSubscriptionActive(ctx, request.params.id, request.params.sub, false, {
-        actor: actorOf(principal),
+        actor: actorOf(request.developer),
       });
       return reply.redirect(
         done(`${projectPath(request.params.id)}/webhooks`, 'subscription_deactivated'),
@@ -131,7 +126,6 @@ ${secretBox('webhook-secret', 'Signing secret', secret)}
     '/projects/:id/webhooks/deliveries/:delivery/resend',
     { schema: { params: projectParams.extend({ delivery: textInput(255, 'an id') }), body: formBody({}) } },
     async (request, reply) => {
-      await ownedProject(ctx, signedIn(request).principal, request.params.id);
       await retryDelivery(ctx, request.params.id, request.params.delivery);
       return reply.redirect(done(`${projectPath(request.params.id)}/webhooks`, 'delivery_queued'), 303);
     },
