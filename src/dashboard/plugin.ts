@@ -33,7 +33,7 @@ import webhookRoutes from './routes/webhooks.ts';
  *   sign-up forms, from the signed cookie's. Cross-site posts (Sec-Fetch-Site, Origin) are refused too.
  * - @fastify/formbody: form bodies, then each route's zod schemas (`schema: { params, querystring, body }`)
  *   validate them as the API's do: invalid input is a 400 page, nothing is written.
- * - @fastify/helmet: the security headers and the CSP (./html.ts).
+ * - @fastify/helmet: the security headers and the CSP (../html/index.ts).
  * - @fastify/rate-limit: the sign-in and sign-up limits shared with the admin API (../admin/rate-limit.ts).
  *
  * Routes: ./routes/, one module per page or resource. Forms have visible labels and work from the

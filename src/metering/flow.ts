@@ -541,7 +541,7 @@ export interface MeteringContext {
 /** The flow's collaborators, built once (plugin.ts). */
 export interface MeteringParts {
   router: Router;
-  /** The connect or top-up link of a refused user (src/chat/paywall.ts). */
+  /** The connect or top-up link of a refused user (src/paywall/replies.ts). */
   paywall: (project: ProjectContext, externalId: string, refusal: PaywallRefusal) => LinkReply;
   pending: Pending;
   limits: LimitsObserver;
