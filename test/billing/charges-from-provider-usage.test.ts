@@ -5,7 +5,6 @@ import { formatForCurrency, Money } from '../../src/core/money.ts';
 import { countEmbeddingInput } from '../../src/embeddings/api.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
 import { countResponsesInput } from '../../src/responses/api.ts';
-import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { scrape, sumOf } from '../helpers/metrics-text.ts';
 
@@ -71,14 +70,7 @@ beforeAll(async () => {
   f.mock.behaviors.set('issue', { promptTokens: 300, completionTokens: 5 });
   // A provider that sends no usage: Tollgate counts, and flags the charge as an estimate.
   f.mock.behaviors.set('quiet', { usage: false });
-  await createSubscription(
-    f.ctx,
-    f.project.id,
-    { url: 'http://127.0.0.1:9/hook', events: ['balance.*'] },
-    {
-      createdBy: 'test',
-    },
-  );
+  await f.subscribe(['balance.*']);
 });
 afterAll(() => f.close());
 

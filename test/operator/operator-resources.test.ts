@@ -4,13 +4,14 @@ import { applyModels, revokeApiKey, updateOwnedProject } from '../../src/admin/s
 import type { AppContext } from '../../src/app/context.ts';
 import { applyPricing } from '../../src/models/service.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
-import { type RunningOperator, startOperator } from '../../src/operator/main.ts';
+import type { RunningOperator } from '../../src/operator/main.ts';
 import type { Resource } from '../../src/operator/resources/framework.ts';
 import { type KubeClients, makeClients, mergePatch } from '../../src/operator/runtime/kube.ts';
 import { removeProvider, upsertProvider } from '../../src/routing/providers.ts';
 import { createTestContext } from '../helpers/context.ts';
 import { ALL_CRD_FILES, type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
+import { operatorEnv, PLURALS, startLeadingOperator } from './fixture.ts';
 
 /**
  * The deployment's resources (Project, ApiKey, ModelProvider, PriceList, LimitPolicy, and WebhookSubscription
@@ -31,21 +32,9 @@ beforeAll(async () => {
   target = await kubeTarget('tg-resources', { crdFiles: ALL_CRD_FILES, cel: true });
   ns = target.namespace;
   upstream = await startMockUpstream();
-  ctx = await createTestContext({
-    OPERATOR_STATUS_SYNC_SECONDS: '1',
-    OPERATOR_LEASE_NAMESPACE: ns,
-    OPERATOR_LEASE_DURATION_SECONDS: '3',
-    OPERATOR_RENEW_DEADLINE_SECONDS: '2',
-    OPERATOR_RETRY_PERIOD_SECONDS: '1',
-  });
+  ctx = await createTestContext(operatorEnv(ns));
   kube = makeClients(target.kubeConfig);
-  operator = startOperator(ctx, {
-    kube,
-    namespaces: [ns],
-    identity: 'operator-under-test',
-    startWorker: () => ({ ready: Promise.resolve(), wake: () => {}, stop: async () => {} }),
-  });
-  await target.until(() => operator.isLeader(), 'the operator to lead');
+  operator = await startLeadingOperator(ctx, target, kube, 'operator-under-test');
 });
 
 afterAll(async () => {
@@ -55,14 +44,6 @@ afterAll(async () => {
   await target?.close();
 });
 
-const PLURALS: Record<string, string> = {
-  Project: 'projects',
-  ApiKey: 'apikeys',
-  ModelProvider: 'modelproviders',
-  PriceList: 'pricelists',
-  LimitPolicy: 'limitpolicies',
-  WebhookSubscription: 'webhooksubscriptions',
-};
 const ref = (kind: string, name: string) => ({
   group: GROUP,
   version: VERSION,
