@@ -1,17 +1,14 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
+import { createEmptySchema, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
 
 const pgUrl = process.env.TOLLGATE_TEST_PG;
 
 /** The admin flow of the README against the real Postgres: migrate → project create → models apply → proxy. */
 describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
-  const schema = `tgt_${Math.floor(Date.now() / 1000).toString(36)}_cli${randomBytes(4).toString('hex')}`;
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-cli-'));
   let env: NodeJS.ProcessEnv;
   let proxy: ChildProcess | undefined;
@@ -26,15 +23,10 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
   }
 
   beforeAll(async () => {
-    const client = new pg.Client({ connectionString: pgUrl });
-    await client.connect();
-    await client.query(`CREATE SCHEMA ${schema}`);
-    await client.end();
-    const url = new URL(pgUrl!);
-    url.searchParams.set('options', `-c search_path=${schema}`);
+    const { databaseUrl } = await createEmptySchema('cli');
     env = {
       ...process.env,
-      DATABASE_URL: url.toString(),
+      DATABASE_URL: databaseUrl,
       TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
       TOLLGATE_DATA_DIR: dir,
       REDIS_URL: '',

@@ -1,8 +1,6 @@
-import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { type ChildProcess, spawnSync } from 'node:child_process';
+import { describe, expect, it } from 'vitest';
+import { dataDirFor, devEnv, startDev } from '../helpers/dev-process.ts';
 
 /**
  * `tollgate dev` on the embedded database, administered as the issue asks: the CLI next to it goes over
@@ -10,23 +8,9 @@ import { afterAll, describe, expect, it } from 'vitest';
  * database directly is refused by the lock with one line naming the dev process.
  */
 describe('the CLI against a running tollgate dev', () => {
-  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-dev-http-'));
-  const baseEnv = {
-    ...process.env,
-    DATABASE_URL: '',
-    REDIS_URL: '',
-    TOLLGATE_ENCRYPTION_KEY: '',
-    TOLLGATE_ADMIN_TOKEN: '',
-    TOLLGATE_URL: '',
-    TOLLGATE_DATA_DIR: dataDir,
-    LOG_LEVEL: 'warn',
-  };
   let child: ChildProcess | undefined;
-
-  afterAll(() => {
-    child?.kill('SIGKILL');
-    rmSync(dataDir, { recursive: true, force: true });
-  });
+  const dataDir = dataDirFor('tollgate-dev-http-', () => [child]);
+  const baseEnv = devEnv(dataDir);
 
   function tollgate(env: Record<string, string>, ...args: string[]) {
     const run = spawnSync(process.execPath, ['cmd/tollgate.ts', ...args], {
@@ -38,21 +22,9 @@ describe('the CLI against a running tollgate dev', () => {
   }
 
   it('prints the dashboard, a login and both variables; the CLI uses them; the database is locked', async () => {
-    child = spawn(process.execPath, ['cmd/tollgate.ts', 'dev'], {
-      env: { ...baseEnv, PORT: '0' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    child.stderr!.on('data', (c: Buffer) => {
-      out += c.toString();
-    });
-    await new Promise<void>((resolve, reject) => {
-      child!.stdout!.on('data', (c: Buffer) => {
-        out += c.toString();
-        if (out.includes('Press Ctrl+C')) resolve();
-      });
-      child!.once('exit', (code) => reject(new Error(`dev exited with ${code}: ${out}`)));
-    });
+    const dev = startDev({ ...baseEnv, PORT: '0' });
+    child = dev.child;
+    const out = await dev.ready;
     const url = /TOLLGATE_URL=(http:\/\/\S+)/.exec(out)?.[1];
     const token = /TOLLGATE_ADMIN_TOKEN=(\S+)/.exec(out)?.[1];
     const login = /sign in as\s+(\S+) \/ (\S+)/.exec(out);

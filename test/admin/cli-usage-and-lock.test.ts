@@ -1,10 +1,10 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { COMMANDS } from '../../src/cli/commands.ts';
 import { acquireEmbeddedLock, EmbeddedDatabaseLocked, lockFileOf } from '../../src/db/lock.ts';
+import { dataDirFor } from '../helpers/dev-process.ts';
 import { startTestServer } from '../helpers/server.ts';
 
 const env = { ...process.env, DATABASE_URL: '', REDIS_URL: '', TOLLGATE_URL: '', TOLLGATE_ADMIN_TOKEN: '' };
@@ -62,12 +62,8 @@ describe('the tollgate binary', () => {
 });
 
 describe('the embedded database lock', () => {
-  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-lock-'));
   let holder: ChildProcess | undefined;
-  afterAll(() => {
-    holder?.kill('SIGKILL');
-    rmSync(dataDir, { recursive: true, force: true });
-  });
+  const dataDir = dataDirFor('tollgate-lock-', () => [holder]);
 
   it('refuses a second process with one line naming the first, and takes over a stale lock', async () => {
     // A process holding the lock, as `tollgate dev` does while it runs.

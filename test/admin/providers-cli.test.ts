@@ -1,17 +1,15 @@
 import { spawnSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
+import { createEmptySchema, pgQuery, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
 
 const pgUrl = process.env.TOLLGATE_TEST_PG;
 
 /** `tollgate providers add|list|remove` and `users spend-caps` against the real Postgres. */
 describe.skipIf(!pgUrl)('tollgate providers CLI', () => {
-  const schema = `tgt_${Math.floor(Date.now() / 1000).toString(36)}_prv${randomBytes(4).toString('hex')}`;
+  let schema = '';
   let env: NodeJS.ProcessEnv;
 
   function tollgate(...args: string[]) {
@@ -24,15 +22,11 @@ describe.skipIf(!pgUrl)('tollgate providers CLI', () => {
   }
 
   beforeAll(async () => {
-    const client = new pg.Client({ connectionString: pgUrl });
-    await client.connect();
-    await client.query(`CREATE SCHEMA ${schema}`);
-    await client.end();
-    const url = new URL(pgUrl!);
-    url.searchParams.set('options', `-c search_path=${schema}`);
+    const created = await createEmptySchema('prv');
+    schema = created.schema;
     env = {
       ...process.env,
-      DATABASE_URL: url.toString(),
+      DATABASE_URL: created.databaseUrl,
       TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
       TOLLGATE_DATA_DIR: mkdtempSync(join(tmpdir(), 'tollgate-prv-')),
       REDIS_URL: '',
@@ -40,10 +34,7 @@ describe.skipIf(!pgUrl)('tollgate providers CLI', () => {
     };
   });
   afterAll(async () => {
-    const client = new pg.Client({ connectionString: pgUrl });
-    await client.connect();
-    await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    await client.end();
+    if (schema) await pgQuery(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
   });
 
   it('adds, lists and removes providers; the project upstream is `default`', () => {

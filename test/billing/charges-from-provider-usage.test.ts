@@ -69,14 +69,7 @@ beforeAll(async () => {
   f.mock.behaviors.set('issue', { promptTokens: 300, completionTokens: 5 });
   // A provider that sends no usage: Tollgate counts, and flags the charge as an estimate.
   f.mock.behaviors.set('quiet', { usage: false });
-  await createSubscription(
-    f.ctx,
-    f.project.id,
-    { url: 'http://127.0.0.1:9/hook', events: ['balance.*'] },
-    {
-      createdBy: 'test',
-    },
-  );
+  await f.subscribe(['balance.*']);
 });
 afterAll(() => f.close());
 

@@ -3,8 +3,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { connectUser, disconnectUser } from '../../src/users/service.ts';
-import { createSubscription } from '../../src/webhooks/subscriptions.ts';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
+import {
+  type ChatFixture,
+  ledgerEntriesOf,
+  perRequestModel,
+  startChatFixture,
+} from '../helpers/chat-fixture.ts';
 
 /**
  * Credit grants (promotional, trial, goodwill credit — not money): granted with an optional expiry and a
@@ -19,20 +23,11 @@ const messages = [{ role: 'user' as const, content: 'Hello' }];
 
 beforeAll(async () => {
   f = await startChatFixture({
-    models: [
-      { id: 'thirty', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.30' } },
-    ],
+    models: [perRequestModel('thirty', '0.30')],
     settings: { lowBalanceThreshold: '0.50' },
     env: { TOLLGATE_ADMIN_TOKEN: ROOT },
   });
-  await createSubscription(
-    f.ctx,
-    f.project.id,
-    { url: 'http://127.0.0.1:9/hook', events: ['balance.*'] },
-    {
-      createdBy: 'test',
-    },
-  );
+  await f.subscribe(['balance.*']);
 });
 afterAll(() => f.close());
 
@@ -54,29 +49,15 @@ async function api(
 }
 
 async function events(type: string, user: string) {
-  await f.settled();
-  const rows = await f.ctx.db
-    .selectFrom('events')
-    .select('envelope')
-    .where('project_id', '=', f.project.id)
-    .where('type', '=', type)
-    .orderBy('seq')
-    .execute();
-  return rows
-    .map((r) => r.envelope as { data: Record<string, unknown> })
-    .filter((e) => e.data.externalUserId === user);
+  const envelopes: Array<{ data: Record<string, unknown> }> = await f.events(type);
+  return envelopes.filter((e) => e.data.externalUserId === user);
 }
 
 async function entries(user: string) {
   await f.settled();
   await f.ledger(user); // balance = Σ entries, held = Σ open holds
   const wallet = (await f.wallet(user))!;
-  return f.ctx.db
-    .selectFrom('ledger_entries')
-    .select(['kind', 'amount', 'source', 'metadata', 'balance_after'])
-    .where('user_id', '=', wallet.userId)
-    .orderBy('id')
-    .execute();
+  return ledgerEntriesOf(f.ctx, wallet.userId, ['kind', 'amount', 'source', 'metadata', 'balance_after']);
 }
 
 describe('granting credit', () => {

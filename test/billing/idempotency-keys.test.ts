@@ -1,22 +1,23 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { maintenanceJobs } from '../../src/app/jobs.ts';
-import { recordEverything } from '../../src/events/outbox.ts';
 import { deleteExpiredIdempotencyKeys, requestHash, withIdempotency } from '../../src/idempotency/index.ts';
-import { connectUser } from '../../src/users/service.ts';
 import { realPostgres } from '../helpers/context.ts';
-import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
-
-const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+import {
+  api,
+  connectTo,
+  type SeededProject,
+  seedProject,
+  startRecordingServer,
+  type TestServer,
+} from '../helpers/server.ts';
 
 let server: TestServer;
 let project: SeededProject;
 let other: SeededProject;
 
 beforeAll(async () => {
-  server = await startTestServer();
-  // Record every event, whatever the project's webhook subscriptions.
-  server.ctx.events.filter = recordEverything;
+  server = await startRecordingServer();
   project = await seedProject(server.ctx);
   other = await seedProject(server.ctx);
 });
@@ -112,13 +113,7 @@ describe('Idempotency-Key', () => {
   });
 
   it('scopes keys per project and per endpoint', async () => {
-    await connectUser(
-      server.ctx.db,
-      server.ctx.events,
-      { id: project.projectId, owner_user_id: 'o' },
-      'cat',
-      trigger,
-    );
+    await connectTo(server, project, 'cat');
     const dep = await post(project, '/v1/user/balance/deposit', { user: 'cat', amount: '3.00' }, 'shared');
     expect(dep.status).toBe(201);
     const chg = await post(project, '/v1/user/charge', { user: 'cat', amount: '1.00' }, 'shared');
@@ -160,13 +155,7 @@ describe('Idempotency-Key', () => {
   });
 
   it('makes exactly one charge from 50 concurrent identical charges', async () => {
-    await connectUser(
-      server.ctx.db,
-      server.ctx.events,
-      { id: project.projectId, owner_user_id: 'o' },
-      'eve',
-      trigger,
-    );
+    await connectTo(server, project, 'eve');
     await post(project, '/v1/user/balance/deposit', { user: 'eve', amount: '10.00' });
     const results = await Promise.all(
       Array.from({ length: 50 }, () =>
@@ -184,13 +173,7 @@ describe('Idempotency-Key', () => {
   it('replays a refusal too: the stored first response wins until the key expires', async () => {
     const refused = await post(project, '/v1/user/charge', { user: 'fay', amount: '1.00' }, 'refused-once');
     expect(refused.body).toMatchObject({ success: false, reason: 'not_connected' });
-    await connectUser(
-      server.ctx.db,
-      server.ctx.events,
-      { id: project.projectId, owner_user_id: 'o' },
-      'fay',
-      trigger,
-    );
+    await connectTo(server, project, 'fay');
     await post(project, '/v1/user/balance/deposit', { user: 'fay', amount: '5.00' });
     const replay = await post(project, '/v1/user/charge', { user: 'fay', amount: '1.00' }, 'refused-once');
     expect(replay.body).toEqual(refused.body);

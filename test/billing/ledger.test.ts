@@ -8,7 +8,7 @@ import { getProject } from '../../src/projects/service.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { heldByOpenHolds } from '../helpers/chat-fixture.ts';
 import { createTestContext } from '../helpers/context.ts';
-import { seedProject } from '../helpers/server.ts';
+import { depositFor, seedProject } from '../helpers/server.ts';
 
 const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
 
@@ -87,13 +87,7 @@ describe('ledger', () => {
 
   it('holds, settles the real cost (above the hold too, into debt), and releases the rest', async () => {
     await connectUser(ctx.db, ctx.events, project, 'bob', trigger);
-    await ctx.billing.deposit({
-      project,
-      externalId: 'bob',
-      amount: '1.00',
-      source: 'test',
-      trigger,
-    });
+    await depositFor(ctx, project, 'bob', '1.00', trigger);
     const hold = await ctx.billing.hold({
       project,
       externalId: 'bob',
@@ -201,13 +195,7 @@ describe('ledger', () => {
 
   it('never lets concurrent holds overspend', async () => {
     await connectUser(ctx.db, ctx.events, project, 'carol', trigger);
-    await ctx.billing.deposit({
-      project,
-      externalId: 'carol',
-      amount: '1.00',
-      source: 'test',
-      trigger,
-    });
+    await depositFor(ctx, project, 'carol', '1.00', trigger);
     const results = await Promise.all(
       Array.from({ length: 25 }, () =>
         ctx.billing.hold({
@@ -226,13 +214,7 @@ describe('ledger', () => {
 
   it('sweeps holds whose request died', async () => {
     await connectUser(ctx.db, ctx.events, project, 'dave', trigger);
-    await ctx.billing.deposit({
-      project,
-      externalId: 'dave',
-      amount: '1.00',
-      source: 'test',
-      trigger,
-    });
+    await depositFor(ctx, project, 'dave', '1.00', trigger);
     const hold = await ctx.billing.hold({
       project,
       externalId: 'dave',

@@ -1,19 +1,20 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
-import { recordEverything } from '../../src/events/outbox.ts';
-import { connectUser } from '../../src/users/service.ts';
-import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
-
-const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+import {
+  api,
+  connectTo,
+  type SeededProject,
+  seedProject,
+  startRecordingServer,
+  type TestServer,
+} from '../helpers/server.ts';
 
 let server: TestServer;
 let usd: SeededProject;
 let jpy: SeededProject;
 
 beforeAll(async () => {
-  server = await startTestServer();
-  // Record every event, whatever the project's webhook subscriptions.
-  server.ctx.events.filter = recordEverything;
+  server = await startRecordingServer();
   usd = await seedProject(server.ctx, { name: 'Acme Chat' });
   jpy = await seedProject(server.ctx, { name: 'Yen app', currency: 'jpy' });
 });
@@ -22,15 +23,7 @@ afterAll(() => server?.close());
 const post = (project: SeededProject, path: string, body: unknown, headers: Record<string, string> = {}) =>
   api(server, project.apiKey, 'POST', path, body, headers);
 
-async function connect(project: SeededProject, user: string) {
-  await connectUser(
-    server.ctx.db,
-    server.ctx.events,
-    { id: project.projectId, owner_user_id: 'x' },
-    user,
-    trigger,
-  );
-}
+const connect = (project: SeededProject, user: string) => connectTo(server, project, user, 'x');
 
 async function lastEvent(projectId: string, type: string) {
   const row = await server.ctx.db

@@ -2,14 +2,36 @@ import OpenAI from 'openai';
 import type { AppContext } from '../../src/app/context.ts';
 import { findWallet, type WalletState } from '../../src/billing/ledger.ts';
 import { Money } from '../../src/core/money.ts';
-import type { Project } from '../../src/db/schema.ts';
+import type { LedgerEntry, Project } from '../../src/db/schema.ts';
 import type { ModelSpec } from '../../src/models/pricing.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { connectUser } from '../../src/users/service.ts';
+import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type MockBehavior, type MockUpstream, startMockUpstream } from './mock-upstream.ts';
-import { seedProject, startTestServer, type TestServer } from './server.ts';
+import { eventsOfType, seedProject, startTestServer, type TestServer } from './server.ts';
 
 const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+
+/** A model priced per token (`outputPerMillion` left out for an embeddings price), served by the mock's `upstreamModel`. */
+export function perTokenModel(
+  id: string,
+  inputPerMillion: string,
+  outputPerMillion?: string,
+  upstreamModel = 'mock-model',
+): ModelSpec {
+  const pricing = { mode: 'per_token' as const, inputPerMillion };
+  return { id, upstreamModel, pricing: outputPerMillion ? { ...pricing, outputPerMillion } : pricing };
+}
+
+/** A model priced per request, served by the mock's `upstreamModel`. */
+export function perRequestModel(id: string, perRequest: string, upstreamModel = 'mock-model'): ModelSpec {
+  return { id, upstreamModel, pricing: { mode: 'per_request', perRequest } };
+}
+
+/** An embeddings-only model at `inputPerMillion` (0.02 unless given) served by the mock's `upstreamModel`. */
+export function embeddingModel(id: string, upstreamModel: string, inputPerMillion = '0.02'): ModelSpec {
+  return { id, upstreamModel, pricing: { mode: 'per_token', inputPerMillion }, endpoints: ['embeddings'] };
+}
 
 /**
  * A Tollgate server with a project whose provider is the mock upstream (or the echo provider), an
@@ -27,6 +49,10 @@ export interface ChatFixture {
   wallet(user: string): Promise<WalletState | undefined>;
   /** Waits until every settle and event write after a response has finished. */
   settled(): Promise<void>;
+  /** Subscribes the project to `events` (at a URL nothing listens on unless given), so they are written. */
+  subscribe(events: string[], url?: string): Promise<void>;
+  /** Once settled, the envelopes of the project's events of one type, oldest first. */
+  events(type: string): Promise<any[]>;
   /** The pod gives its slice of the user's wallet back (escrow), as when idle: `held` is then 0. */
   giveBack(user: string): Promise<void>;
   /** Checks the ledger invariants (balance = Σ amounts, held = Σ open holds); returns the entries. */
@@ -78,18 +104,20 @@ export async function startChatFixture(options: {
       await server.app.metering.idle();
       await ctx.billing.idle();
     },
+    async subscribe(events, url = 'http://127.0.0.1:9/hook') {
+      await createSubscription(ctx, project.id, { url, events }, { createdBy: 'test' });
+    },
+    async events(type) {
+      await fixture.settled();
+      return eventsOfType(ctx, project.id, type);
+    },
     async giveBack(user) {
       const wallet = (await findWallet(ctx.db, project.id, user))!;
       await ctx.billing.escrow.reclaim(project.id, [wallet.userId]);
     },
     async ledger(user) {
       const wallet = (await findWallet(ctx.db, project.id, user))!;
-      const entries = await ctx.db
-        .selectFrom('ledger_entries')
-        .select(['kind', 'amount', 'source', 'held_delta'])
-        .where('user_id', '=', wallet.userId)
-        .orderBy('id')
-        .execute();
+      const entries = await ledgerEntriesOf(ctx, wallet.userId, ['kind', 'amount', 'source', 'held_delta']);
       const balance = entries.reduce((sum, e) => sum.plus(e.amount), new Money(0));
       const held = await heldByOpenHolds(ctx, wallet.userId);
       if (!balance.eq(wallet.balance) || !held.eq(wallet.held)) {
@@ -115,6 +143,20 @@ export async function startChatFixture(options: {
     },
   };
   return fixture;
+}
+
+/** `columns` of a wallet's ledger entries, oldest first. */
+export function ledgerEntriesOf<C extends keyof LedgerEntry & string>(
+  ctx: AppContext,
+  userId: string,
+  columns: C[],
+): Promise<Array<Pick<LedgerEntry, C>>> {
+  return ctx.db
+    .selectFrom('ledger_entries')
+    .select(columns)
+    .where('user_id', '=', userId)
+    .orderBy('id')
+    .execute() as unknown as Promise<Array<Pick<LedgerEntry, C>>>;
 }
 
 /** What a wallet's `held` must be: the sum of its open holds. */

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import pg from 'pg';
 import { type AppContext, createContext } from '../../src/app/context.ts';
 import { loadConfig } from '../../src/config/index.ts';
 
@@ -14,6 +15,45 @@ export function newTestId(): string {
 
 /** True when the suite runs against the real local Postgres (else the embedded database). */
 export const realPostgres = Boolean(process.env.TOLLGATE_TEST_PG);
+
+/** Runs one statement on the suite's real Postgres. */
+export async function pgQuery(text: string): Promise<void> {
+  const client = new pg.Client({ connectionString: process.env.TOLLGATE_TEST_PG });
+  await client.connect();
+  try {
+    await client.query(text);
+  } finally {
+    await client.end();
+  }
+}
+
+/** The suite's Postgres URL with `search_path` set to `schema`: a child process's DATABASE_URL. */
+export function databaseUrlOf(schema: string): string {
+  const url = new URL(process.env.TOLLGATE_TEST_PG!);
+  url.searchParams.set('options', `-c search_path=${schema}`);
+  return url.toString();
+}
+
+/** Creates an empty schema `tgt_<seconds, base 36>_<tag><random>` (dropped by age as the others). */
+export async function createEmptySchema(tag: string): Promise<{ schema: string; databaseUrl: string }> {
+  const schema = `tgt_${Math.floor(Date.now() / 1000).toString(36)}_${tag}${randomBytes(4).toString('hex')}`;
+  await pgQuery(`CREATE SCHEMA ${schema}`);
+  return { schema, databaseUrl: databaseUrlOf(schema) };
+}
+
+/**
+ * What a `tollgate` child process needs to run on a test's schema (`tgt_<id>`) and the suite's Redis,
+ * with the test key and its own data directory; nothing else of this process's environment.
+ */
+export function childEnv(schema: string, dataDir: string): Record<string, string> {
+  return {
+    PATH: process.env.PATH ?? '',
+    DATABASE_URL: databaseUrlOf(schema),
+    REDIS_URL: process.env.TOLLGATE_TEST_REDIS ?? '',
+    TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
+    TOLLGATE_DATA_DIR: dataDir,
+  };
+}
 
 /**
  * A fully built application context for one test file: its own Postgres schema (or its own embedded

@@ -65,7 +65,8 @@ interface ResourceType {
   schema?: Schema;
 }
 
-interface Schema {
+/** The part of an OpenAPI v3 schema a CustomResourceDefinition uses. */
+export interface Schema {
   type?: string;
   properties?: Record<string, Schema>;
   additionalProperties?: Schema | boolean;
@@ -81,8 +82,11 @@ interface Schema {
   default?: unknown;
   nullable?: boolean;
   'x-kubernetes-list-type'?: string;
+  'x-kubernetes-list-map-keys'?: string[];
+  'x-kubernetes-int-or-string'?: boolean;
   'x-kubernetes-preserve-unknown-fields'?: boolean;
   'x-kubernetes-validations'?: Array<{ rule: string; message?: string; fieldPath?: string }>;
+  [key: string]: unknown;
 }
 
 export interface RecordedRequest {
@@ -1063,14 +1067,8 @@ export async function kubeTarget(
  */
 export async function releaseFinalizers(kubeConfig: KubeConfig, namespace: string): Promise<void> {
   const custom = kubeConfig.makeApiClient(CustomObjectsApi);
-  for (const plural of [
-    'webhooksubscriptions',
-    'projects',
-    'apikeys',
-    'modelproviders',
-    'pricelists',
-    'limitpolicies',
-  ]) {
+  const plurals = ALL_CRD_FILES.map((file) => parseYaml(readFileSync(file, 'utf8')).spec.names.plural);
+  for (const plural of plurals as string[]) {
     const ref = { group: 'tollgate.dev', version: 'v1alpha1', namespace, plural };
     const list = (await custom.listNamespacedCustomObject(ref).catch(() => ({ items: [] }))) as {
       items: Array<{ metadata: { name: string; finalizers?: string[] } }>;

@@ -1,10 +1,12 @@
 import type { FastifyInstance } from 'fastify';
 import type { AppContext } from '../../src/app/context.ts';
+import { recordEverything } from '../../src/events/outbox.ts';
 import { buildServer } from '../../src/http/server.ts';
 import type { ModelSpec } from '../../src/models/pricing.ts';
 import { applyPricing } from '../../src/models/service.ts';
 import { type CreateProjectInput, createProject } from '../../src/projects/service.ts';
-import { createTestContext } from './context.ts';
+import { connectUser } from '../../src/users/service.ts';
+import { createTestContext, newTestId } from './context.ts';
 
 export interface TestServer {
   ctx: AppContext;
@@ -33,6 +35,74 @@ export async function startTestServer(
       await ctx.close();
     },
   };
+}
+
+/** `count` servers on one schema and one set of bus channels: the pods of one deployment. */
+export async function startPods(env: Record<string, string>, count: number): Promise<TestServer[]> {
+  const shared = { id: newTestId() };
+  const pods: TestServer[] = [];
+  for (let i = 0; i < count; i++) pods.push(await startTestServer(env, shared));
+  return pods;
+}
+
+/** startTestServer whose outbox records every event, whatever the project's webhook subscriptions. */
+export async function startRecordingServer(env: Record<string, string> = {}): Promise<TestServer> {
+  const server = await startTestServer(env);
+  server.ctx.events.filter = recordEverything;
+  return server;
+}
+
+/** What a test does is recorded as done by `test`. */
+export const testTrigger = { source: 'test', actorType: 'test', actorId: 'test' };
+
+/** Connects end user `user` to a seeded project (as the hosted connect page does). */
+export async function connectTo(
+  server: { ctx: AppContext },
+  project: Pick<SeededProject, 'projectId'>,
+  user: string,
+  owner = 'o',
+): Promise<void> {
+  await connectUser(
+    server.ctx.db,
+    server.ctx.events,
+    { id: project.projectId, owner_user_id: owner },
+    user,
+    testTrigger,
+  );
+}
+
+/** Deposits `amount` for end user `user`, as done by `trigger` (source: the trigger's, unless given). */
+export async function depositFor(
+  ctx: AppContext,
+  project: Parameters<AppContext['billing']['deposit']>[0]['project'],
+  user: string,
+  amount: string,
+  trigger = testTrigger,
+  source = trigger.source,
+): Promise<void> {
+  await ctx.billing.deposit({ project, externalId: user, amount, source, trigger });
+}
+
+/** Seeds a project (no models) and connects `users` to it. */
+export async function seedProjectWithUsers(
+  server: { ctx: AppContext },
+  users: string[],
+): Promise<SeededProject> {
+  const seeded = await seedProject(server.ctx);
+  for (const user of users) await connectTo(server, seeded, user);
+  return seeded;
+}
+
+/** The envelopes of a project's events of one type, oldest first. */
+export async function eventsOfType(ctx: AppContext, projectId: string, type: string): Promise<any[]> {
+  const rows = await ctx.db
+    .selectFrom('events')
+    .select('envelope')
+    .where('project_id', '=', projectId)
+    .where('type', '=', type)
+    .orderBy('seq')
+    .execute();
+  return rows.map((r) => r.envelope);
 }
 
 export interface SeededProject {

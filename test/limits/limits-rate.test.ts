@@ -7,9 +7,9 @@ import { applyPricing } from '../../src/models/service.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
-import { newTestId } from '../helpers/context.ts';
-import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
-import { api, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import type { MockUpstream } from '../helpers/mock-upstream.ts';
+import { api, type TestServer } from '../helpers/server.ts';
+import { startPricedPods } from './fixture.ts';
 
 /**
  * Rate limits per project, API key and end user (requests and tokens per minute): exact across two
@@ -35,26 +35,12 @@ interface Setup {
 }
 
 async function setup(env: Record<string, string>, podCount: number, limits: ProjectLimits): Promise<Setup> {
-  const shared = { id: newTestId() };
-  const pods: TestServer[] = [];
-  for (let i = 0; i < podCount; i++) pods.push(await startTestServer(env, shared));
-  const mock = await startMockUpstream();
-  const ctx = pods[0]!.ctx;
-  const seeded = await seedProject(ctx, { upstreamUrl: mock.baseUrl, models: MODELS });
-  await applyPricing(ctx.db, seeded.projectId, { currency: 'usd', models: MODELS, limits });
-  await ctx.projects.changed(seeded.projectId);
+  const s = await startPricedPods(env, podCount, MODELS);
+  await applyPricing(s.ctx.db, s.projectId, { currency: 'usd', models: MODELS, limits });
+  await s.ctx.projects.changed(s.projectId);
   await new Promise((resolve) => setTimeout(resolve, 50));
-  for (const pod of pods) pod.ctx.projects.changed(seeded.projectId).catch(() => {});
-  return {
-    pods,
-    mock,
-    projectId: seeded.projectId,
-    apiKey: seeded.apiKey,
-    async close() {
-      for (const pod of pods) await pod.close();
-      await mock.close();
-    },
-  };
+  for (const pod of s.pods) pod.ctx.projects.changed(s.projectId).catch(() => {});
+  return s;
 }
 
 async function fund(ctx: AppContext, projectId: string, user: string) {

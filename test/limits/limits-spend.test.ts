@@ -6,12 +6,10 @@ import type { ProjectLimits } from '../../src/db/schema.ts';
 import { periodOf, setUserSpendCaps } from '../../src/limits/spend.ts';
 import type { ModelSpec } from '../../src/models/pricing.ts';
 import { applyPricing } from '../../src/models/service.ts';
-import { getProject } from '../../src/projects/service.ts';
-import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
-import { newTestId } from '../helpers/context.ts';
-import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
-import { api, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import type { MockUpstream } from '../helpers/mock-upstream.ts';
+import { api, type TestServer } from '../helpers/server.ts';
+import { startPricedPods } from './fixture.ts';
 
 /**
  * Spend caps per end user (per day, per month): the hold amount is reserved atomically before the hold,
@@ -19,7 +17,6 @@ import { api, seedProject, startTestServer, type TestServer } from '../helpers/s
  * without Redis and across two pods sharing Redis. A user at the cap gets an assistant message.
  */
 const twoPods = Boolean(process.env.TOLLGATE_TEST_REDIS && process.env.TOLLGATE_TEST_PG);
-const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
 const MODELS: ModelSpec[] = [
   { id: 'flat', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.1' } },
   {
@@ -51,38 +48,20 @@ interface Setup {
 }
 
 async function setup(env: Record<string, string>, podCount: number): Promise<Setup> {
-  const shared = { id: newTestId() };
-  const pods: TestServer[] = [];
-  for (let i = 0; i < podCount; i++) pods.push(await startTestServer(env, shared));
-  const mock = await startMockUpstream();
-  const ctx = pods[0]!.ctx;
-  const seeded = await seedProject(ctx, { upstreamUrl: mock.baseUrl, models: MODELS });
-  const project = await getProject(ctx.db, seeded.projectId);
+  const started = await startPricedPods(env, podCount, MODELS);
+  const { pods, ctx, projectId } = started;
   const s: Setup = {
-    pods,
-    clients: pods.map((p) => new OpenAI({ baseURL: `${p.url}/v1`, apiKey: seeded.apiKey, maxRetries: 0 })),
-    mock,
-    projectId: seeded.projectId,
-    apiKey: seeded.apiKey,
-    ctx,
+    ...started,
+    clients: pods.map((p) => new OpenAI({ baseURL: `${p.url}/v1`, apiKey: started.apiKey, maxRetries: 0 })),
     async limits(limits) {
-      await applyPricing(ctx.db, seeded.projectId, {
+      await applyPricing(ctx.db, projectId, {
         currency: 'usd',
         models: MODELS,
         ...(limits ? { limits } : {}),
       });
-      for (const pod of pods) await pod.ctx.projects.changed(seeded.projectId);
+      for (const pod of pods) await pod.ctx.projects.changed(projectId);
     },
-    async fund(user) {
-      await connectUser(ctx.db, ctx.events, project, user, trigger);
-      await ctx.billing.deposit({
-        project,
-        externalId: user,
-        amount: '100.00',
-        source: 'test',
-        trigger,
-      });
-    },
+    fund: (user) => started.fund(user, '100.00'),
     async idle() {
       for (const pod of pods) await pod.app.metering.idle();
     },
@@ -92,15 +71,11 @@ async function setup(env: Record<string, string>, podCount: number): Promise<Set
         .selectFrom('ledger_entries as l')
         .innerJoin('end_users as e', 'e.id', 'l.user_id')
         .select('l.amount')
-        .where('e.project_id', '=', seeded.projectId)
+        .where('e.project_id', '=', projectId)
         .where('e.external_id', '=', user)
         .where('l.kind', '=', 'charge')
         .execute();
       return rows.map((r) => new Money(r.amount).neg().toFixed());
-    },
-    async close() {
-      for (const pod of pods) await pod.close();
-      await mock.close();
     },
   };
   return s;

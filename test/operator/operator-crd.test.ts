@@ -3,27 +3,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
 import { GROUP, PLURAL, VERSION } from '../../src/operator/api.ts';
 import { type KubeClients, makeClients } from '../../src/operator/runtime/kube.ts';
-import { CRD_FILE, type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
+import { CRD_FILE, type KubeTarget, kubeTarget, type Schema } from '../helpers/fake-kube-apiserver.ts';
 
 /**
  * The CustomResourceDefinition is valid structural OpenAPI, and the schema the API server applies from it
  * refuses what it can (served here by the fake API server, or a real cluster with KUBECONFIG).
  */
-
-interface Schema {
-  type?: string;
-  properties?: Record<string, Schema>;
-  additionalProperties?: Schema | boolean;
-  items?: Schema;
-  required?: string[];
-  default?: unknown;
-  'x-kubernetes-list-type'?: string;
-  'x-kubernetes-list-map-keys'?: string[];
-  'x-kubernetes-int-or-string'?: boolean;
-  'x-kubernetes-preserve-unknown-fields'?: boolean;
-  'x-kubernetes-validations'?: Array<{ rule: string; message?: string }>;
-  [key: string]: unknown;
-}
 
 const crd = parse(readFileSync(CRD_FILE, 'utf8'));
 const version = crd.spec.versions[0];

@@ -6,6 +6,7 @@ import type { WebhookSubscription } from '../../src/operator/resources/webhook-s
 import { Informer, type InformerEvent } from '../../src/operator/runtime/informer.ts';
 import { type KubeClients, makeClients } from '../../src/operator/runtime/kube.ts';
 import { type KubeTarget, kubeTarget, realCluster } from '../helpers/fake-kube-apiserver.ts';
+import { createWebhookSubscription } from './fixture.ts';
 
 /**
  * The informer's list-then-watch against the fake API server: every change arrives once the cache has
@@ -26,17 +27,10 @@ afterAll(async () => {
 });
 
 const create = (name: string) =>
-  kube.custom.createNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    namespace: target.namespace,
-    plural: PLURAL,
-    body: {
-      apiVersion: `${GROUP}/${VERSION}`,
-      kind: 'WebhookSubscription',
-      metadata: { name },
-      spec: { paywallId: 'pw_1', url: 'https://hooks.example.com', events: ['*'] },
-    },
+  createWebhookSubscription(kube, target.namespace, name, {
+    paywallId: 'pw_1',
+    url: 'https://hooks.example.com',
+    events: ['*'],
   });
 
 const running = new Set<Informer<WebhookSubscription>>();

@@ -13,7 +13,8 @@ import { getProject } from '../../src/projects/service.ts';
 import { subscriptionsChanged } from '../../src/webhooks/subscriptions.ts';
 import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
 import { type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
-import { seedProject } from '../helpers/server.ts';
+import { depositFor, seedProject } from '../helpers/server.ts';
+import { createWebhookSubscription } from './fixture.ts';
 
 /**
  * Two and three operator processes against one API server: exactly one leads; kill -9 the leader and
@@ -189,13 +190,7 @@ const untilHolder = (identity: string, timeoutMs?: number) =>
 async function depositEvents(count: number): Promise<void> {
   const project = await getProject(ctx.db, paywallId);
   for (let i = 0; i < count; i++)
-    await ctx.billing.deposit({
-      project,
-      externalId: 'user-1',
-      amount: '1.00',
-      source: 'test',
-      trigger: { source: 'test', actorType: 'admin', actorId: 'test' },
-    });
+    await depositFor(ctx, project, 'user-1', '1.00', { source: 'test', actorType: 'admin', actorId: 'test' });
 }
 
 async function recordedEventIds(): Promise<string[]> {
@@ -235,17 +230,10 @@ describe.skipIf(!realPostgres)('operator leader election across processes', () =
     startReplica('op-a');
     await untilHolder('op-a');
     startReplica('op-b');
-    await kube.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: ns,
-      plural: PLURAL,
-      body: {
-        apiVersion: `${GROUP}/${VERSION}`,
-        kind: 'WebhookSubscription',
-        metadata: { name: 'deliveries' },
-        spec: { paywallId, url: receiverUrl, events: ['balance.*'] },
-      },
+    await createWebhookSubscription(kube, ns, 'deliveries', {
+      paywallId,
+      url: receiverUrl,
+      events: ['balance.*'],
     });
     const ready = await target.until(async () => {
       const r = (await kube.custom.getNamespacedCustomObject({

@@ -11,9 +11,10 @@ import type { WebhookSubscription } from '../../src/operator/resources/webhook-s
 import { type KubeClients, makeClients } from '../../src/operator/runtime/kube.ts';
 import { LeaderElector } from '../../src/operator/runtime/leader-election.ts';
 import { bundledCommand } from '../helpers/bundle.ts';
-import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
+import { childEnv, createTestContext, newTestId, realPostgres } from '../helpers/context.ts';
 import { type KubeTarget, kubeTarget, realCluster } from '../helpers/fake-kube-apiserver.ts';
 import { seedProject } from '../helpers/server.ts';
+import { createWebhookSubscription } from './fixture.ts';
 
 /**
  * Leader election on a coordination.k8s.io/v1 Lease, in process with short (millisecond) timings, and
@@ -248,8 +249,6 @@ describe.skipIf(!realPostgres).each(entryPoints)('tollgate operator (the entry p
           ].join('\n'),
         );
       }
-      const database = new URL(process.env.TOLLGATE_TEST_PG!);
-      database.searchParams.set('options', `-c search_path=tgt_${id}`);
       const proc = spawn(
         process.execPath,
         [
@@ -260,12 +259,8 @@ describe.skipIf(!realPostgres).each(entryPoints)('tollgate operator (the entry p
         ],
         {
           env: {
-            PATH: process.env.PATH ?? '',
+            ...childEnv(`tgt_${id}`, dir),
             KUBECONFIG: kubeconfig,
-            DATABASE_URL: database.toString(),
-            REDIS_URL: process.env.TOLLGATE_TEST_REDIS ?? '',
-            TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
-            TOLLGATE_DATA_DIR: dir,
             HOST: '127.0.0.1',
             OPERATOR_PORT: '0',
             WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true',
@@ -327,17 +322,10 @@ describe.skipIf(!realPostgres).each(entryPoints)('tollgate operator (the entry p
       }, 'the leader gauge');
       expect(metrics).toContain('tollgate_operator_reconcile_total');
 
-      await kube.custom.createNamespacedCustomObject({
-        group: GROUP,
-        version: VERSION,
-        namespace: target.namespace,
-        plural: PLURAL,
-        body: {
-          apiVersion: `${GROUP}/${VERSION}`,
-          kind: 'WebhookSubscription',
-          metadata: { name: entry.resource },
-          spec: { paywallId: projectId, url: 'https://127.0.0.1:9/hooks', events: ['*'] },
-        },
+      await createWebhookSubscription(kube, target.namespace, entry.resource, {
+        paywallId: projectId,
+        url: 'https://127.0.0.1:9/hooks',
+        events: ['*'],
       });
       const ready = await target.until(async () => {
         const r = (await kube.custom.getNamespacedCustomObject({

@@ -27,6 +27,7 @@ import {
   releaseFinalizers,
 } from '../helpers/fake-kube-apiserver.ts';
 import { seedProject } from '../helpers/server.ts';
+import { createWebhookSubscription, operatorEnv, startLeadingOperator } from './fixture.ts';
 
 /**
  * The operator's reconcile loop end to end: the real operator code and @kubernetes/client-node against
@@ -53,32 +54,20 @@ const HOOK = 'http://127.0.0.1:9/hooks';
 beforeAll(async () => {
   target = await kubeTarget('tg-reconcile');
   ns = target.namespace;
-  ctx = await createTestContext({
-    OPERATOR_STATUS_SYNC_SECONDS: '1',
-    OPERATOR_LEASE_NAMESPACE: ns,
-    OPERATOR_LEASE_DURATION_SECONDS: '3',
-    OPERATOR_RENEW_DEADLINE_SECONDS: '2',
-    OPERATOR_RETRY_PERIOD_SECONDS: '1',
-  });
+  ctx = await createTestContext(operatorEnv(ns));
   ({ projectId: paywallId, apiKey } = await seedProject(ctx));
   kube = makeClients(target.kubeConfig);
-  operator = startOperator(ctx, {
-    kube,
-    namespaces: [ns],
-    identity: 'operator-under-test',
-    startWorker: () => {
-      workerStarts++;
-      return {
-        ready: Promise.resolve(),
-        wake: () => {},
-        stop: async (graceMs?: number) => {
-          workerStops.push(graceMs ?? -1);
-          onWorkerStop();
-        },
-      };
-    },
+  operator = await startLeadingOperator(ctx, target, kube, 'operator-under-test', () => {
+    workerStarts++;
+    return {
+      ready: Promise.resolve(),
+      wake: () => {},
+      stop: async (graceMs?: number) => {
+        workerStops.push(graceMs ?? -1);
+        onWorkerStop();
+      },
+    };
   });
-  await target.until(() => operator.isLeader(), 'the operator to lead');
 });
 
 afterAll(async () => {
@@ -89,15 +78,8 @@ afterAll(async () => {
 
 const ref = (name: string) => ({ group: GROUP, version: VERSION, namespace: ns, plural: PLURAL, name });
 
-async function apply(name: string, spec: Record<string, unknown>): Promise<WebhookSubscription> {
-  return (await kube.custom.createNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    namespace: ns,
-    plural: PLURAL,
-    body: { apiVersion: `${GROUP}/${VERSION}`, kind: 'WebhookSubscription', metadata: { name }, spec },
-  })) as WebhookSubscription;
-}
+const apply = (name: string, spec: Record<string, unknown>) =>
+  createWebhookSubscription(kube, ns, name, spec);
 
 async function read(name: string): Promise<WebhookSubscription | undefined> {
   try {
@@ -564,18 +546,7 @@ describe('change notices from the database', () => {
     });
     try {
       await controller.start();
-      await kube.custom.createNamespacedCustomObject({
-        group: GROUP,
-        version: VERSION,
-        namespace: ns2,
-        plural: PLURAL,
-        body: {
-          apiVersion: `${GROUP}/${VERSION}`,
-          kind: 'WebhookSubscription',
-          metadata: { name: 'noticed' },
-          spec: { paywallId, url: HOOK, events: ['*'] },
-        },
-      });
+      await createWebhookSubscription(kube, ns2, 'noticed', { paywallId, url: HOOK, events: ['*'] });
       const managedBy = `WebhookSubscription ${ns2}/noticed`;
       await target.until(async () => (await row(managedBy))?.is_active, 'the row');
       await target.until(async () => {

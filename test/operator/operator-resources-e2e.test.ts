@@ -13,6 +13,7 @@ import { connectUser } from '../../src/users/service.ts';
 import { ALL_CRD_FILES, type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
 import { startTestServer, type TestServer } from '../helpers/server.ts';
+import { operatorEnv, PLURALS, startLeadingOperator } from './fixture.ts';
 
 /**
  * The example set of examples/k8s/ applied to the fake API server (CRD schemas and CEL rules applied) with
@@ -22,14 +23,6 @@ import { startTestServer, type TestServer } from '../helpers/server.ts';
  */
 
 const EXAMPLES = new URL('../../examples/k8s/', import.meta.url);
-const PLURALS: Record<string, string> = {
-  Project: 'projects',
-  ApiKey: 'apikeys',
-  ModelProvider: 'modelproviders',
-  PriceList: 'pricelists',
-  LimitPolicy: 'limitpolicies',
-  WebhookSubscription: 'webhooksubscriptions',
-};
 
 const ADMIN_TOKEN = 'e2e-admin-token-0123456789abcdef';
 let target: KubeTarget;
@@ -56,20 +49,10 @@ beforeAll(async () => {
   upstream = await startMockUpstream();
   server = await startTestServer({
     TOLLGATE_ADMIN_TOKEN: ADMIN_TOKEN,
-    OPERATOR_STATUS_SYNC_SECONDS: '1',
-    OPERATOR_LEASE_NAMESPACE: ns,
-    OPERATOR_LEASE_DURATION_SECONDS: '3',
-    OPERATOR_RENEW_DEADLINE_SECONDS: '2',
-    OPERATOR_RETRY_PERIOD_SECONDS: '1',
+    ...operatorEnv(ns),
   });
   kube = makeClients(target.kubeConfig);
-  operator = startOperator(server.ctx, {
-    kube,
-    namespaces: [ns],
-    identity: 'operator-e2e',
-    startWorker: () => ({ ready: Promise.resolve(), wake: () => {}, stop: async () => {} }),
-  });
-  await target.until(() => operator.isLeader(), 'the operator to lead');
+  operator = await startLeadingOperator(server.ctx, target, kube, 'operator-e2e');
 });
 
 afterAll(async () => {

@@ -12,6 +12,7 @@ import { removeProvider, upsertProvider } from '../../src/routing/providers.ts';
 import { createTestContext } from '../helpers/context.ts';
 import { ALL_CRD_FILES, type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
+import { operatorEnv, PLURALS, startLeadingOperator } from './fixture.ts';
 
 /**
  * The deployment's resources (Project, ApiKey, ModelProvider, PriceList, LimitPolicy, and WebhookSubscription
@@ -32,21 +33,9 @@ beforeAll(async () => {
   target = await kubeTarget('tg-resources', { crdFiles: ALL_CRD_FILES, cel: true });
   ns = target.namespace;
   upstream = await startMockUpstream();
-  ctx = await createTestContext({
-    OPERATOR_STATUS_SYNC_SECONDS: '1',
-    OPERATOR_LEASE_NAMESPACE: ns,
-    OPERATOR_LEASE_DURATION_SECONDS: '3',
-    OPERATOR_RENEW_DEADLINE_SECONDS: '2',
-    OPERATOR_RETRY_PERIOD_SECONDS: '1',
-  });
+  ctx = await createTestContext(operatorEnv(ns));
   kube = makeClients(target.kubeConfig);
-  operator = startOperator(ctx, {
-    kube,
-    namespaces: [ns],
-    identity: 'operator-under-test',
-    startWorker: () => ({ ready: Promise.resolve(), wake: () => {}, stop: async () => {} }),
-  });
-  await target.until(() => operator.isLeader(), 'the operator to lead');
+  operator = await startLeadingOperator(ctx, target, kube, 'operator-under-test');
 });
 
 afterAll(async () => {
@@ -56,14 +45,6 @@ afterAll(async () => {
   await target?.close();
 });
 
-const PLURALS: Record<string, string> = {
-  Project: 'projects',
-  ApiKey: 'apikeys',
-  ModelProvider: 'modelproviders',
-  PriceList: 'pricelists',
-  LimitPolicy: 'limitpolicies',
-  WebhookSubscription: 'webhooksubscriptions',
-};
 const ref = (kind: string, name: string) => ({
   group: GROUP,
   version: VERSION,

@@ -1,8 +1,9 @@
-import { existsSync, mkdirSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { type Browser, chromium, type Page } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chromiumPresent, launchChromium } from '../helpers/browser.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
 import { startTestServer, type TestServer } from '../helpers/server.ts';
 
@@ -12,9 +13,7 @@ import { startTestServer, type TestServer } from '../helpers/server.ts';
  * uses it with the `openai` client, sets a price, funds a user, and sees the charge in the user's
  * activity and in the revenue chart. Screenshots go to test-artifacts/ (the README's are copies).
  */
-const CHROMIUM = '/usr/bin/chromium';
-const hasChromium = existsSync(CHROMIUM);
-if (!hasChromium) console.warn(`dashboard-browser: skipped — no Chromium at ${CHROMIUM}`);
+const hasChromium = chromiumPresent('dashboard-browser');
 const ARTIFACTS = join(import.meta.dirname, '..', '..', 'test-artifacts');
 
 let server: TestServer;
@@ -26,18 +25,7 @@ beforeAll(async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
   mock = await startMockUpstream();
   server = await startTestServer();
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
-  });
+  browser = await launchChromium();
 }, 60_000);
 
 afterAll(async () => {

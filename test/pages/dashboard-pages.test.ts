@@ -1,6 +1,7 @@
 import { createServer, type Server } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type DeliveryWorker, startDeliveryWorker } from '../../src/webhooks/worker/index.ts';
+import { eventually } from '../helpers/eventually.ts';
 import { api, startTestServer, type TestServer } from '../helpers/server.ts';
 
 /**
@@ -39,16 +40,6 @@ afterAll(async () => {
   await new Promise((resolve) => receiver?.close(resolve));
   await server?.close();
 });
-
-async function eventually<T>(fn: () => Promise<T | undefined | false>, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await fn();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 describe('dashboard pages', () => {
   it('adds a webhook subscription, shows the delivery log and resends a delivery', async () => {

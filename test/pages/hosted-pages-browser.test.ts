@@ -1,9 +1,9 @@
-import { existsSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { type Browser, chromium } from 'playwright-core';
+import type { Browser } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chromiumPresent, launchChromium } from '../helpers/browser.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
 
 /**
@@ -11,11 +11,7 @@ import { api, type SeededProject, seedProject, startTestServer, type TestServer 
  * installed in CI by scripts/ci-system-packages.sh), with JavaScript disabled: the pages must work
  * without it.
  */
-const CHROMIUM = '/usr/bin/chromium';
-const hasChromium = existsSync(CHROMIUM);
-if (!hasChromium) {
-  console.warn(`hosted-pages-browser: skipped — no Chromium at ${CHROMIUM} (apt-get install -y chromium)`);
-}
+const hasChromium = chromiumPresent('hosted-pages-browser', ' (apt-get install -y chromium)');
 
 let server: TestServer;
 let project: SeededProject;
@@ -34,18 +30,7 @@ beforeAll(async () => {
   appUrl = `http://127.0.0.1:${(app.address() as { port: number }).port}/welcome`;
   server = await startTestServer();
   project = await seedProject(server.ctx, { name: 'Acme Chat', settings: { returnUrl: appUrl } });
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
-  });
+  browser = await launchChromium();
 }, 60_000);
 
 afterAll(async () => {

@@ -1,17 +1,21 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { maintenanceJobs } from '../../src/app/jobs.ts';
-import { recordEverything } from '../../src/events/outbox.ts';
 import { updateProject } from '../../src/projects/service.ts';
 import { createLinkToken } from '../../src/users/links.ts';
-import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import {
+  api,
+  type SeededProject,
+  seedProject,
+  startRecordingServer,
+  type TestServer,
+} from '../helpers/server.ts';
 
 let server: TestServer;
 let withUrls: SeededProject;
 let plain: SeededProject;
 
 beforeAll(async () => {
-  server = await startTestServer();
-  server.ctx.events.filter = recordEverything;
+  server = await startRecordingServer();
   withUrls = await seedProject(server.ctx, {
     name: 'Acme <Chat> & Co',
     settings: {

@@ -1,17 +1,20 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { recordEverything } from '../../src/events/outbox.ts';
 import { verifyLinkToken } from '../../src/users/links.ts';
-import { connectUser } from '../../src/users/service.ts';
-import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
-
-const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
+import {
+  api,
+  connectTo,
+  eventsOfType,
+  type SeededProject,
+  seedProject,
+  startRecordingServer,
+  type TestServer,
+} from '../helpers/server.ts';
 
 let server: TestServer;
 let project: SeededProject;
 
 beforeAll(async () => {
-  server = await startTestServer({ LINK_TOKEN_TTL_SECONDS: '600' });
-  server.ctx.events.filter = recordEverything;
+  server = await startRecordingServer({ LINK_TOKEN_TTL_SECONDS: '600' });
   project = await seedProject(server.ctx, { name: 'Acme Chat' });
 });
 afterAll(() => server?.close());
@@ -20,16 +23,7 @@ const call = (method: string, path: string, body?: unknown) =>
   api(server, project.apiKey, method, path, body);
 const tokenOf = (url: string) => url.slice(url.lastIndexOf('/') + 1);
 
-async function eventsOf(type: string) {
-  const rows = await server.ctx.db
-    .selectFrom('events')
-    .select('envelope')
-    .where('project_id', '=', project.projectId)
-    .where('type', '=', type)
-    .orderBy('seq')
-    .execute();
-  return rows.map((r) => r.envelope as any);
-}
+const eventsOf = (type: string) => eventsOfType(server.ctx, project.projectId, type);
 
 describe('user sessions', () => {
   it('GET /v1/user/balance shows an unknown user as disconnected with nothing, without creating it', async () => {
@@ -72,13 +66,7 @@ describe('user sessions', () => {
   });
 
   it('POST /v1/user/disconnect disconnects once and emits user.disconnected; the balance stays', async () => {
-    await connectUser(
-      server.ctx.db,
-      server.ctx.events,
-      { id: project.projectId, owner_user_id: 'o' },
-      'bob',
-      trigger,
-    );
+    await connectTo(server, project, 'bob');
     await call('POST', '/v1/user/balance/deposit', { user: 'bob', amount: '7.00' });
     const connected = await call('GET', '/v1/user/balance?user=bob');
     expect(connected.body).toMatchObject({ connected: true, balance: '7.00' });
@@ -118,13 +106,7 @@ describe('user sessions', () => {
   });
 
   it('GET /v1/user/activity lists ledger entries newest first with cursor pagination', async () => {
-    await connectUser(
-      server.ctx.db,
-      server.ctx.events,
-      { id: project.projectId, owner_user_id: 'o' },
-      'cat',
-      trigger,
-    );
+    await connectTo(server, project, 'cat');
     const made: string[] = [];
     for (let i = 1; i <= 5; i++) {
       const dep = await call('POST', '/v1/user/balance/deposit', { user: 'cat', amount: `${i}.00` });

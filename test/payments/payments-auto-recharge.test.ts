@@ -8,10 +8,10 @@ import { Money } from '../../src/core/money.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
-import { newTestId } from '../helpers/context.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
-import { api, seedProject, signUpAndIn, startTestServer, type TestServer } from '../helpers/server.ts';
+import { api, seedProject, startPods, type TestServer } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
+import { developerWithProject } from './fixture.ts';
 
 /**
  * Auto-recharge (issue 25): a card saved at checkout is charged off session (a PaymentIntent against
@@ -68,6 +68,10 @@ async function connect(server: TestServer, projectId: string, settings: unknown)
   expect(res.status, JSON.stringify(res.body)).toBe(200);
   return res.body;
 }
+
+/** saveCardAtCheckout on the suite's server and project. */
+const saveCard = (user: string, amount: string) =>
+  saveCardAtCheckout(f.server, { projectId: f.project.id, apiKey: f.apiKey }, user, amount);
 
 /** Tops up through the hosted page with "save this card and recharge automatically" ticked, and pays. */
 async function saveCardAtCheckout(
@@ -161,12 +165,7 @@ async function eventsOf(ctx: AppContext, projectId: string, type: string) {
 
 describe('auto-recharge', () => {
   it('chats through the threshold with no top-up link, one recharge per crossing, credited once', async () => {
-    const card = await saveCardAtCheckout(
-      f.server,
-      { projectId: f.project.id, apiKey: f.apiKey },
-      'rita',
-      '1.00',
-    );
+    const card = await saveCard('rita', '1.00');
     const crossings: number[] = [];
     for (let i = 1; i <= 31; i++) {
       expect(await chat(f.client, 'rita')).not.toMatch(LINK);
@@ -209,12 +208,7 @@ describe('auto-recharge', () => {
   });
 
   it('never waits on the request path: a request it cannot cover gets the top-up link at once', async () => {
-    const card = await saveCardAtCheckout(
-      f.server,
-      { projectId: f.project.id, apiKey: f.apiKey },
-      'hank',
-      '1.00',
-    );
+    const card = await saveCard('hank', '1.00');
     stand.holdIntentEvents(true);
     try {
       const charged = await f.ctx.billing.charge({
@@ -249,12 +243,7 @@ describe('auto-recharge', () => {
   });
 
   it('a recharge whose webhook never comes and whose payment failed at Stripe is failed by the job', async () => {
-    const card = await saveCardAtCheckout(
-      f.server,
-      { projectId: f.project.id, apiKey: f.apiKey },
-      'lena',
-      '1.00',
-    );
+    const card = await saveCard('lena', '1.00');
     stand.holdIntentEvents(true);
     try {
       await f.ctx.billing.charge({
@@ -292,12 +281,7 @@ describe('auto-recharge', () => {
   });
 
   it('a declined card turns auto-recharge off, emits payment.recharge.failed, and the portal says why', async () => {
-    const card = await saveCardAtCheckout(
-      f.server,
-      { projectId: f.project.id, apiKey: f.apiKey },
-      'dora',
-      '1.00',
-    );
+    const card = await saveCard('dora', '1.00');
     stand.cardOutcome(card.payment_method_id!, 'decline');
     for (let i = 0; i < 11; i++) await chat(f.client, 'dora');
     await quiet(f.server);
@@ -357,12 +341,7 @@ describe('auto-recharge', () => {
   });
 
   it('a card that needs its holder (authentication_required) turns it off the same way', async () => {
-    const card = await saveCardAtCheckout(
-      f.server,
-      { projectId: f.project.id, apiKey: f.apiKey },
-      'abe',
-      '1.00',
-    );
+    const card = await saveCard('abe', '1.00');
     stand.cardOutcome(card.payment_method_id!, 'authentication_required');
     await f.ctx.billing.charge({
       project: f.project,
@@ -450,14 +429,8 @@ describe('the CLI', () => {
 
 describe('the dashboard', () => {
   it('offers auto-recharge from the Payments page, with the threshold, amount and cap checked', async () => {
-    const token = await signUpAndIn(f.server, {
-      email: `recharge-${Date.now()}@example.com`,
-      password: 'correct horse battery staple',
-    });
-    const created = await api(f.server, token, 'POST', '/admin/v1/projects', { name: 'Dash recharge' });
-    const projectId = created.body.project.id as string;
+    const { projectId, cookie } = await developerWithProject(f.server, 'recharge', 'Dash recharge');
     await connect(f.server, projectId, { presets: ['5', '10'], minimum: '5', maximum: '50' });
-    const cookie = `tollgate_session=${encodeURIComponent(token)}`;
     const url = `${f.server.url}/dashboard/projects/${projectId}/payments`;
     const html = await (await fetch(url, { headers: { cookie } })).text();
     expect(html).toContain('Offer automatic recharge');
@@ -492,10 +465,8 @@ describe.skipIf(!twoPods)('the monthly cap across pods (needs Postgres)', () => 
 
   beforeAll(async () => {
     mock = await startMockUpstream();
-    const shared = { id: newTestId() };
     const env = { TOLLGATE_ADMIN_TOKEN: ROOT, STRIPE_API_URL: stand.url };
-    podA = await startTestServer(env, shared);
-    podB = await startTestServer(env, shared);
+    [podA, podB] = (await startPods(env, 2)) as [TestServer, TestServer];
   });
   afterAll(async () => {
     await podB?.close();

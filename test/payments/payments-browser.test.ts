@@ -1,11 +1,11 @@
-import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { type Browser, chromium } from 'playwright-core';
+import type { Browser } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CLI_ACTOR } from '../../src/audit/index.ts';
 import { connectPayments } from '../../src/payments/service.ts';
 import { connectUser } from '../../src/users/service.ts';
+import { chromiumPresent, launchChromium } from '../helpers/browser.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
 
@@ -15,9 +15,7 @@ import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-
  * portal with the receipt. Screenshots go to the temporary directory, or to SCREENSHOT_DIR when set
  * (`SCREENSHOT_DIR=docs npx vitest run test/payments/payments-browser.test.ts` made the ones in docs/).
  */
-const CHROMIUM = '/usr/bin/chromium';
-const hasChromium = existsSync(CHROMIUM);
-if (!hasChromium) console.warn(`payments-browser: skipped — no Chromium at ${CHROMIUM}`);
+const hasChromium = chromiumPresent('payments-browser');
 const KEY = 'sk_test_standin_4242424242';
 const shots = process.env.SCREENSHOT_DIR ?? tmpdir();
 
@@ -40,16 +38,7 @@ beforeAll(async () => {
     },
     CLI_ACTOR,
   );
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-sync',
-    ],
-  });
+  browser = await launchChromium();
 }, 60_000);
 
 afterAll(async () => {

@@ -6,9 +6,10 @@ import { Money } from '../../src/core/money.ts';
 import { fromMinorUnits, toMinorUnits } from '../../src/payments/provider.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
-import { api, seedProject, signUpAndIn } from '../helpers/server.ts';
+import { type ChatFixture, ledgerEntriesOf, startChatFixture } from '../helpers/chat-fixture.ts';
+import { api, seedProject } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
+import { developerWithProject } from './fixture.ts';
 
 /**
  * Payments through Stripe (issue 23), with the official `stripe` library pointed at a loopback stand-in
@@ -78,12 +79,7 @@ async function ledgerOf(projectId: string, user: string) {
     .where('project_id', '=', projectId)
     .where('external_id', '=', user)
     .executeTakeFirstOrThrow();
-  const entries = await f.ctx.db
-    .selectFrom('ledger_entries')
-    .select(['kind', 'amount', 'source', 'description'])
-    .where('user_id', '=', wallet.id)
-    .orderBy('id')
-    .execute();
+  const entries = await ledgerEntriesOf(f.ctx, wallet.id, ['kind', 'amount', 'source', 'description']);
   const sum = entries.reduce((s, e) => s.plus(e.amount), new Money(0));
   expect(sum.eq(wallet.balance)).toBe(true);
   return { balance: new Money(wallet.balance).toFixed(), entries };
@@ -180,13 +176,7 @@ describe('the CLI', () => {
 
 describe('the dashboard', () => {
   it('connects Stripe from the Payments page and lists top-ups with a Refund button', async () => {
-    const token = await signUpAndIn(f.server, {
-      email: `pay-${Date.now()}@example.com`,
-      password: 'correct horse battery staple',
-    });
-    const created = await api(f.server, token, 'POST', '/admin/v1/projects', { name: 'Dash shop' });
-    const projectId = created.body.project.id as string;
-    const cookie = `tollgate_session=${encodeURIComponent(token)}`;
+    const { projectId, cookie } = await developerWithProject(f.server, 'pay', 'Dash shop');
     const url = `${f.server.url}/dashboard/projects/${projectId}/payments`;
     const page = await fetch(url, { headers: { cookie } });
     const html = await page.text();

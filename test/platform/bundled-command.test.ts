@@ -5,7 +5,6 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import OpenAI from 'openai';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
 import { findWallet } from '../../src/billing/ledger.ts';
@@ -16,8 +15,8 @@ import { promptTokensUpperBound } from '../../src/tokens/count.ts';
 import { countPromptTokens } from '../../src/tokens/inputs.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { bundledCommand, repoRoot } from '../helpers/bundle.ts';
-import { chargedTotal } from '../helpers/chat-fixture.ts';
-import { createTestContext, newTestId, realPostgres, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
+import { chargedTotal, ledgerEntriesOf } from '../helpers/chat-fixture.ts';
+import { childEnv, createTestContext, newTestId, pgQuery, realPostgres } from '../helpers/context.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
 import { seedProject } from '../helpers/server.ts';
 
@@ -80,28 +79,12 @@ describe.skipIf(!realPostgres)('the bundled `tollgate proxy --migrate` on a fres
   /** The test's own context on the proxy's schema: it seeds the project and reads the ledger. */
   let ctx: AppContext;
 
-  async function sql(text: string) {
-    const client = new pg.Client({ connectionString: process.env.TOLLGATE_TEST_PG });
-    await client.connect();
-    try {
-      await client.query(text);
-    } finally {
-      await client.end();
-    }
-  }
-
   beforeAll(async () => {
     mock = await startMockUpstream();
-    await sql(`CREATE SCHEMA ${schema}`);
-    const database = new URL(process.env.TOLLGATE_TEST_PG!);
-    database.searchParams.set('options', `-c search_path=${schema}`);
+    await pgQuery(`CREATE SCHEMA ${schema}`);
     proxyEnv = {
-      PATH: process.env.PATH ?? '',
+      ...childEnv(schema, dataDir),
       HOME: dataDir,
-      DATABASE_URL: database.toString(),
-      REDIS_URL: process.env.TOLLGATE_TEST_REDIS ?? '',
-      TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
-      TOLLGATE_DATA_DIR: dataDir,
       HOST: '127.0.0.1',
       PORT: '0',
       LOG_LEVEL: 'info',
@@ -142,7 +125,7 @@ describe.skipIf(!realPostgres)('the bundled `tollgate proxy --migrate` on a fres
     }
     await ctx?.close();
     await mock?.close();
-    await sql(`DROP SCHEMA IF EXISTS ${schema} CASCADE`).catch(() => {});
+    await pgQuery(`DROP SCHEMA IF EXISTS ${schema} CASCADE`).catch(() => {});
     rmSync(dataDir, { recursive: true, force: true });
   });
 
@@ -243,12 +226,7 @@ describe.skipIf(!realPostgres)('the bundled `tollgate proxy --migrate` on a fres
       [HOLD, 'settled'],
     ]);
 
-    const entries = await ctx.db
-      .selectFrom('ledger_entries')
-      .select(['kind', 'amount', 'source', 'held_delta'])
-      .where('user_id', '=', wallet.userId)
-      .orderBy('id')
-      .execute();
+    const entries = await ledgerEntriesOf(ctx, wallet.userId, ['kind', 'amount', 'source', 'held_delta']);
     expect(PER_REQUEST).toBe('0.022');
     expect(entries.map((e) => e.kind)).toEqual(['deposit', 'charge', 'charge']);
     expect(entries.filter((e) => e.kind === 'charge').map((e) => new Money(e.amount).toFixed())).toEqual([

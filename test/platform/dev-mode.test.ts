@@ -1,22 +1,15 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { createOpenAI } from '@ai-sdk/openai';
-import Anthropic from '@anthropic-ai/sdk';
 import { embed, generateText } from 'ai';
 import OpenAI from 'openai';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
+import { anthropicFor } from '../helpers/clients.ts';
+import { dataDirFor } from '../helpers/dev-process.ts';
 
 /** `tollgate dev` on the embedded default, as a newcomer runs it (`make dev`): no DATABASE_URL, no REDIS_URL. */
 describe('tollgate dev', () => {
-  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-dev-'));
   let child: ChildProcess | undefined;
-
-  afterAll(() => {
-    child?.kill('SIGKILL');
-    rmSync(dataDir, { recursive: true, force: true });
-  });
+  const dataDir = dataDirFor('tollgate-dev-', () => [child]);
 
   async function start(): Promise<{ base: string; key: string; output: () => string }> {
     const env = {
@@ -77,12 +70,7 @@ describe('tollgate dev', () => {
     expect(generated.text).toBe('[echo provider] Hello from the AI SDK');
     const embedded = await embed({ model: openai.embedding('demo-embed'), value: 'Hello' });
     expect(embedded.embedding.length).toBeGreaterThan(0);
-    const claude = new Anthropic({
-      baseURL: first.base,
-      apiKey: first.key,
-      maxRetries: 0,
-      defaultHeaders: { 'X-Service-User': 'demo-user' },
-    });
+    const claude = anthropicFor(first.base, first.key, 'demo-user');
     const message = await claude.messages.create({
       model: 'demo-echo',
       max_tokens: 100,

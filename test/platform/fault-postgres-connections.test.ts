@@ -1,12 +1,10 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectUser } from '../../src/users/service.ts';
 import { newTestId } from '../helpers/context.ts';
 import { expectOneEntryPerKey, startDepositLoad } from '../helpers/deposit-load.ts';
-import { seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import { seedProjectWithUsers, startTestServer, type TestServer } from '../helpers/server.ts';
 
 const pgUrl = process.env.TOLLGATE_TEST_PG;
-const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
 const USERS = ['t1', 't2', 't3', 't4'];
 
 /**
@@ -25,12 +23,7 @@ describe.skipIf(!pgUrl)('Postgres connections terminated under load', () => {
     const url = new URL(pgUrl!);
     url.searchParams.set('application_name', appName);
     server = await startTestServer({ DATABASE_URL: url.toString() });
-    const seeded = await seedProject(server.ctx);
-    projectId = seeded.projectId;
-    apiKey = seeded.apiKey;
-    const project = { id: projectId, owner_user_id: 'o' };
-    for (const user of USERS)
-      await connectUser(server.ctx.db, server.ctx.events, project as never, user, trigger);
+    ({ projectId, apiKey } = await seedProjectWithUsers(server, USERS));
     admin = new pg.Client({ connectionString: pgUrl, application_name: `${appName}_admin` });
     await admin.connect();
   });

@@ -1,12 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectUser } from '../../src/users/service.ts';
-import { newTestId } from '../helpers/context.ts';
 import { expectOneEntryPerKey, startDepositLoad } from '../helpers/deposit-load.ts';
 import { haveRedisServer, type PrivateRedis, startPrivateRedis } from '../helpers/private-services.ts';
-import { api, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import { api, seedProject, seedProjectWithUsers, startPods, type TestServer } from '../helpers/server.ts';
 
 const pgUrl = process.env.TOLLGATE_TEST_PG;
-const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
 const USERS = ['r1', 'r2'];
 
 /**
@@ -24,15 +21,8 @@ describe.skipIf(!pgUrl || !haveRedisServer())('Redis outage under load (private 
 
   beforeAll(async () => {
     redis = await startPrivateRedis();
-    const shared = { id: newTestId() };
-    podA = await startTestServer({ REDIS_URL: redis.url }, shared);
-    podB = await startTestServer({ REDIS_URL: redis.url }, shared);
-    const seeded = await seedProject(podA.ctx);
-    projectId = seeded.projectId;
-    apiKey = seeded.apiKey;
-    const project = { id: projectId, owner_user_id: 'o' };
-    for (const user of USERS)
-      await connectUser(podA.ctx.db, podA.ctx.events, project as never, user, trigger);
+    [podA, podB] = (await startPods({ REDIS_URL: redis.url }, 2)) as [TestServer, TestServer];
+    ({ projectId, apiKey } = await seedProjectWithUsers(podA, USERS));
   }, 60_000);
   afterAll(async () => {
     await podB?.close();

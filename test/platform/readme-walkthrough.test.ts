@@ -1,9 +1,7 @@
-import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { type ChildProcess, spawnSync } from 'node:child_process';
 import OpenAI from 'openai';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
+import { dataDirFor, devEnv, startDev } from '../helpers/dev-process.ts';
 
 /**
  * The README's "From `make dev` to a paid chat in 60 seconds", step by step against a real
@@ -11,40 +9,14 @@ import { afterAll, describe, expect, it } from 'vitest';
  * page, is funded with the CLI over the admin API (the printed variables), chats, and pays.
  */
 describe('the README walkthrough', () => {
-  const dataDir = mkdtempSync(join(tmpdir(), 'tollgate-walkthrough-'));
-  const env = {
-    ...process.env,
-    DATABASE_URL: '',
-    REDIS_URL: '',
-    TOLLGATE_ENCRYPTION_KEY: '',
-    TOLLGATE_ADMIN_TOKEN: '',
-    TOLLGATE_URL: '',
-    HOST: '',
-    TOLLGATE_DATA_DIR: dataDir,
-    LOG_LEVEL: 'warn',
-  };
   let child: ChildProcess | undefined;
-  afterAll(() => {
-    child?.kill('SIGKILL');
-    rmSync(dataDir, { recursive: true, force: true });
-  });
+  const dataDir = dataDirFor('tollgate-walkthrough-', () => [child]);
+  const env = devEnv(dataDir, { HOST: '' });
 
   it('goes from tollgate dev to a paid chat', async () => {
-    child = spawn(process.execPath, ['cmd/tollgate.ts', 'dev'], {
-      env: { ...env, PORT: '0' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    child.stderr!.on('data', (c: Buffer) => {
-      out += c.toString();
-    });
-    await new Promise<void>((resolve, reject) => {
-      child!.stdout!.on('data', (c: Buffer) => {
-        out += c.toString();
-        if (out.includes('Press Ctrl+C')) resolve();
-      });
-      child!.once('exit', (code) => reject(new Error(`dev exited with ${code}: ${out}`)));
-    });
+    const dev = startDev({ ...env, PORT: '0' });
+    child = dev.child;
+    const out = await dev.ready;
     const base = /running at (http:\/\/\S+)\/v1/.exec(out)![1]!;
     const key = /API key:\s+(tg_\S+)/.exec(out)![1]!;
     const projectId = /project:\s+(pw_\S+)/.exec(out)![1]!;

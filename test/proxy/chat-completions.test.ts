@@ -1,21 +1,15 @@
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyLinkToken } from '../../src/users/links.ts';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
-import { api, seedProject } from '../helpers/server.ts';
+import { type ChatFixture, perTokenModel, startChatFixture } from '../helpers/chat-fixture.ts';
+import { api, depositFor, seedProject } from '../helpers/server.ts';
 
 /** Completions through the official `openai` client: forwarding, streaming, validation, link replies. */
 let f: ChatFixture;
 
 beforeAll(async () => {
   f = await startChatFixture({
-    models: [
-      {
-        id: 'metered',
-        upstreamModel: 'mock-model',
-        pricing: { mode: 'per_token', inputPerMillion: '0.15', outputPerMillion: '0.6' },
-      },
-    ],
+    models: [perTokenModel('metered', '0.15', '0.6')],
     settings: { connectMessage: 'Hi! Connect to {project} first: {link}' },
   });
   await f.fund('alice', '10.00');
@@ -332,13 +326,7 @@ describe('providers', () => {
     const project = { id: seeded.projectId, owner_user_id: 'x', currency: 'usd' };
     const trigger = { source: 't', actorType: 't', actorId: 't' };
     await connectUser(f.ctx.db, f.ctx.events, project, 'demo-user', trigger);
-    await f.ctx.billing.deposit({
-      project,
-      externalId: 'demo-user',
-      amount: '1.00',
-      source: 't',
-      trigger,
-    });
+    await depositFor(f.ctx, project, 'demo-user', '1.00', trigger);
     const client = new OpenAI({ baseURL: `${f.server.url}/v1`, apiKey: seeded.apiKey, maxRetries: 0 });
     const reply = await client.chat.completions.create({
       model: 'demo-echo',

@@ -1,6 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createSubscription } from '../../src/webhooks/subscriptions.ts';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
+import {
+  type ChatFixture,
+  perRequestModel,
+  perTokenModel,
+  startChatFixture,
+} from '../helpers/chat-fixture.ts';
 
 /**
  * Chat events in the outbox, with the spec's envelope, written only when an active subscription of the
@@ -20,14 +24,7 @@ const chatTypes = [
 
 beforeAll(async () => {
   f = await startChatFixture({
-    models: [
-      {
-        id: 'm',
-        upstreamModel: 'mock-model',
-        pricing: { mode: 'per_token', inputPerMillion: '1', outputPerMillion: '2' },
-      },
-      { id: 'broken', upstreamModel: 'broken', pricing: { mode: 'per_request', perRequest: '0.01' } },
-    ],
+    models: [perTokenModel('m', '1', '2'), perRequestModel('broken', '0.01', 'broken')],
   });
   f.mock.behaviors.set('broken', { failStatus: 500 });
   await f.fund('payer', '1.00');
@@ -60,12 +57,7 @@ describe('chat events', () => {
   });
 
   it('writes the lifecycle, paywall and charge events with the spec envelope once subscribed', async () => {
-    await createSubscription(
-      f.ctx,
-      f.project.id,
-      { url: 'http://127.0.0.1:9/hook', events: ['*'] },
-      { createdBy: 'test' },
-    );
+    await f.subscribe(['*']);
     await traffic();
     const written = await events();
     // Events of different requests are written in the background, each request's in order.
@@ -155,12 +147,7 @@ describe('chat events', () => {
       .set({ is_active: false })
       .where('project_id', '=', f.project.id)
       .execute();
-    await createSubscription(
-      f.ctx,
-      f.project.id,
-      { url: 'http://127.0.0.1:9/hook2', events: ['balance.*'] },
-      { createdBy: 'test' },
-    );
+    await f.subscribe(['balance.*'], 'http://127.0.0.1:9/hook2');
     await traffic();
     expect((await events()).map((e) => e.type)).toEqual(['balance.charge.created']);
   });

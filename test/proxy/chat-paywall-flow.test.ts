@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
+import { type ChatFixture, perRequestModel, startChatFixture } from '../helpers/chat-fixture.ts';
 import { api } from '../helpers/server.ts';
 
 /**
@@ -11,9 +11,7 @@ const messages = [{ role: 'user' as const, content: 'Hello!' }];
 
 beforeAll(async () => {
   f = await startChatFixture({
-    models: [
-      { id: 'chat', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.05' } },
-    ],
+    models: [perRequestModel('chat', '0.05')],
     settings: { checkoutUrl: 'https://shop.example.com/checkout' },
   });
 });

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
+import { type ChatFixture, perTokenModel, startChatFixture } from '../helpers/chat-fixture.ts';
 
 /**
  * Read-your-writes: once a client has the end of a response (the last byte of a JSON body, `[DONE]` of
@@ -15,13 +15,7 @@ const PER_REQUEST = tokenCost(price, 12, 5); // the mock provider reports 12 pro
 
 beforeAll(async () => {
   f = await startChatFixture({
-    models: [
-      {
-        id: 'm',
-        upstreamModel: 'mock-model',
-        pricing: { mode: 'per_token', inputPerMillion: '0.15', outputPerMillion: '0.6' },
-      },
-    ],
+    models: [perTokenModel('m', '0.15', '0.6')],
     settings: { maxCompletionTokens: 100 },
   });
 });

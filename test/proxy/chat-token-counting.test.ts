@@ -6,7 +6,7 @@ import { countTokens } from 'gpt-tokenizer';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { boundingCounter, countText } from '../../src/tokens/count.ts';
 import { countPromptTokens, holdPromptTokens } from '../../src/tokens/inputs.ts';
-import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
+import { type ChatFixture, perTokenModel, startChatFixture } from '../helpers/chat-fixture.ts';
 
 /**
  * Prompt token counting is exact, linear enough that a body at BODY_LIMIT_BYTES cannot stall the
@@ -115,13 +115,7 @@ describe('a 4 MB prompt through the proxy', () => {
   let f: ChatFixture;
   beforeAll(async () => {
     f = await startChatFixture({
-      models: [
-        {
-          id: 'per-token',
-          upstreamModel: 'mock-model',
-          pricing: { mode: 'per_token', inputPerMillion: '0.15', outputPerMillion: '0.6' },
-        },
-      ],
+      models: [perTokenModel('per-token', '0.15', '0.6')],
     });
   });
   afterAll(() => f?.close());

@@ -17,7 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
-import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
+import { type ChatFixture, chargedTotal, embeddingModel, startChatFixture } from '../helpers/chat-fixture.ts';
 
 /**
  * The libraries real apps use, pointed at a real Tollgate server whose provider is the mock on loopback:
@@ -56,12 +56,7 @@ beforeAll(async () => {
       { id: 'json', upstreamModel: 'mock-json', pricing: perToken },
       // A reasoning model's name: the libraries then send the developer role, max_completion_tokens, reasoning effort.
       { id: 'gpt-5-mini', upstreamModel: 'mock-model', pricing: perToken },
-      {
-        id: 'embed',
-        upstreamModel: 'mock-embed',
-        pricing: { mode: 'per_token', inputPerMillion: '0.02' },
-        endpoints: ['embeddings'],
-      },
+      embeddingModel('embed', 'mock-embed'),
     ],
     settings: { maxCompletionTokens: 100 },
   });

@@ -1,10 +1,10 @@
 import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAI } from '@ai-sdk/openai';
-import Anthropic from '@anthropic-ai/sdk';
 import { embed, embedMany, generateText, streamText } from 'ai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
+import { anthropicFor } from '../helpers/clients.ts';
 
 /**
  * The built-in echo provider (`echo://local`, the `tollgate dev` demo) serves every API Tollgate
@@ -93,12 +93,7 @@ describe('the echo provider', () => {
   });
 
   it('serves the Messages API to the Anthropic SDK and the AI SDK Anthropic provider', async () => {
-    const claude = new Anthropic({
-      baseURL: f.server.url,
-      apiKey: f.apiKey,
-      maxRetries: 0,
-      defaultHeaders: { 'X-Service-User': 'echo-user' },
-    });
+    const claude = anthropicFor(f.server.url, f.apiKey, 'echo-user');
     const message = await claude.messages.create({
       model: 'demo-echo',
       max_tokens: 100,

@@ -11,7 +11,8 @@ import { getProject } from '../../src/projects/service.ts';
 import { upsertProvider } from '../../src/routing/providers.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
-import { api, seedProject } from '../helpers/server.ts';
+import { anthropicFor } from '../helpers/clients.ts';
+import { api, depositFor, seedProject } from '../helpers/server.ts';
 
 /**
  * Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) with the official
@@ -668,22 +669,11 @@ describe('an Anthropic provider connected over the admin API', () => {
       models: [{ id: 'claude', upstreamModel: 'mock-claude', pricing: perToken }],
     });
     await f.ctx.projects.changed(seeded.projectId);
-    const client = new Anthropic({
-      baseURL: f.server.url,
-      apiKey: seeded.apiKey,
-      maxRetries: 0,
-      defaultHeaders: { 'X-Service-User': 'admin-user' },
-    });
+    const client = anthropicFor(f.server.url, seeded.apiKey, 'admin-user');
     const project = await getProject(f.ctx.db, seeded.projectId);
     const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
     await connectUser(f.ctx.db, f.ctx.events, project, 'admin-user', trigger);
-    await f.ctx.billing.deposit({
-      project,
-      externalId: 'admin-user',
-      amount: '1.00',
-      source: 'test',
-      trigger,
-    });
+    await depositFor(f.ctx, project, 'admin-user', '1.00', trigger);
     const message = await client.messages.create({
       model: 'claude',
       max_tokens: 10,
@@ -713,13 +703,7 @@ describe('count_tokens, authentication and errors', () => {
 
   it('x-api-key and Bearer both authenticate; a wrong key is a 401 in Anthropic shape', async () => {
     await f.fund('a-bearer', '1.00');
-    const bearer = new Anthropic({
-      baseURL: f.server.url,
-      authToken: f.apiKey,
-      apiKey: null,
-      maxRetries: 0,
-      defaultHeaders: { 'X-Service-User': 'a-bearer' },
-    });
+    const bearer = anthropicFor(f.server.url, f.apiKey, 'a-bearer', true);
     const message = await bearer.messages.create({
       model: 'claude-test',
       max_tokens: 10,

@@ -7,7 +7,14 @@ import { tokenCost } from '../../src/metering/cost.ts';
 import { responsesRequestSchema } from '../../src/responses/schema.ts';
 import { promptTokensUpperBound } from '../../src/tokens/count.ts';
 import { countEmbeddingInput, countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
-import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
+import {
+  type ChatFixture,
+  chargedTotal,
+  embeddingModel,
+  ledgerEntriesOf,
+  perRequestModel,
+  startChatFixture,
+} from '../helpers/chat-fixture.ts';
 
 /**
  * "Point any OpenAI client at Tollgate": the official `openai` client against a mock provider that speaks
@@ -47,22 +54,12 @@ beforeAll(async () => {
       { id: 'tools', upstreamModel: 'mock-tools', pricing: perToken },
       { id: 'runaway', upstreamModel: 'mock-runaway', pricing: perToken },
       { id: 'cached', upstreamModel: 'mock-cached', pricing: perToken },
-      {
-        id: 'embed',
-        upstreamModel: 'mock-embed',
-        pricing: { mode: 'per_token', inputPerMillion: '0.02' },
-        endpoints: ['embeddings'],
-      },
+      embeddingModel('embed', 'mock-embed'),
       { id: 'no-responses', upstreamModel: 'mock-no-responses', pricing: perToken },
       { id: 'silent', upstreamModel: 'mock-silent', pricing: perToken },
-      {
-        id: 'silent-embed',
-        upstreamModel: 'mock-silent',
-        pricing: { mode: 'per_token', inputPerMillion: '0.02' },
-        endpoints: ['embeddings'],
-      },
+      embeddingModel('silent-embed', 'mock-silent'),
       { id: 'long', upstreamModel: 'mock-long', pricing: perToken },
-      { id: 'flat', upstreamModel: 'mock-model', pricing: { mode: 'per_request', perRequest: '0.01' } },
+      perRequestModel('flat', '0.01'),
     ],
     settings: { maxCompletionTokens: 100 },
   });
@@ -82,12 +79,7 @@ afterAll(() => f.close());
 /** The charge entries' metadata of a user (what was metered). */
 async function charges(user: string) {
   const wallet = (await f.wallet(user))!;
-  return f.ctx.db
-    .selectFrom('ledger_entries')
-    .select(['kind', 'amount', 'held_delta', 'source', 'metadata'])
-    .where('user_id', '=', wallet.userId)
-    .orderBy('id')
-    .execute();
+  return ledgerEntriesOf(f.ctx, wallet.userId, ['kind', 'amount', 'held_delta', 'source', 'metadata']);
 }
 
 describe('chat completions: the whole request schema', () => {

@@ -24,35 +24,22 @@ function model(id: string, routes: ModelSpec['routes']): ModelSpec {
   return { id, routes, pricing: { mode: 'per_request', perRequest: PRICE } };
 }
 
+/** A model served by `first`'s provider and model, else by `then`'s. */
+function fallback(id: string, first: [string, string], then: [string, string]): ModelSpec {
+  return model(
+    id,
+    [first, then].map(([provider, model]) => ({ provider: provider!, model: model! })),
+  );
+}
+
 const MODELS: ModelSpec[] = [
-  model('refused', [
-    { provider: 'dead', model: 'ok' },
-    { provider: 'a', model: 'ok-a' },
-  ]),
-  model('hanging', [
-    { provider: 'slow', model: 'hang' },
-    { provider: 'b', model: 'ok-b' },
-  ]),
-  model('err500', [
-    { provider: 'a', model: 'fail500' },
-    { provider: 'b', model: 'ok-b' },
-  ]),
-  model('limited', [
-    { provider: 'a', model: 'rate429' },
-    { provider: 'b', model: 'ok-b' },
-  ]),
-  model('cut', [
-    { provider: 'a', model: 'cut' },
-    { provider: 'b', model: 'ok-b' },
-  ]),
-  model('flaky', [
-    { provider: 'a', model: 'flaky' },
-    { provider: 'b', model: 'ok-b' },
-  ]),
-  model('all-down', [
-    { provider: 'a', model: 'fail500-2' },
-    { provider: 'b', model: 'fail503' },
-  ]),
+  fallback('refused', ['dead', 'ok'], ['a', 'ok-a']),
+  fallback('hanging', ['slow', 'hang'], ['b', 'ok-b']),
+  fallback('err500', ['a', 'fail500'], ['b', 'ok-b']),
+  fallback('limited', ['a', 'rate429'], ['b', 'ok-b']),
+  fallback('cut', ['a', 'cut'], ['b', 'ok-b']),
+  fallback('flaky', ['a', 'flaky'], ['b', 'ok-b']),
+  fallback('all-down', ['a', 'fail500-2'], ['b', 'fail503']),
   model('retry-short', [{ provider: 'a', model: 'rate429-short' }]),
   model('spread', [
     { provider: 'a', model: 'w-a', priority: 0, weight: 3 },
@@ -137,15 +124,8 @@ async function charges(user: string) {
 }
 
 async function routingEvents(type: string) {
-  await f.settled();
-  const rows = await f.ctx.db
-    .selectFrom('events')
-    .select('envelope')
-    .where('project_id', '=', f.project.id)
-    .where('type', '=', type)
-    .orderBy('seq')
-    .execute();
-  return rows.map((r) => (r.envelope as { data: Record<string, unknown> }).data);
+  const envelopes: Array<{ data: Record<string, unknown> }> = await f.events(type);
+  return envelopes.map((e) => e.data);
 }
 
 describe('providers', () => {

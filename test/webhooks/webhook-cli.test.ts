@@ -4,25 +4,24 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { createSubscription, getSubscription } from '../../src/webhooks/subscriptions.ts';
-import { createTestContext, realPostgres, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
-import { makeTestCa, type Receiver, startReceiver, type TestCa } from '../helpers/https-receiver.ts';
-import { seedProject } from '../helpers/server.ts';
+import { createTestContext, databaseUrlOf, realPostgres, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
+import type { Receiver, TestCa } from '../helpers/https-receiver.ts';
+import { depositFor, seedProject } from '../helpers/server.ts';
+import { startWebhookBench, type WebhookBench } from './fixture.ts';
 
 let ctx: AppContext;
 let ca: TestCa;
 let receiver: Receiver;
 let env: NodeJS.ProcessEnv;
+let bench: WebhookBench<AppContext>;
 
 beforeAll(async () => {
   if (!realPostgres) return;
-  ca = makeTestCa();
-  receiver = await startReceiver(ca);
-  ctx = await createTestContext({ WEBHOOK_CA_FILE: ca.caFile });
-  const url = new URL(process.env.TOLLGATE_TEST_PG!);
-  url.searchParams.set('options', `-c search_path=${ctx.database.schema}`);
+  bench = await startWebhookBench((e) => createTestContext(e));
+  ({ ca, receiver, started: ctx } = bench);
   env = {
     ...process.env,
-    DATABASE_URL: url.toString(),
+    DATABASE_URL: databaseUrlOf(ctx.database.schema!),
     REDIS_URL: '',
     TOLLGATE_ENCRYPTION_KEY: TEST_ENCRYPTION_KEY,
     LOG_LEVEL: 'info',
@@ -31,11 +30,7 @@ beforeAll(async () => {
     WEBHOOK_POLL_INTERVAL_MS: '50',
   };
 });
-afterAll(async () => {
-  await receiver?.close();
-  await ctx?.close();
-  ca?.remove();
-});
+afterAll(() => bench?.close());
 
 const tollgate = (...args: string[]) =>
   spawnSync(process.execPath, ['cmd/tollgate.ts', ...args], { env, encoding: 'utf8', timeout: 30_000 });
@@ -90,13 +85,7 @@ describe.runIf(realPostgres)('tollgate webhooks and tollgate worker', () => {
         child.once('exit', (code) => reject(new Error(`worker exited (${code}): ${output}`)));
       });
       const project = await getProject(ctx.db, p.projectId);
-      await ctx.billing.deposit({
-        project,
-        externalId: 'cli',
-        amount: '1',
-        source: 'test',
-        trigger: { source: 'test', actorType: 'test', actorId: 'test' },
-      });
+      await depositFor(ctx, project, 'cli', '1');
       const [req] = await receiver.waitFor((all) => all.some((r) => r.path === '/cli-worker'));
       expect(req!.verified).toBe(true);
       const exited = once(child, 'exit');

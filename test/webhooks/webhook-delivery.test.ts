@@ -4,8 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Project } from '../../src/db/schema.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { type DeliveryWorker, startDeliveryWorker } from '../../src/webhooks/worker/index.ts';
+import { eventually } from '../helpers/eventually.ts';
 import {
-  makeTestCa,
   type Received,
   type Receiver,
   type Reply,
@@ -13,6 +13,7 @@ import {
   type TestCa,
 } from '../helpers/https-receiver.ts';
 import { api, type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import { startWebhookBench, type WebhookBench } from './fixture.ts';
 
 const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
 
@@ -26,16 +27,27 @@ const logLines: string[] = [];
 const scripts = new Map<string, Reply[]>();
 const hits = new Map<string, number>();
 
+let bench: WebhookBench<TestServer>;
+
 beforeAll(async () => {
-  ca = makeTestCa();
-  server = await startTestServer({
-    WEBHOOK_CA_FILE: ca.caFile,
-    WEBHOOK_ALLOW_HTTP: 'false',
-    WEBHOOK_BACKOFF_BASE_MS: '60',
-    WEBHOOK_MAX_ATTEMPTS: '3',
-    WEBHOOK_TIMEOUT_MS: '800',
-    WEBHOOK_POLL_INTERVAL_MS: '200',
-  });
+  bench = await startWebhookBench(
+    (env) => startTestServer(env),
+    {
+      WEBHOOK_ALLOW_HTTP: 'false',
+      WEBHOOK_BACKOFF_BASE_MS: '60',
+      WEBHOOK_MAX_ATTEMPTS: '3',
+      WEBHOOK_TIMEOUT_MS: '800',
+      WEBHOOK_POLL_INTERVAL_MS: '200',
+    },
+    (r) => {
+      const path = r.path;
+      const n = hits.get(path) ?? 0;
+      hits.set(path, n + 1);
+      const script = scripts.get(path) ?? [{ status: 200, body: 'thanks' }];
+      return script[Math.min(n, script.length - 1)]!;
+    },
+  );
+  ({ ca, receiver, started: server } = bench);
   // Everything the worker logs, at the most verbose level, to check that no secret leaks.
   server.ctx.log = pino(
     { level: 'trace' },
@@ -46,22 +58,13 @@ beforeAll(async () => {
       },
     }),
   );
-  receiver = await startReceiver(ca, (r) => {
-    const path = r.path;
-    const n = hits.get(path) ?? 0;
-    hits.set(path, n + 1);
-    const script = scripts.get(path) ?? [{ status: 200, body: 'thanks' }];
-    return script[Math.min(n, script.length - 1)]!;
-  });
   worker = startDeliveryWorker(server.ctx);
   await worker.ready;
 });
 
 afterAll(async () => {
   await worker?.stop(1000);
-  await receiver?.close();
-  await server?.close();
-  ca?.remove();
+  await bench?.close();
 });
 
 interface Hook {
@@ -99,17 +102,6 @@ async function depositTo(p: SeededProject, user = 'alice', amount = '1.00') {
 }
 
 const at = (path: string) => (all: Received[]) => all.filter((r) => r.path === path);
-
-/** Polls a condition on stored state (written after the receiver answered); bounded. */
-async function eventually<T>(fn: () => Promise<T | undefined | false>, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await fn();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 async function logOf(p: SeededProject, deliveryId: string) {
   const res = await api(server, p.apiKey, 'GET', `/v1/webhooks/logs/${deliveryId}`);

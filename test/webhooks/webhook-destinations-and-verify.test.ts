@@ -6,32 +6,27 @@ import { buildRequest, Sender, sign } from '../../src/webhooks/deliver.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { verifyWebhook } from '../../src/webhooks/verify.ts';
 import { startDeliveryWorker } from '../../src/webhooks/worker/index.ts';
-import { makeTestCa, type Receiver, startReceiver, type TestCa } from '../helpers/https-receiver.ts';
+import type { Receiver } from '../helpers/https-receiver.ts';
 import { type SeededProject, seedProject, startTestServer, type TestServer } from '../helpers/server.ts';
+import { startWebhookBench, type WebhookBench } from './fixture.ts';
 
-let ca: TestCa;
 let server: TestServer;
 let receiver: Receiver;
 let project: SeededProject;
 /** The same context with private destinations refused, as in production. */
 let strict: AppContext;
 
+let bench: WebhookBench<TestServer>;
 beforeAll(async () => {
-  ca = makeTestCa();
-  server = await startTestServer({
-    WEBHOOK_CA_FILE: ca.caFile,
+  bench = await startWebhookBench((env) => startTestServer(env), {
     WEBHOOK_MAX_ATTEMPTS: '2',
     WEBHOOK_BACKOFF_BASE_MS: '20',
   });
+  ({ receiver, started: server } = bench);
   strict = { ...server.ctx, config: { ...server.ctx.config, WEBHOOK_ALLOW_PRIVATE_NETWORKS: false } };
-  receiver = await startReceiver(ca);
   project = await seedProject(server.ctx);
 });
-afterAll(async () => {
-  await receiver?.close();
-  await server?.close();
-  ca?.remove();
-});
+afterAll(() => bench?.close());
 
 describe('destination checks', () => {
   it.each([

@@ -4,27 +4,23 @@ import { getProject } from '../../src/projects/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { startDeliveryWorker } from '../../src/webhooks/worker/index.ts';
 import { createTestContext } from '../helpers/context.ts';
-import { makeTestCa, type Receiver, startReceiver, type TestCa } from '../helpers/https-receiver.ts';
+import type { Receiver } from '../helpers/https-receiver.ts';
 import { seedProject } from '../helpers/server.ts';
+import { startWebhookBench, type WebhookBench } from './fixture.ts';
 
-let ca: TestCa;
 let receiver: Receiver;
 let embedded: AppContext;
 
+let bench: WebhookBench<AppContext>;
+
 beforeAll(async () => {
-  ca = makeTestCa();
-  receiver = await startReceiver(ca);
-  embedded = await createTestContext({
+  bench = await startWebhookBench((env) => createTestContext(env), {
     DATABASE_URL: '',
-    WEBHOOK_CA_FILE: ca.caFile,
     WEBHOOK_POLL_INTERVAL_MS: '50',
   });
+  ({ receiver, started: embedded } = bench);
 });
-afterAll(async () => {
-  await embedded?.close();
-  await receiver?.close();
-  ca?.remove();
-});
+afterAll(() => bench?.close());
 
 describe('embedded database', () => {
   it('fans out and delivers on the single-connection embedded Postgres (tollgate dev)', async () => {

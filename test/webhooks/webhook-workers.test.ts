@@ -10,8 +10,9 @@ import { claimDue, recordResult } from '../../src/webhooks/queue.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { startDeliveryWorker } from '../../src/webhooks/worker/index.ts';
 import { createTestContext, realPostgres } from '../helpers/context.ts';
-import { makeTestCa, type Receiver, startReceiver, type TestCa } from '../helpers/https-receiver.ts';
+import type { Receiver, TestCa } from '../helpers/https-receiver.ts';
 import { seedProject } from '../helpers/server.ts';
+import { startWebhookBench, type WebhookBench } from './fixture.ts';
 
 const trigger = { source: 'test', actorType: 'test', actorId: 'test' };
 
@@ -23,35 +24,35 @@ const hung = new Set<string>();
 const SLOW = '/slow-receiver';
 const slow = { now: 0, max: 0 };
 
+let bench: WebhookBench<AppContext>;
 beforeAll(async () => {
-  ca = makeTestCa();
-  ctx = await createTestContext({
-    WEBHOOK_CA_FILE: ca.caFile,
+  const env = {
     WEBHOOK_CLAIM_LEASE_MS: '1000',
     WEBHOOK_POLL_INTERVAL_MS: '50',
     WEBHOOK_BACKOFF_BASE_MS: '50',
-  });
-  receiver = await startReceiver(ca, async (r) => {
-    if (r.path === SLOW) {
-      // A slow receiver that counts the requests it holds at once.
-      slow.now++;
-      slow.max = Math.max(slow.max, slow.now);
-      await new Promise((resolve) => setTimeout(resolve, 15));
-      slow.now--;
+  };
+  bench = await startWebhookBench(
+    (e) => createTestContext(e),
+    env,
+    async (r) => {
+      if (r.path === SLOW) {
+        // A slow receiver that counts the requests it holds at once.
+        slow.now++;
+        slow.max = Math.max(slow.max, slow.now);
+        await new Promise((resolve) => setTimeout(resolve, 15));
+        slow.now--;
+        return { status: 200 };
+      }
+      if (hangOnce.has(r.path) && !hung.has(r.path)) {
+        hung.add(r.path);
+        return { status: 200, hang: true };
+      }
       return { status: 200 };
-    }
-    if (hangOnce.has(r.path) && !hung.has(r.path)) {
-      hung.add(r.path);
-      return { status: 200, hang: true };
-    }
-    return { status: 200 };
-  });
+    },
+  );
+  ({ ca, receiver, started: ctx } = bench);
 });
-afterAll(async () => {
-  await receiver?.close();
-  await ctx?.close();
-  ca?.remove();
-});
+afterAll(() => bench?.close());
 
 async function subscribeAndDeposit(c: AppContext, path: string, deposits = 1, subscriptions = 1) {
   const p = await seedProject(c);

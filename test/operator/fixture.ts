@@ -1,0 +1,65 @@
+import type { AppContext } from '../../src/app/context.ts';
+import { type OperatorOptions, startOperator } from '../../src/cli/operator.ts';
+import { GROUP, PLURAL, VERSION } from '../../src/operator/api.ts';
+import type { RunningOperator } from '../../src/operator/replica.ts';
+import type { WebhookSubscription } from '../../src/operator/resources/webhook-subscription.ts';
+import type { KubeClients } from '../../src/operator/runtime/kube.ts';
+import type { KubeTarget } from '../helpers/fake-kube-apiserver.ts';
+
+/**
+ * The operator tests' set-up: the configuration of an operator under test, the operator started in a
+ * test's namespace, and WebhookSubscription resources.
+ */
+
+/** Status synced every second; a short Lease in `namespace`, so a lost leader is replaced within seconds. */
+export function operatorEnv(namespace: string): Record<string, string> {
+  return {
+    OPERATOR_STATUS_SYNC_SECONDS: '1',
+    OPERATOR_LEASE_NAMESPACE: namespace,
+    OPERATOR_LEASE_DURATION_SECONDS: '3',
+    OPERATOR_RENEW_DEADLINE_SECONDS: '2',
+    OPERATOR_RETRY_PERIOD_SECONDS: '1',
+  };
+}
+
+/** The plural of each tollgate.dev kind. */
+export const PLURALS: Record<string, string> = {
+  Project: 'projects',
+  ApiKey: 'apikeys',
+  ModelProvider: 'modelproviders',
+  PriceList: 'pricelists',
+  LimitPolicy: 'limitpolicies',
+  WebhookSubscription: 'webhooksubscriptions',
+};
+
+/** A delivery worker that delivers nothing (the operator tests look at resources, not deliveries). */
+const idleWorker = () => ({ ready: Promise.resolve(), wake: () => {}, stop: async () => {} });
+
+/** Starts the operator on `ctx` watching the target's namespace; resolves once it leads. */
+export async function startLeadingOperator(
+  ctx: AppContext,
+  target: KubeTarget,
+  kube: KubeClients,
+  identity: string,
+  startWorker: OperatorOptions['startWorker'] = idleWorker,
+): Promise<RunningOperator> {
+  const operator = startOperator(ctx, { kube, namespaces: [target.namespace], identity, startWorker });
+  await target.until(() => operator.isLeader(), 'the operator to lead');
+  return operator;
+}
+
+/** Creates the WebhookSubscription `name` in `namespace`; the object the API server answered. */
+export async function createWebhookSubscription(
+  kube: KubeClients,
+  namespace: string,
+  name: string,
+  spec: Record<string, unknown>,
+): Promise<WebhookSubscription> {
+  return (await kube.custom.createNamespacedCustomObject({
+    group: GROUP,
+    version: VERSION,
+    namespace,
+    plural: PLURAL,
+    body: { apiVersion: `${GROUP}/${VERSION}`, kind: 'WebhookSubscription', metadata: { name }, spec },
+  })) as WebhookSubscription;
+}
