@@ -3,7 +3,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatForCurrency, Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
 import { countEmbeddingInput, countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
-import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { scrape, sumOf } from '../helpers/metrics-text.ts';
 

@@ -1,7 +1,6 @@
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
-import { startOperator } from '../../src/cli/operator.ts';
 import { buildServer } from '../../src/http/server.ts';
 import { FINALIZER, GROUP, PLURAL, VERSION } from '../../src/operator/api.ts';
 import { Manager } from '../../src/operator/manager.ts';

@@ -2,7 +2,6 @@ import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
-import { startOperator } from '../../src/cli/operator.ts';
 import { Money } from '../../src/core/money.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
 import type { RunningOperator } from '../../src/operator/replica.ts';

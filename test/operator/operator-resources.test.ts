@@ -2,7 +2,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Principal } from '../../src/admin/accounts.ts';
 import { applyModels, revokeApiKey, updateOwnedProject } from '../../src/admin/service.ts';
 import type { AppContext } from '../../src/app/context.ts';
-import { startOperator } from '../../src/cli/operator.ts';
 import { applyPricing } from '../../src/models/service.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
 import type { RunningOperator } from '../../src/operator/replica.ts';
