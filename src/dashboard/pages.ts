@@ -4,7 +4,6 @@ import { SIGN_UP_ANSWER } from '../admin/accounts.ts';
 import { randomToken } from '../core/ids.ts';
 import { textInput } from '../core/validation.ts';
 import { html, layout, type Raw, raw, sendHtml } from '../html/index.ts';
-import type { Pricing } from '../models/pricing.ts';
 
 /**
  * What the dashboard's pages share: the page frame, the messages shown after a form, form schemas, and
@@ -147,19 +146,6 @@ export function projectNav(project: { id: string; name: string }, current: strin
     ([label, href]) =>
       html`<a href="${href}"${raw(label === current ? ' aria-current="page" style="font-weight:700"' : '')}>${label}</a>`,
   )}</nav>`;
-}
-
-export function pricingText(p: Pricing): string {
-  switch (p.mode) {
-    case 'per_request':
-      return `${p.perRequest} per request`;
-    case 'per_token':
-      return `${p.inputPerMillion} in / ${p.outputPerMillion ?? '0'} out per 1M tokens${
-        p.cachedInputPerMillion ? ` (${p.cachedInputPerMillion} cached)` : ''
-      }${p.holdMargin ? `; prompt estimate held × ${p.holdMargin}` : ''}`;
-    case 'subscription':
-      return `${p.fee} every ${p.period}`;
-  }
 }
 
 export function secretBox(id: string, label: string, value: string): Raw {

@@ -7,14 +7,13 @@ import { yaml as yamlLibrary } from '../../core/yaml.ts';
 import { html } from '../../html/index.ts';
 import type { ModelSpec } from '../../models/pricing.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
-import { parsePricingFile } from '../../models/service.ts';
+import { parsePricingFile, pricingSummary } from '../../models/service.ts';
 import {
   csrfField,
   done,
   flashQuery,
   formBody,
   page,
-  pricingText,
   projectNav,
   projectParams,
   projectPath,
@@ -49,7 +48,7 @@ ${
     ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${models.map(
   (m) =>
-    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
+    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingSummary(m.pricing, '; ')}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
 )}</tbody></table>`
     : html`<p>No models yet: clients can use only the models priced here.</p>`
 }</section>`;
