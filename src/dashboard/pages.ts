@@ -115,6 +115,30 @@ export function page(
   );
 }
 
+/** The schema of a project page's GET: the project in the path, the form messages in the query. */
+export const projectPageSchema = { params: projectParams, querystring: flashQuery };
+
+/**
+ * Renders a page of one project: its heading, the project's navigation (`tab` current) and the form
+ * messages, then `body`.
+ */
+export function projectPage(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  head: { project: { id: string; name: string }; title: string; heading: string; tab: string },
+  body: (csrf: string) => Raw,
+  options: { status?: number; script?: boolean } = {},
+): FastifyReply {
+  return page(
+    request,
+    reply,
+    head.title,
+    ({ csrf, flash }) =>
+      html`<h1>${head.heading}</h1>${projectNav(head.project, head.tab)}${flash}${body(csrf)}`,
+    options,
+  );
+}
+
 /** A preValidation hook: POSTs must carry a valid CSRF token (before their body is validated). */
 export function csrfOnPost(app: FastifyInstance) {
   return (request: FastifyRequest, reply: FastifyReply, next: () => void) => {

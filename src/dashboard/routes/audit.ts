@@ -5,7 +5,7 @@ import { projectView } from '../../admin/service.ts';
 import { type AuditView, auditCsv, listAudit } from '../../audit/index.ts';
 import { textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
-import { flashQuery, optionalField, page, projectNav, projectParams, projectPath } from '../pages.ts';
+import { flashQuery, optionalField, projectPage, projectParams, projectPath } from '../pages.ts';
 
 /**
  * A project's audit log (`/dashboard/projects/:id/audit`): who changed what, when, from where, with the
@@ -71,11 +71,11 @@ export default async function auditRoutes(plain: FastifyInstance): Promise<void>
       const { data, hasMore } = await listAudit(ctx.db, { projectId: project.id }, queryOf(f, PAGE));
       const path = `${projectPath(project.id)}/audit`;
       const last = data.at(-1);
-      return page(
+      return projectPage(
         request,
         reply,
-        `Audit log · ${project.name}`,
-        ({ flash }) => html`<h1>Audit log</h1>${projectNav(project, 'Audit log')}${flash}
+        { project, title: `Audit log · ${project.name}`, heading: 'Audit log', tab: 'Audit log' },
+        () => html`
 <section class="card"><form method="get" action="${path}" role="search"><div class="row">
 <div><label for="action">Action</label><input id="action" name="action" value="${f.action ?? ''}" placeholder="pricing. or money.deposit" maxlength="100"></div>
 <div><label for="actor">Actor</label><input id="actor" name="actor" value="${f.actor ?? ''}" placeholder="e-mail, id or type" maxlength="255"></div>

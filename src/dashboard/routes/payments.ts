@@ -19,8 +19,7 @@ import {
   flashQuery,
   formBody,
   optionalField,
-  page,
-  projectNav,
+  projectPage,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -90,11 +89,11 @@ export default async function paymentRoutes(plain: FastifyInstance): Promise<voi
       const payments = await listPayments(ctx, project.id, { limit: 50, user });
       const path = pathOf(project.id);
       const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
-      return page(
+      return projectPage(
         request,
         reply,
-        `Payments · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>Payments (Stripe)</h1>${projectNav(project, 'Payments')}${flash}
+        { project, title: `Payments · ${project.name}`, heading: 'Payments (Stripe)', tab: 'Payments' },
+        (csrf) => html`
 <section class="card" aria-labelledby="pay-h"><h2 id="pay-h">Stripe</h2>
 ${
   c

@@ -11,10 +11,9 @@ import { parsePricingFile, pricingSummary } from '../../models/service.ts';
 import {
   csrfField,
   done,
-  flashQuery,
   formBody,
-  page,
-  projectNav,
+  projectPage,
+  projectPageSchema,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -58,24 +57,21 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
 
-  app.get(
-    '/projects/:id/pricing',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const pricing = await listModels(ctx, request.developer, project.id);
-      const path = projectPath(project.id);
-      const managed = project.managedBy.pricing;
-      const yaml = yamlLibrary().stringify({
-        currency: pricing.currency,
-        models: pricing.models,
-        ...(pricing.limits ? { limits: pricing.limits } : {}),
-      });
-      return page(
-        request,
-        reply,
-        `Pricing · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>Pricing</h1>${projectNav(project, 'Pricing')}${flash}
+  app.get('/projects/:id/pricing', { schema: projectPageSchema }, async (request, reply) => {
+    const project = projectView(request.ownedProject);
+    const pricing = await listModels(ctx, request.developer, project.id);
+    const path = projectPath(project.id);
+    const managed = project.managedBy.pricing;
+    const yaml = yamlLibrary().stringify({
+      currency: pricing.currency,
+      models: pricing.models,
+      ...(pricing.limits ? { limits: pricing.limits } : {}),
+    });
+    return projectPage(
+      request,
+      reply,
+      { project, title: `Pricing · ${project.name}`, heading: 'Pricing', tab: 'Pricing' },
+      (csrf) => html`
 ${
   managed
     ? html`<section class="card" role="note"><p>This pricing is declared by the Kubernetes resource <code>${managed}</code>: change it there (a reviewed change in Git), not here.</p></section>`
@@ -108,9 +104,8 @@ ${
 <label for="file">Pricing file (YAML)</label><textarea id="file" name="file" spellcheck="false">${yaml}</textarea>
 <button type="submit">Apply the pricing file</button></form></section>`
 }`,
-      );
-    },
-  );
+    );
+  });
 
   app.post(
     '/projects/:id/pricing',

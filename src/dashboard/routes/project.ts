@@ -23,11 +23,10 @@ import { keyPage } from '../key-page.ts';
 import {
   csrfField,
   done,
-  flashQuery,
   formBody,
   optionalField,
-  page,
-  projectNav,
+  projectPage,
+  projectPageSchema,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -163,32 +162,28 @@ export default async function projectRoutes(plain: FastifyInstance): Promise<voi
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
 
-  app.get(
-    '/projects/:id',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const keys = await listApiKeys(ctx, request.developer, project.id);
-      const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
-      const [byDay, byModel, reconciliation] = await Promise.all([
-        usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
-        usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
-        reconciliationReport(ctx, request.ownedProject, { days: 30 }),
-      ]);
-      const path = projectPath(project.id);
-      return page(
-        request,
-        reply,
-        project.name,
-        ({ csrf, flash }) => html`<h1>${project.name}</h1>${projectNav(project, 'Overview')}${flash}
+  app.get('/projects/:id', { schema: projectPageSchema }, async (request, reply) => {
+    const project = projectView(request.ownedProject);
+    const keys = await listApiKeys(ctx, request.developer, project.id);
+    const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
+    const [byDay, byModel, reconciliation] = await Promise.all([
+      usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
+      usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
+      reconciliationReport(ctx, request.ownedProject, { days: 30 }),
+    ]);
+    const path = projectPath(project.id);
+    return projectPage(
+      request,
+      reply,
+      { project, title: project.name, heading: project.name, tab: 'Overview' },
+      (csrf) => html`
 ${usageCharts(project.currency, byDay.data, byModel.data)}
 ${providerCard(project, kind, csrf)}
 ${settingsCard(project, csrf)}
 ${reconciliationCard(project, reconciliation.data)}
 ${keysCard(path, keys.data, csrf)}`,
-      );
-    },
-  );
+    );
+  });
 
   app.post(
     '/projects/:id/provider',

@@ -16,8 +16,7 @@ import {
   flashQuery,
   formBody,
   optionalField,
-  page,
-  projectNav,
+  projectPage,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -144,11 +143,11 @@ export default async function userRoutes(plain: FastifyInstance): Promise<void> 
       const q = request.query.q ?? '';
       const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
       const path = projectPath(project.id);
-      return page(
+      return projectPage(
         request,
         reply,
-        `Users · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>End users</h1>${projectNav(project, 'Users')}${flash}
+        { project, title: `Users · ${project.name}`, heading: 'End users', tab: 'Users' },
+        (csrf) => html`
 ${usersCard(path, q, users.data)}
 <section class="card"><h2>Deposit to a user</h2>
 ${depositForm(path, csrf, project.currency)}
@@ -219,11 +218,11 @@ ${depositForm(path, csrf, project.currency)}
       const grants = await listGrants(ctx.db, row, user);
       const path = projectPath(project.id);
       const userPath = `${path}/users/${encodeURIComponent(user)}`;
-      return page(
+      return projectPage(
         request,
         reply,
-        `${user} · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>User ${user}</h1>${projectNav(project, 'Users')}${flash}
+        { project, title: `${user} · ${project.name}`, heading: `User ${user}`, tab: 'Users' },
+        (csrf) => html`
 <section class="card"><h2>Balance</h2>
 <p><strong id="balance">${balance.balance}</strong> ${project.currency} (held ${balance.held}, available ${balance.available}; paid ${balance.paid}, credits ${balance.credits}); ${balance.connected ? 'connected' : 'not connected'}.</p>
 <form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>

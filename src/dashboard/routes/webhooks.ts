@@ -14,11 +14,11 @@ import {
 import {
   csrfField,
   done,
-  flashQuery,
   formBody,
   optionalField,
   page,
-  projectNav,
+  projectPage,
+  projectPageSchema,
   projectParams,
   projectPath,
   secretBox,
@@ -36,19 +36,16 @@ export default async function webhookRoutes(plain: FastifyInstance): Promise<voi
   const app = plain.withTypeProvider<ZodTypeProvider>();
   const ctx = app.ctx;
 
-  app.get(
-    '/projects/:id/webhooks',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
-      const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
-      const path = projectPath(project.id);
-      return page(
-        request,
-        reply,
-        `Webhooks · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>Webhooks</h1>${projectNav(project, 'Webhooks')}${flash}
+  app.get('/projects/:id/webhooks', { schema: projectPageSchema }, async (request, reply) => {
+    const project = projectView(request.ownedProject);
+    const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
+    const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
+    const path = projectPath(project.id);
+    return projectPage(
+      request,
+      reply,
+      { project, title: `Webhooks · ${project.name}`, heading: 'Webhooks', tab: 'Webhooks' },
+      (csrf) => html`
 <section class="card"><h2>Subscriptions</h2>
 <table><thead><tr><th>URL</th><th>Events</th><th>Active</th><th class="num">Failures</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${subs.data.map(
@@ -76,9 +73,8 @@ ${logs.data.map(
         : html`<form method="post" action="${path}/webhooks/deliveries/${encodeURIComponent(d.id)}/resend">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Resend delivery ${d.id}">Resend</button></form>`
     }</td></tr>`,
 )}</tbody></table>${logs.data.length ? '' : html`<p class="muted">No deliveries yet.</p>`}</section>`,
-      );
-    },
-  );
+    );
+  });
 
   app.post(
     '/projects/:id/webhooks',
