@@ -119,18 +119,26 @@ export function page(
 export const projectPageSchema = { params: projectParams, querystring: flashQuery };
 
 /**
+ * The schema of a button on one item of a project (`/projects/:id/…/:<item>/…`, e.g. revoke a key):
+ * the item's id in the path, and a form with nothing but its CSRF token.
+ */
+export function projectItemAction<K extends string>(item: K, description: string) {
+  const itemParam = { [item]: textInput(255, description) } as Record<K, ReturnType<typeof textInput>>;
+  return { params: projectParams.extend(itemParam), body: formBody({}) };
+}
+
+/**
  * Renders a page of one project: its heading, the project's navigation (`tab` current) and the form
  * messages, then `body`.
  */
 export function projectPage(
-  request: FastifyRequest,
   reply: FastifyReply,
   head: { project: { id: string; name: string }; title: string; heading: string; tab: string },
   body: (csrf: string) => Raw,
   options: { status?: number; script?: boolean } = {},
 ): FastifyReply {
   return page(
-    request,
+    reply.request,
     reply,
     head.title,
     ({ csrf, flash }) =>

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { routeModule } from '../core/plugins.ts';
 import { textInput } from '../core/validation.ts';
 import { linkSettingsOf } from '../users/links.ts';
 import { inCurrency, topupBody, userBody } from '../users/schema.ts';
@@ -46,9 +47,7 @@ export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> 
  * the hosted checkout when payments are connected (`checkout: hosted`), else to the project's
  * `checkoutUrl` (`redirect`) or to instructions.
  */
-export async function paymentUserRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const paymentUserRoutes = routeModule((app, ctx) => {
   const links = () => linkSettingsOf(ctx);
   app.post('/user/portal', { schema: { body: userBody } }, async (request) => {
     const { user } = request.body;
@@ -72,4 +71,4 @@ export async function paymentUserRoutes(plain: FastifyInstance): Promise<void> {
       ...link,
     };
   });
-}
+});

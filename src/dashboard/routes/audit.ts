@@ -1,8 +1,7 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { projectView } from '../../admin/service.ts';
 import { type AuditView, auditCsv, listAudit } from '../../audit/index.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import { flashQuery, optionalField, projectPage, projectParams, projectPath } from '../pages.ts';
@@ -58,10 +57,7 @@ function who(e: AuditView) {
   return html`${a.email ?? a.id} <span class="muted">(${a.type}${a.email ? html`, <code>${a.id}</code>` : ''})</span>`;
 }
 
-export default async function auditRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get(
     '/projects/:id/audit',
     { schema: { params: projectParams, querystring: filterQuery } },
@@ -72,7 +68,6 @@ export default async function auditRoutes(plain: FastifyInstance): Promise<void>
       const path = `${projectPath(project.id)}/audit`;
       const last = data.at(-1);
       return projectPage(
-        request,
         reply,
         { project, title: `Audit log · ${project.name}`, heading: 'Audit log', tab: 'Audit log' },
         () => html`
@@ -106,4 +101,4 @@ ${hasMore && last ? html`<p><a href="${path}${search(f, { starting_after: last.i
         .send(auditCsv(data));
     },
   );
-}
+});

@@ -1,8 +1,7 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { applyModels, deleteModel, listModels, projectView, putModel } from '../../admin/service.ts';
-import { parseInput, textInput } from '../../core/validation.ts';
+import { routeModule } from '../../core/plugins.ts';
+import { parseInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
 import { html } from '../../html/index.ts';
 import type { ModelSpec } from '../../models/pricing.ts';
@@ -12,6 +11,7 @@ import {
   csrfField,
   done,
   formBody,
+  projectItemAction,
   projectPage,
   projectPageSchema,
   projectParams,
@@ -53,10 +53,7 @@ ${models.map(
 }</section>`;
 }
 
-export default async function pricingRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get('/projects/:id/pricing', { schema: projectPageSchema }, async (request, reply) => {
     const project = projectView(request.ownedProject);
     const pricing = await listModels(ctx, request.developer, project.id);
@@ -68,7 +65,6 @@ export default async function pricingRoutes(plain: FastifyInstance): Promise<voi
       ...(pricing.limits ? { limits: pricing.limits } : {}),
     });
     return projectPage(
-      request,
       reply,
       { project, title: `Pricing · ${project.name}`, heading: 'Pricing', tab: 'Pricing' },
       (csrf) => html`
@@ -144,9 +140,7 @@ ${
 
   app.post(
     '/projects/:id/pricing/:model/delete',
-    {
-      schema: { params: projectParams.extend({ model: textInput(255, 'a model id') }), body: formBody({}) },
-    },
+    { schema: projectItemAction('model', 'a model id') },
     async (request, reply) => {
       await deleteModel(ctx, request.developer, request.params.id, request.params.model);
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'model_deleted'), 303);
@@ -162,4 +156,4 @@ ${
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'pricing_applied'), 303);
     },
   );
-}
+});

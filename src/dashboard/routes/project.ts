@@ -1,5 +1,3 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { reconciliationCsv, reconciliationReport, usageReport } from '../../admin/reports.ts';
 import { sendCsv } from '../../admin/routes/schemas.ts';
@@ -14,7 +12,8 @@ import {
   revokeApiKey,
   updateOwnedProject,
 } from '../../admin/service.ts';
-import { storableText, textInput } from '../../core/validation.ts';
+import { routeModule } from '../../core/plugins.ts';
+import { storableText } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import { DEFAULT_PROVIDER, projectSettingsSchema } from '../../projects/service.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
@@ -25,6 +24,7 @@ import {
   done,
   formBody,
   optionalField,
+  projectItemAction,
   projectPage,
   projectPageSchema,
   projectParams,
@@ -158,10 +158,7 @@ ${keys.map(
 </section>`;
 }
 
-export default async function projectRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get('/projects/:id', { schema: projectPageSchema }, async (request, reply) => {
     const project = projectView(request.ownedProject);
     const keys = await listApiKeys(ctx, request.developer, project.id);
@@ -173,7 +170,6 @@ export default async function projectRoutes(plain: FastifyInstance): Promise<voi
     ]);
     const path = projectPath(project.id);
     return projectPage(
-      request,
       reply,
       { project, title: project.name, heading: project.name, tab: 'Overview' },
       (csrf) => html`
@@ -233,15 +229,10 @@ ${keysCard(path, keys.data, csrf)}`,
 
   app.post(
     '/projects/:id/keys/:key/revoke',
-    {
-      schema: {
-        params: projectParams.extend({ key: textInput(255, 'a key id') }),
-        body: formBody({}),
-      },
-    },
+    { schema: projectItemAction('key', 'a key id') },
     async (request, reply) => {
       await revokeApiKey(ctx, request.developer, request.params.id, request.params.key);
       return reply.redirect(done(projectPath(request.params.id), 'key_revoked'), 303);
     },
   );
-}
+});

@@ -1,5 +1,3 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { listAdminTokens, type Principal } from '../../admin/accounts.ts';
 import {
@@ -10,6 +8,7 @@ import {
   listProjects,
   providerBody,
 } from '../../admin/service.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { keyPage } from '../key-page.ts';
@@ -25,10 +24,7 @@ const startForm = formBody({
   apiKey: providerBody.shape.apiKey,
 });
 
-export default async function projectsRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get('/', { schema: { querystring: flashQuery } }, async (request, reply) => {
     const projects = await listProjects(ctx, request.developer, { limit: 100 });
     if (projects.data.length === 0) return reply.redirect('/dashboard/start', 303);
@@ -109,4 +105,4 @@ ${csrfField(csrf)}
     await connectProvider(ctx, request.developer, created.project.id, provider);
     return keyPage(request, reply, created.project, created.apiKey.key, models[0] ?? 'gpt-4o-mini', true);
   });
-}
+});

@@ -1,11 +1,10 @@
 import { randomUUID } from 'node:crypto';
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { grantCredit, moveMoney, searchUsers, setUserConnected } from '../../admin/end-users.ts';
 import { projectView } from '../../admin/service.ts';
 import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
 import { html, type Raw } from '../../html/index.ts';
 import { grantBody, userIdSchema } from '../../users/schema.ts';
@@ -129,10 +128,7 @@ ${activity.map(
 </tbody></table>${activity.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`;
 }
 
-export default async function userRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get(
     '/projects/:id/users',
     {
@@ -144,7 +140,6 @@ export default async function userRoutes(plain: FastifyInstance): Promise<void> 
       const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
       const path = projectPath(project.id);
       return projectPage(
-        request,
         reply,
         { project, title: `Users · ${project.name}`, heading: 'End users', tab: 'Users' },
         (csrf) => html`
@@ -219,7 +214,6 @@ ${depositForm(path, csrf, project.currency)}
       const path = projectPath(project.id);
       const userPath = `${path}/users/${encodeURIComponent(user)}`;
       return projectPage(
-        request,
         reply,
         { project, title: `${user} · ${project.name}`, heading: `User ${user}`, tab: 'Users' },
         (csrf) => html`
@@ -247,4 +241,4 @@ ${activityCard(activity.data)}`,
       },
     );
   }
-}
+});
