@@ -163,6 +163,32 @@ export function csrfToken(request: FastifyRequest): string | undefined {
 
 export const csrfField = (csrf: string) => html`<input type="hidden" name="csrf" value="${csrf}">`;
 
+/**
+ * The rows of a table of secrets shown by their prefix (API keys, admin tokens): name, prefix, created,
+ * status, and a Revoke button that posts to `action(row)`, labelled `Revoke <label(row)>`.
+ */
+export function revocableRows<R extends Revocable>(
+  rows: R[],
+  csrf: string,
+  action: (row: R) => string,
+  label: (row: R) => string,
+): Raw[] {
+  return rows.map(
+    (r) =>
+      html`<tr><td>${r.name}</td><td><code>${r.prefix}…</code></td><td>${r.createdAt.slice(0, 10)}</td><td>${r.revokedAt ? 'revoked' : 'active'}</td><td>${
+        r.revokedAt
+          ? ''
+          : html`<form method="post" action="${action(r)}">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke ${label(r)}">Revoke</button></form>`
+      }</td></tr>`,
+  );
+}
+interface Revocable {
+  name: string;
+  prefix: string;
+  createdAt: string;
+  revokedAt: string | null;
+}
+
 export function projectNav(project: { id: string; name: string }, current: string): Raw {
   const base = projectPath(project.id);
   const items: Array<[string, string]> = [

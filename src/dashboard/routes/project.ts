@@ -29,6 +29,7 @@ import {
   projectPageSchema,
   projectParams,
   projectPath,
+  revocableRows,
 } from '../pages.ts';
 
 /** One project's overview (`/dashboard/projects/:id`): usage charts, provider, settings, API keys. */
@@ -145,13 +146,11 @@ ${rows.map(
 function keysCard(path: string, keys: KeyRow[], csrf: string): Raw {
   return html`<section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
 <table><thead><tr><th>Name</th><th>Key</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${keys.map(
-  (k) =>
-    html`<tr><td>${k.name}</td><td><code>${k.prefix}…</code></td><td>${k.createdAt.slice(0, 10)}</td><td>${k.revokedAt ? 'revoked' : 'active'}</td><td>${
-      k.revokedAt
-        ? ''
-        : html`<form method="post" action="${path}/keys/${encodeURIComponent(k.id)}/revoke">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke key ${k.prefix}">Revoke</button></form>`
-    }</td></tr>`,
+${revocableRows(
+  keys,
+  csrf,
+  (k) => `${path}/keys/${encodeURIComponent(k.id)}/revoke`,
+  (k) => `key ${k.prefix}`,
 )}
 </tbody></table>
 <form method="post" action="${path}/keys">${csrfField(csrf)}<div class="row"><div><label for="keyName">New key name</label><input id="keyName" name="name" value="default" required maxlength="200"></div><div><button type="submit">Create an API key</button></div></div></form>

@@ -12,7 +12,7 @@ import { routeModule } from '../../core/plugins.ts';
 import { html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { keyPage } from '../key-page.ts';
-import { csrfField, flashQuery, formBody, page } from '../pages.ts';
+import { csrfField, flashQuery, formBody, page, revocableRows } from '../pages.ts';
 
 /** The projects list (`/dashboard`) with the admin tokens, and the first run (`/dashboard/start`). */
 
@@ -54,13 +54,11 @@ ${tokens(csrf)}`,
 ${
   tokens.length
     ? html`<table><thead><tr><th>Name</th><th>Token</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${tokens.map(
-  (t) =>
-    html`<tr><td>${t.name}</td><td><code>${t.prefix}…</code></td><td>${t.createdAt.slice(0, 10)}</td><td>${t.revokedAt ? 'revoked' : 'active'}</td><td>${
-      t.revokedAt
-        ? ''
-        : html`<form method="post" action="/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke admin token ${t.name}">Revoke</button></form>`
-    }</td></tr>`,
+${revocableRows(
+  tokens,
+  csrf,
+  (t) => `/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke`,
+  (t) => `admin token ${t.name}`,
 )}</tbody></table>`
     : ''
 }
