@@ -1,4 +1,3 @@
-import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { routeModule } from '../core/plugins.ts';
@@ -16,8 +15,7 @@ import { handleWebhook } from './webhooks/index.ts';
  * signature header, checked against the project's sealed signing secret, is the credential. The body is
  * kept raw: the signature covers its bytes. A provider the registry does not know is not found (404).
  */
-export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> {
-  const ctx = app.ctx;
+export const paymentWebhookRoutes = routeModule((app, ctx) => {
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: 1024 * 1024 }, (_request, body, done) => {
     done(null, body);
@@ -39,7 +37,7 @@ export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> 
     );
     return reply.status(outcome.status).send(outcome.body);
   });
-}
+});
 
 /**
  * `/v1/user/*` routes that depend on payments: `POST /v1/user/portal` — a signed link to the user's
