@@ -116,18 +116,29 @@ export async function moveMoney(
           status: 200,
           body: await chargeFromApi(tx, ctx.billing, ctx.events, project, input, trigger, links, actor),
         };
-  const endpoint = `POST /admin/v1/projects/users/${kind}`;
   // The billing service runs the event wake-up and the money metrics after the commit (not for a replay);
   // withRoom: pods give their slices of the wallet back when they stand in a charge's way (escrow).
-  return ctx.billing.withRoom(async () =>
-    idempotencyKey === undefined
-      ? { ...(await ctx.billing.transaction(run)), replayed: false }
-      : withIdempotency(
-          ctx,
-          { projectId: project.id, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
-          run,
-        ),
+  return ctx.billing.withRoom(() =>
+    once(ctx, project, `POST /admin/v1/projects/users/${kind}`, input, idempotencyKey, run),
   );
+}
+
+/** Runs `run` in a transaction; with an Idempotency-Key, once per key (a repeat answers the first result). */
+async function once(
+  ctx: AdminServices,
+  project: Project,
+  endpoint: string,
+  input: unknown,
+  idempotencyKey: string | undefined,
+  run: Parameters<typeof withIdempotency>[2],
+): Promise<IdempotentResult> {
+  return idempotencyKey === undefined
+    ? { ...(await ctx.billing.transaction(run)), replayed: false }
+    : withIdempotency(
+        ctx,
+        { projectId: project.id, endpoint, key: idempotencyKey, requestHash: requestHash(input) },
+        run,
+      );
 }
 
 /** Grants credit to a user (`POST /admin/v1/projects/{p}/users/{u}/credits`), once per Idempotency-Key. */
@@ -138,28 +149,10 @@ export async function grantCredit(
   input: GrantRequest,
   idempotencyKey: string | undefined,
 ): Promise<IdempotentResult> {
-  const run = async (tx: Parameters<Parameters<typeof withIdempotency>[2]>[0]) => ({
+  const trigger = triggerOf(principal);
+  const actor = actorOf(principal);
+  return once(ctx, project, 'POST /admin/v1/projects/users/credits', input, idempotencyKey, async (tx) => ({
     status: 201,
-    body: await grantFromApi(
-      tx,
-      ctx.billing,
-      project,
-      input,
-      'admin',
-      triggerOf(principal),
-      actorOf(principal),
-    ),
-  });
-  return idempotencyKey === undefined
-    ? { ...(await ctx.billing.transaction(run)), replayed: false }
-    : withIdempotency(
-        ctx,
-        {
-          projectId: project.id,
-          endpoint: 'POST /admin/v1/projects/users/credits',
-          key: idempotencyKey,
-          requestHash: requestHash(input),
-        },
-        run,
-      );
+    body: await grantFromApi(tx, ctx.billing, project, input, 'admin', trigger, actor),
+  }));
 }

@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { formatForCurrency } from '../core/money.ts';
+import { wholeNumberParam } from '../core/validation.ts';
 import type { Project } from '../db/schema.ts';
 import type { AdminServices } from './service.ts';
 
@@ -11,12 +12,7 @@ import type { AdminServices } from './service.ts';
  * where they came from (`usageSource`), and the hold it settled (`holdAmount`).
  */
 
-const daysSchema = z.coerce
-  .number({ message: 'must be a whole number from 1 to 366' })
-  .int({ message: 'must be a whole number from 1 to 366' })
-  .min(1, { message: 'must be a whole number from 1 to 366' })
-  .max(366, { message: 'must be a whole number from 1 to 366' })
-  .default(30);
+const daysSchema = wholeNumberParam(366, 30);
 
 export const reportQuerySchema = z.strictObject({
   group: z.enum(['day', 'model', 'user'], { message: "must be 'day', 'model' or 'user'" }).default('day'),

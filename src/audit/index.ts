@@ -1,7 +1,7 @@
 import type { Kysely } from 'kysely';
 import { z } from 'zod';
 import { newId } from '../core/ids.ts';
-import { textInput } from '../core/validation.ts';
+import { textInput, wholeNumberParam } from '../core/validation.ts';
 import type { DB } from '../db/schema.ts';
 
 /**
@@ -105,12 +105,7 @@ export const auditQuerySchema = z.strictObject({
   actor: textInput(255).optional(),
   since: isoDate.optional(),
   until: isoDate.optional(),
-  limit: z.coerce
-    .number({ message: 'must be a whole number from 1 to 1000' })
-    .int({ message: 'must be a whole number from 1 to 1000' })
-    .min(1, { message: 'must be a whole number from 1 to 1000' })
-    .max(1000, { message: 'must be a whole number from 1 to 1000' })
-    .default(50),
+  limit: wholeNumberParam(1000, 50),
   starting_after: textInput(64).optional(),
   format: z.enum(['json', 'csv'], { message: "must be 'json' or 'csv'" }).default('json'),
 });

@@ -274,48 +274,57 @@ export const COMMANDS: CommandSpec[] = [
   },
 ];
 
-/** Every option any command takes, for node's parseArgs. */
+/**
+ * Every option any command takes, for node's parseArgs: the flags, and (in alphabetical order) the options
+ * that take a text value.
+ */
 export const OPTIONS = {
   json: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
   migrate: { type: 'boolean' },
-  name: { type: 'string' },
-  currency: { type: 'string' },
-  'upstream-url': { type: 'string' },
-  'upstream-key': { type: 'string' },
-  'checkout-url': { type: 'string' },
-  'return-url': { type: 'string' },
-  'connect-message': { type: 'string' },
-  'topup-message': { type: 'string' },
-  'max-completion-tokens': { type: 'string' },
-  project: { type: 'string' },
-  key: { type: 'string' },
-  file: { type: 'string' },
-  user: { type: 'string' },
-  amount: { type: 'string' },
-  'base-url': { type: 'string' },
-  kind: { type: 'string' },
-  'connect-timeout-ms': { type: 'string' },
-  'response-timeout-ms': { type: 'string' },
-  daily: { type: 'string' },
-  monthly: { type: 'string' },
-  reason: { type: 'string' },
-  batch: { type: 'string' },
-  priority: { type: 'string' },
-  expires: { type: 'string' },
-  email: { type: 'string' },
-  days: { type: 'string' },
   namespace: { type: 'string', multiple: true },
-  'stripe-key': { type: 'string' },
-  'webhook-secret': { type: 'string' },
-  presets: { type: 'string' },
-  minimum: { type: 'string' },
-  maximum: { type: 'string' },
-  payment: { type: 'string' },
-  offered: { type: 'string' },
-  threshold: { type: 'string' },
-  'monthly-cap': { type: 'string' },
+  ...textOptions(
+    'amount',
+    'base-url',
+    'batch',
+    'checkout-url',
+    'connect-message',
+    'connect-timeout-ms',
+    'currency',
+    'daily',
+    'days',
+    'email',
+    'expires',
+    'file',
+    'key',
+    'kind',
+    'max-completion-tokens',
+    'maximum',
+    'minimum',
+    'monthly',
+    'monthly-cap',
+    'name',
+    'offered',
+    'payment',
+    'presets',
+    'priority',
+    'project',
+    'reason',
+    'response-timeout-ms',
+    'return-url',
+    'stripe-key',
+    'threshold',
+    'topup-message',
+    'upstream-key',
+    'upstream-url',
+    'user',
+    'webhook-secret',
+  ),
 } as const;
+
+function textOptions<const K extends string>(...names: K[]): Record<K, { type: 'string' }> {
+  return Object.fromEntries(names.map((name) => [name, { type: 'string' }])) as Record<K, { type: 'string' }>;
+}
 
 export function globalHelp(): string {
   const width = 36;

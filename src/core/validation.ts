@@ -122,6 +122,20 @@ export function textInput(max: number, what = 'a string') {
 }
 
 /** Route params of `/…/:id`. */
+/**
+ * A whole number from 1 to `max` in a query (a string, coerced), `fallback` when absent; every way it can
+ * be wrong says the same: `must be a whole number from 1 to <max>`.
+ */
+export function wholeNumberParam(max: number, fallback: number) {
+  const message = `must be a whole number from 1 to ${max}`;
+  return z.coerce
+    .number({ message })
+    .int({ message })
+    .min(1, { message })
+    .max(max, { message })
+    .default(fallback);
+}
+
 export const idParams = z.object({ id: textInput(255, 'an id') });
 
 /** Free text that is stored (a name, a message): trimmed, 1..max characters, no NUL or lone surrogates. */

@@ -4,7 +4,6 @@ import { SIGN_UP_ANSWER } from '../admin/accounts.ts';
 import { randomToken } from '../core/ids.ts';
 import { textInput } from '../core/validation.ts';
 import { html, layout, type Raw, raw, sendHtml } from '../html/index.ts';
-import type { Pricing } from '../models/pricing.ts';
 
 /**
  * What the dashboard's pages share: the page frame, the messages shown after a form, form schemas, and
@@ -116,6 +115,38 @@ export function page(
   );
 }
 
+/** The schema of a project page's GET: the project in the path, the form messages in the query. */
+export const projectPageSchema = { params: projectParams, querystring: flashQuery };
+
+/**
+ * The schema of a button on one item of a project (`/projects/:id/…/:<item>/…`, e.g. revoke a key):
+ * the item's id in the path, and a form with nothing but its CSRF token.
+ */
+export function projectItemAction<K extends string>(item: K, description: string) {
+  const itemParam = { [item]: textInput(255, description) } as Record<K, ReturnType<typeof textInput>>;
+  return { params: projectParams.extend(itemParam), body: formBody({}) };
+}
+
+/**
+ * Renders a page of one project: its heading, the project's navigation (`tab` current) and the form
+ * messages, then `body`.
+ */
+export function projectPage(
+  reply: FastifyReply,
+  head: { project: { id: string; name: string }; title: string; heading: string; tab: string },
+  body: (csrf: string) => Raw,
+  options: { status?: number; script?: boolean } = {},
+): FastifyReply {
+  return page(
+    reply.request,
+    reply,
+    head.title,
+    ({ csrf, flash }) =>
+      html`<h1>${head.heading}</h1>${projectNav(head.project, head.tab)}${flash}${body(csrf)}`,
+    options,
+  );
+}
+
 /** A preValidation hook: POSTs must carry a valid CSRF token (before their body is validated). */
 export function csrfOnPost(app: FastifyInstance) {
   return (request: FastifyRequest, reply: FastifyReply, next: () => void) => {
@@ -132,6 +163,32 @@ export function csrfToken(request: FastifyRequest): string | undefined {
 
 export const csrfField = (csrf: string) => html`<input type="hidden" name="csrf" value="${csrf}">`;
 
+/**
+ * The rows of a table of secrets shown by their prefix (API keys, admin tokens): name, prefix, created,
+ * status, and a Revoke button that posts to `action(row)`, labelled `Revoke <label(row)>`.
+ */
+export function revocableRows<R extends Revocable>(
+  rows: R[],
+  csrf: string,
+  action: (row: R) => string,
+  label: (row: R) => string,
+): Raw[] {
+  return rows.map(
+    (r) =>
+      html`<tr><td>${r.name}</td><td><code>${r.prefix}…</code></td><td>${r.createdAt.slice(0, 10)}</td><td>${r.revokedAt ? 'revoked' : 'active'}</td><td>${
+        r.revokedAt
+          ? ''
+          : html`<form method="post" action="${action(r)}">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke ${label(r)}">Revoke</button></form>`
+      }</td></tr>`,
+  );
+}
+interface Revocable {
+  name: string;
+  prefix: string;
+  createdAt: string;
+  revokedAt: string | null;
+}
+
 export function projectNav(project: { id: string; name: string }, current: string): Raw {
   const base = projectPath(project.id);
   const items: Array<[string, string]> = [
@@ -147,19 +204,6 @@ export function projectNav(project: { id: string; name: string }, current: strin
     ([label, href]) =>
       html`<a href="${href}"${raw(label === current ? ' aria-current="page" style="font-weight:700"' : '')}>${label}</a>`,
   )}</nav>`;
-}
-
-export function pricingText(p: Pricing): string {
-  switch (p.mode) {
-    case 'per_request':
-      return `${p.perRequest} per request`;
-    case 'per_token':
-      return `${p.inputPerMillion} in / ${p.outputPerMillion ?? '0'} out per 1M tokens${
-        p.cachedInputPerMillion ? ` (${p.cachedInputPerMillion} cached)` : ''
-      }${p.holdMargin ? `; prompt estimate held × ${p.holdMargin}` : ''}`;
-    case 'subscription':
-      return `${p.fee} every ${p.period}`;
-  }
 }
 
 export function secretBox(id: string, label: string, value: string): Raw {

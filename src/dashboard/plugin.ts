@@ -5,6 +5,7 @@ import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { type Principal, resolveSession } from '../admin/accounts.ts';
 import { ownProject } from '../admin/hooks.ts';
 import { ApiError } from '../core/errors.ts';
+import { registerAll } from '../core/plugins.ts';
 import { toApiError } from '../core/request-errors.ts';
 import { html, htmlHeaders } from '../html/index.ts';
 import { csrfOnPost, csrfToken, page, SESSION_COOKIE } from './pages.ts';
@@ -138,18 +139,18 @@ export async function dashboardRoutes(app: FastifyInstance): Promise<void> {
         { status: 404 },
       ),
     );
-    await scope.register(signOutRoutes);
-    await scope.register(projectsRoutes);
-    await scope.register(adminTokenRoutes);
+    await registerAll(scope, [signOutRoutes, projectsRoutes, adminTokenRoutes]);
     // A project's pages (`/projects/:id/…`): the project, once the developer owns it, is `request.ownedProject`.
     await scope.register(async (project) => {
       ownProject(project, { db: ctx.db, param: 'id', principal: (request) => request.developer });
-      await project.register(projectRoutes);
-      await project.register(pricingRoutes);
-      await project.register(auditRoutes);
-      await project.register(paymentRoutes);
-      await project.register(userRoutes);
-      await project.register(webhookRoutes);
+      await registerAll(project, [
+        projectRoutes,
+        pricingRoutes,
+        auditRoutes,
+        paymentRoutes,
+        userRoutes,
+        webhookRoutes,
+      ]);
     });
   });
 }

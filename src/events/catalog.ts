@@ -9,16 +9,29 @@ export interface EventTypeInfo {
   data: Record<string, string>;
 }
 
+/** The fields that open every wallet event: whose wallet, in which project. */
+const walletFields = {
+  paywallId: 'project id',
+  ownerUserId: 'project owner id',
+  walletUserId: 'Tollgate user id of the wallet',
+  externalUserId: 'the developer’s user id',
+};
+
+/** The fields that open every metered-request event. */
+const requestFields = {
+  requestId: 'request id',
+  api: '`chat`, `responses`, `embeddings` or `messages`',
+  model: 'model id',
+  stream: 'boolean',
+};
+
 export const eventCatalog = {
   'proxy.request.started': {
     version: '1.0',
     description:
       'A metered request (chat completion, response or embeddings) passed the paywall and is being forwarded to the provider.',
     data: {
-      requestId: 'request id',
-      api: '`chat`, `responses`, `embeddings` or `messages`',
-      model: 'model id',
-      stream: 'boolean',
+      ...requestFields,
       holdAmount: 'decimal string held',
     },
   },
@@ -26,10 +39,7 @@ export const eventCatalog = {
     version: '1.0',
     description: 'A forwarded metered request finished and was charged.',
     data: {
-      requestId: 'request id',
-      api: '`chat`, `responses`, `embeddings` or `messages`',
-      model: 'model id',
-      stream: 'boolean',
+      ...requestFields,
       inputTokens: 'integer',
       outputTokens: 'integer',
       amount: 'decimal string charged',
@@ -141,10 +151,7 @@ export const eventCatalog = {
     version: '1.0',
     description: 'A deposit credited a user’s wallet.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       amount: 'decimal string',
       currency: 'lowercase currency code',
       source: 'payment origin (`api`, `cli`, `stripe`, …)',
@@ -155,10 +162,7 @@ export const eventCatalog = {
     version: '1.0',
     description: 'A charge debited a user’s wallet (metered chat, subscription fee or manual charge).',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       amount: 'decimal string',
       currency: 'lowercase currency code',
       source: '`chat`, `subscription`, `api`, or `stripe` (a refund or dispute taken back)',
@@ -171,10 +175,7 @@ export const eventCatalog = {
     description:
       'A charge left the wallet below zero: a metered charge (the provider’s usage × the price) larger than its hold and the balance, or a refund or dispute of a top-up larger than the balance. The user is refused with a top-up link for the debt plus the next request until a deposit covers it.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       amount: 'decimal string: the part of this charge the balance did not cover',
       charged: 'decimal string: the whole charge',
       holdAmount: 'decimal string: what the request’s hold had reserved',
@@ -189,10 +190,7 @@ export const eventCatalog = {
     version: '1.0',
     description: 'A deposit brought a wallet that was below zero back to zero or above.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       amount: 'decimal string: the debt the deposit paid off',
       currency: 'lowercase currency code',
       source: 'payment origin of the deposit',
@@ -205,10 +203,7 @@ export const eventCatalog = {
     description:
       'A credit grant (promotional, trial, goodwill: not money) was added to a wallet; charges spend grants before paid balance.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       amount: 'decimal string granted',
       currency: 'lowercase currency code',
       source: '`api`, `admin`, `cli`, `trial`, …',
@@ -224,10 +219,7 @@ export const eventCatalog = {
     version: '1.0',
     description: 'A credit grant expired: its unspent rest left the wallet as its own ledger entry.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       amount: 'decimal string: the unspent rest that expired',
       currency: 'lowercase currency code',
       source: '`expiry`',
@@ -242,10 +234,7 @@ export const eventCatalog = {
     description:
       'A charge took the wallet’s balance below the low-balance threshold (the user’s own, else the project’s `lowBalanceThreshold`): once per crossing, not on every charge below it.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       balance: 'decimal string after the charge',
       available: 'decimal string: balance − held',
       threshold: 'decimal string',
@@ -256,10 +245,7 @@ export const eventCatalog = {
     version: '1.0',
     description: 'A charge took the wallet’s balance from above zero to zero or below.',
     data: {
-      paywallId: 'project id',
-      ownerUserId: 'project owner id',
-      walletUserId: 'Tollgate user id of the wallet',
-      externalUserId: 'the developer’s user id',
+      ...walletFields,
       balance: 'decimal string after the charge',
       available: 'decimal string: balance − held',
       currency: 'lowercase currency code',

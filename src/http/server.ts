@@ -13,6 +13,7 @@ import type { AppContext } from '../app/context.ts';
 import { installAuth } from '../auth/plugin.ts';
 import { chatRoutes } from '../chat/routes.ts';
 import { ApiError } from '../core/errors.ts';
+import { registerAll } from '../core/plugins.ts';
 import { toApiError } from '../core/request-errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
 import { homeRoutes } from '../dashboard/home.ts';
@@ -132,11 +133,7 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     });
   }
 
-  await app.register(metricsRoutes);
-  await app.register(healthRoutes);
-  await app.register(pageRoutes);
-  await app.register(paymentWebhookRoutes);
-  await app.register(homeRoutes);
+  await registerAll(app, [metricsRoutes, healthRoutes, pageRoutes, paymentWebhookRoutes, homeRoutes]);
   // One set of sign-in and sign-up limits for the admin API and the dashboard.
   await app.register(accountLimits);
   await app.register(adminRoutes, { prefix: '/admin/v1' });
@@ -146,15 +143,17 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(
     async (v1) => {
       installAuth(v1);
-      await v1.register(modelRoutes);
-      await v1.register(chatRoutes);
-      await v1.register(responsesRoutes);
-      await v1.register(embeddingsRoutes);
-      await v1.register(messagesRoutes);
-      await v1.register(userRoutes);
-      await v1.register(paymentUserRoutes);
-      await v1.register(spendCapRoutes);
-      await v1.register(webhookRoutes);
+      await registerAll(v1, [
+        modelRoutes,
+        chatRoutes,
+        responsesRoutes,
+        embeddingsRoutes,
+        messagesRoutes,
+        userRoutes,
+        paymentUserRoutes,
+        spendCapRoutes,
+        webhookRoutes,
+      ]);
     },
     { prefix: '/v1' },
   );

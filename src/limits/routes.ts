@@ -1,6 +1,5 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { routeModule } from '../core/plugins.ts';
 import { userIdSchema } from '../users/schema.ts';
 import { chargedSince, periodOf, setUserSpendCaps, spendCapsSchema } from './spend.ts';
 
@@ -11,10 +10,7 @@ import { chargedSince, periodOf, setUserSpendCaps, spendCapsSchema } from './spe
 const capsBody = spendCapsSchema.extend({ user: userIdSchema });
 const userQuery = z.strictObject({ user: userIdSchema });
 
-export async function spendCapRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export const spendCapRoutes = routeModule((app, ctx) => {
   const view = async (projectId: string, user: string) => {
     const project = await ctx.projects.get(projectId);
     const own = project?.spendCaps.get(user);
@@ -49,4 +45,4 @@ export async function spendCapRoutes(plain: FastifyInstance): Promise<void> {
     await ctx.projects.changed(request.project.id);
     return view(request.project.id, user);
   });
-}
+});

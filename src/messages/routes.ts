@@ -1,6 +1,5 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { ApiError, notFound } from '../core/errors.ts';
+import { routeModule } from '../core/plugins.ts';
 import { anthropicError, countMessagesInput, messagesApi } from './api.ts';
 import { countTokensRequestSchema } from './schema.ts';
 
@@ -10,8 +9,7 @@ import { countTokensRequestSchema } from './schema.ts';
  * authentication, validation, limits, provider failures — is answered in Anthropic's error shape
  * (`{"type":"error","error":{"type","message"}}`), so Anthropic's SDKs raise their own error classes.
  */
-export async function messagesRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
+export const messagesRoutes = routeModule((app) => {
   const flow = app.metering;
   // Errors are rendered in OpenAI's shape by the server's error handler; reshaped here for this scope.
   app.addHook('onSend', async (_request, reply, payload) => {
@@ -28,7 +26,7 @@ export async function messagesRoutes(plain: FastifyInstance): Promise<void> {
     }
     return { input_tokens: countMessagesInput(body) };
   });
-}
+});
 
 /** An OpenAI-shaped error body (`{"error":{"message","type","param","code"}}`) in Anthropic's shape. */
 function reshapeError(status: number, payload: string): string {

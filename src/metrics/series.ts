@@ -40,48 +40,47 @@ function keyOf(storage: Storage, labels: Record<string, string>): string {
   return key;
 }
 
-export class CounterSeries<T extends string> {
-  readonly #counter: Counter<T>;
-  readonly #labels: Record<T, string>;
-  readonly #storage: Storage | undefined;
-  readonly #key: string;
+/** A metric's series: the label set, and prom-client's storage and key for it when they look as expected. */
+abstract class Series<T extends string, M extends object> {
+  protected readonly metric: M;
+  protected readonly labels: Record<T, string>;
+  protected readonly storage: Storage | undefined;
+  protected readonly key: string;
 
+  constructor(metric: M, labels: Record<T, string>, histogram: boolean) {
+    this.metric = metric;
+    this.labels = labels;
+    this.storage = storageOf(metric, histogram);
+    this.key = this.storage ? keyOf(this.storage, labels) : '';
+  }
+}
+
+export class CounterSeries<T extends string> extends Series<T, Counter<T>> {
   constructor(counter: Counter<T>, labels: Record<T, string>) {
-    this.#counter = counter;
-    this.#labels = labels;
-    this.#storage = storageOf(counter, false);
-    this.#key = this.#storage ? keyOf(this.#storage, labels) : '';
+    super(counter, labels, false);
   }
 
   inc(value = 1): void {
-    const entry = this.#storage?.hashMap[this.#key];
+    const entry = this.storage?.hashMap[this.key];
     // New (or reset) series, or a value prom-client refuses: prom-client's own path.
     if (entry === undefined || !(value >= 0) || !Number.isFinite(value)) {
-      this.#counter.inc(this.#labels, value);
+      this.metric.inc(this.labels, value);
       return;
     }
     entry.value += value;
   }
 }
 
-export class HistogramSeries<T extends string> {
-  readonly #histogram: Histogram<T>;
-  readonly #labels: Record<T, string>;
-  readonly #storage: Storage | undefined;
-  readonly #key: string;
-
+export class HistogramSeries<T extends string> extends Series<T, Histogram<T>> {
   constructor(histogram: Histogram<T>, labels: Record<T, string>) {
-    this.#histogram = histogram;
-    this.#labels = labels;
-    this.#storage = storageOf(histogram, true);
-    this.#key = this.#storage ? keyOf(this.#storage, labels) : '';
+    super(histogram, labels, true);
   }
 
   observe(value: number): void {
-    const storage = this.#storage;
-    const entry = storage?.hashMap[this.#key];
+    const storage = this.storage;
+    const entry = storage?.hashMap[this.key];
     if (entry === undefined || !Number.isFinite(value)) {
-      this.#histogram.observe(this.#labels, value);
+      this.metric.observe(this.labels, value);
       return;
     }
     // What prom-client's observe does with an entry it found.

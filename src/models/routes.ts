@@ -1,7 +1,7 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { notFound } from '../core/errors.ts';
+import { routeModule } from '../core/plugins.ts';
 import { textInput } from '../core/validation.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { ProjectContext } from '../projects/directory.ts';
@@ -46,8 +46,7 @@ const modelParams = z.object({ '*': textInput(255, 'a model id') });
 
 const fromAnthropicClient = (request: FastifyRequest) => request.headers['anthropic-version'] !== undefined;
 
-export async function modelRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
+export const modelRoutes = routeModule((app) => {
   app.get('/models', async (request) => {
     const project = request.project;
     const models = [...project.models.values()];
@@ -68,4 +67,4 @@ export async function modelRoutes(plain: FastifyInstance): Promise<void> {
     if (fromAnthropicClient(request)) return anthropicModelObject(request.project, model);
     return modelObject(request.project, model);
   });
-}
+});

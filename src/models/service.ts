@@ -118,14 +118,18 @@ export function modelLine(model: ModelSpec): string {
   return `${model.id}  ${model.upstreamModel ?? model.id}  ${pricingSummary(model.pricing)}  [${(model.endpoints ?? DEFAULT_ENDPOINTS).join(', ')}]`;
 }
 
-function pricingSummary(p: Pricing): string {
+/**
+ * A price in words: `per request`, per million tokens (cached input, and the hold margin after
+ * `separator`), or a subscription fee. The CLI listing separates the margin with `, `, the dashboard with `; `.
+ */
+export function pricingSummary(p: Pricing, separator = ', '): string {
   switch (p.mode) {
     case 'per_request':
       return `${p.perRequest} per request`;
     case 'per_token':
       return `${p.inputPerMillion} in / ${p.outputPerMillion ?? '0'} out per 1M tokens${
         p.cachedInputPerMillion ? ` (${p.cachedInputPerMillion} cached)` : ''
-      }${p.holdMargin ? `, prompt estimate held × ${p.holdMargin}` : ''}`;
+      }${p.holdMargin ? `${separator}prompt estimate held × ${p.holdMargin}` : ''}`;
     case 'subscription':
       return `${p.fee} every ${p.period}`;
   }

@@ -1,4 +1,5 @@
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyReply } from 'fastify';
+import { routeModule } from '../core/plugins.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
 import { html } from '../html/index.ts';
 import type { ProjectContext } from '../projects/directory.ts';
@@ -61,9 +62,7 @@ function connectedPage(reply: FastifyReply, project: ProjectContext) {
   );
 }
 
-export async function connectPageRoutes(app: FastifyInstance): Promise<void> {
-  const ctx = app.ctx;
-
+export const connectPageRoutes = routeModule((app, ctx) => {
   app.get('/connect/*', async (request, reply) => {
     const token = tokenParam(request);
     const opened = await openToken(reply, ctx, 'connect', token);
@@ -83,4 +82,4 @@ export async function connectPageRoutes(app: FastifyInstance): Promise<void> {
     if (returnUrl) return reply.headers(PRIVATE_HEADERS).redirect(returnUrl, 303);
     return connectedPage(reply, opened.project);
   });
-}
+});

@@ -1,6 +1,7 @@
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { findWallet } from '../billing/ledger.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
+import { routeModule } from '../core/plugins.ts';
 import { sendPage } from '../html/hosted-page.ts';
 import { html, type Raw, raw } from '../html/index.ts';
 import { autoRechargeOf, setAutoRecharge } from '../payments/recharge.ts';
@@ -18,9 +19,7 @@ function topupUrl(ctx: Ctx, projectId: string, externalId: string): string {
   return newLinkUrl(linkSettingsOf(ctx), { kind: 'topup', projectId, externalId });
 }
 
-export async function portalPageRoutes(app: FastifyInstance): Promise<void> {
-  const ctx = app.ctx;
-
+export const portalPageRoutes = routeModule((app, ctx) => {
   const openPortal = async (request: FastifyRequest, reply: FastifyReply) => {
     const token = tokenParam(request);
     const opened = await openToken(reply, ctx, 'portal', token);
@@ -52,7 +51,7 @@ export async function portalPageRoutes(app: FastifyInstance): Promise<void> {
     if (!saved.ok) return portalPage(reply, ctx, { ...opened, error: saved.error, status: 400 });
     return portalPage(reply, ctx, { ...opened, notice: 'Saved.' });
   });
-}
+});
 
 async function portalPage(
   reply: FastifyReply,

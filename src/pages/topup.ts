@@ -1,7 +1,8 @@
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyReply } from 'fastify';
 import { findWallet } from '../billing/ledger.ts';
 import { safeEqual } from '../core/crypto.ts';
 import { amountSchema, formatForCurrency, Money } from '../core/money.ts';
+import { routeModule } from '../core/plugins.ts';
 import type { PaymentSettings } from '../db/schema.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
 import { html, raw } from '../html/index.ts';
@@ -156,9 +157,7 @@ export function checkoutRedirect(
   return url.toString();
 }
 
-export async function topupPageRoutes(app: FastifyInstance): Promise<void> {
-  const ctx = app.ctx;
-
+export const topupPageRoutes = routeModule((app, ctx) => {
   app.get('/topup/*', async (request, reply) => {
     const token = tokenParam(request);
     const opened = await openToken(reply, ctx, 'topup', token);
@@ -259,4 +258,4 @@ ${payment.receipt_url ? html`<p><a href="${payment.receipt_url}">Receipt</a></p>
 <p>You can close this page and go back to ${project.name}. <a href="${portal}">Your balance and receipts</a></p>`,
     );
   });
-}
+});

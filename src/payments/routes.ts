@@ -1,6 +1,6 @@
-import type { FastifyInstance } from 'fastify';
 import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { routeModule } from '../core/plugins.ts';
 import { textInput } from '../core/validation.ts';
 import { linkSettingsOf } from '../users/links.ts';
 import { inCurrency, topupBody, userBody } from '../users/schema.ts';
@@ -15,8 +15,7 @@ import { handleWebhook } from './webhooks/index.ts';
  * signature header, checked against the project's sealed signing secret, is the credential. The body is
  * kept raw: the signature covers its bytes. A provider the registry does not know is not found (404).
  */
-export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> {
-  const ctx = app.ctx;
+export const paymentWebhookRoutes = routeModule((app, ctx) => {
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: 1024 * 1024 }, (_request, body, done) => {
     done(null, body);
@@ -38,7 +37,7 @@ export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> 
     );
     return reply.status(outcome.status).send(outcome.body);
   });
-}
+});
 
 /**
  * `/v1/user/*` routes that depend on payments: `POST /v1/user/portal` — a signed link to the user's
@@ -46,9 +45,7 @@ export async function paymentWebhookRoutes(app: FastifyInstance): Promise<void> 
  * the hosted checkout when payments are connected (`checkout: hosted`), else to the project's
  * `checkoutUrl` (`redirect`) or to instructions.
  */
-export async function paymentUserRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const paymentUserRoutes = routeModule((app, ctx) => {
   const links = () => linkSettingsOf(ctx);
   app.post('/user/portal', { schema: { body: userBody } }, async (request) => {
     const { user } = request.body;
@@ -72,4 +69,4 @@ export async function paymentUserRoutes(plain: FastifyInstance): Promise<void> {
       ...link,
     };
   });
-}
+});

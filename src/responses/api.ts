@@ -1,10 +1,10 @@
-import { newId } from '../core/ids.ts';
 import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
 import { reportedUsage } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText } from '../tokens/count.ts';
 import { countResponsesInput } from '../tokens/inputs.ts';
+import { textResponse } from '../upstream/text-response.ts';
 import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
 import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
@@ -140,42 +140,7 @@ class ResponsesStreamReader implements StreamReader {
 /** A completed Response whose output is one assistant message carrying the link (plus `paywall`). */
 export function linkResponse(link: LinkReply, model: string) {
   return {
-    id: newId('resp'),
-    object: 'response',
-    created_at: Math.floor(Date.now() / 1000),
-    status: 'completed',
-    error: null,
-    incomplete_details: null,
-    instructions: null,
-    max_output_tokens: null,
-    model,
-    output: [
-      {
-        type: 'message',
-        id: newId('msg'),
-        status: 'completed',
-        role: 'assistant',
-        content: [{ type: 'output_text', text: link.message, annotations: [], logprobs: [] }],
-      },
-    ],
-    parallel_tool_calls: true,
-    previous_response_id: null,
-    reasoning: { effort: null, summary: null },
-    store: false,
-    temperature: null,
-    text: { format: { type: 'text' } },
-    tool_choice: 'auto',
-    tools: [],
-    top_p: null,
-    truncation: 'disabled',
-    usage: {
-      input_tokens: 0,
-      input_tokens_details: { cached_tokens: 0 },
-      output_tokens: 0,
-      output_tokens_details: { reasoning_tokens: 0 },
-      total_tokens: 0,
-    },
-    metadata: {},
+    ...textResponse({ model, text: link.message, tokens: { input: 0, output: 0 }, reasoning: true }),
     paywall: paywallField(link),
   };
 }

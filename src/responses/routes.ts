@@ -1,6 +1,6 @@
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
+import { routeModule } from '../core/plugins.ts';
 import { responsesApi } from './api.ts';
 
 /**
@@ -34,8 +34,7 @@ function queryOf(request: FastifyRequest): string {
   return new URL(url.slice(at), 'http://localhost').search;
 }
 
-export async function responsesRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
+export const responsesRoutes = routeModule((app) => {
   const flow = app.metering;
   app.post('/responses', { schema: { body: responsesApi.schema } }, (request, reply) =>
     flow.handle(responsesApi, request.body, request, reply),
@@ -53,4 +52,4 @@ export async function responsesRoutes(plain: FastifyInstance): Promise<void> {
   app.delete('/responses/:id', { schema: { params: idParams } }, pass(''));
   app.post('/responses/:id/cancel', { schema: { params: idParams } }, pass('/cancel'));
   app.get('/responses/:id/input_items', { schema: { params: idParams } }, pass('/input_items'));
-}
+});

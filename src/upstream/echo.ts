@@ -9,6 +9,7 @@ import {
   type EmbeddingsInput,
   type ResponsesInput,
 } from '../tokens/inputs.ts';
+import { textResponse } from './text-response.ts';
 import type { PassthroughAnswer, Provider, SseMessage, UpstreamAnswer, UpstreamCall } from './types.ts';
 import { UpstreamError } from './types.ts';
 
@@ -140,43 +141,14 @@ function lastResponsesInput(input: unknown): string {
 function echoResponse(body: Record<string, unknown>) {
   const echo = echoText(lastResponsesInput(body.input), body.max_output_tokens as number | undefined);
   const input = countResponsesInput(body as ResponsesInput);
-  return {
-    id: newId('resp'),
-    object: 'response',
-    created_at: Math.floor(Date.now() / 1000),
-    status: echo.cut ? 'incomplete' : 'completed',
-    error: null,
-    incomplete_details: echo.cut ? { reason: 'max_output_tokens' } : null,
-    instructions: body.instructions ?? null,
-    max_output_tokens: body.max_output_tokens ?? null,
+  return textResponse({
     model: String(body.model),
-    output: [
-      {
-        type: 'message',
-        id: newId('msg'),
-        status: 'completed',
-        role: 'assistant',
-        content: [{ type: 'output_text', text: echo.text, annotations: [], logprobs: [] }],
-      },
-    ],
-    parallel_tool_calls: true,
-    previous_response_id: null,
-    store: false,
-    temperature: null,
-    text: { format: { type: 'text' } },
-    tool_choice: 'auto',
-    tools: [],
-    top_p: null,
-    truncation: 'disabled',
-    usage: {
-      input_tokens: input,
-      input_tokens_details: { cached_tokens: 0 },
-      output_tokens: echo.tokens,
-      output_tokens_details: { reasoning_tokens: 0 },
-      total_tokens: input + echo.tokens,
-    },
-    metadata: {},
-  };
+    text: echo.text,
+    tokens: { input, output: echo.tokens },
+    cut: echo.cut,
+    instructions: body.instructions,
+    maxOutputTokens: body.max_output_tokens,
+  });
 }
 
 /** The same Response as Responses events, its text in several `response.output_text.delta` events. */

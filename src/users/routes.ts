@@ -1,10 +1,10 @@
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Transaction } from 'kysely';
 import type { Actor } from '../audit/index.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import type { BillingService } from '../billing/service.ts';
 import { amountSchema } from '../core/money.ts';
+import { routeModule } from '../core/plugins.ts';
 import { parseInput } from '../core/validation.ts';
 import type { DB } from '../db/index.ts';
 import {
@@ -84,9 +84,7 @@ function send(reply: FastifyReply, result: IdempotentResult) {
   return reply.status(result.status).send(result.body);
 }
 
-export async function userRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const userRoutes = routeModule((app, ctx) => {
   const links = () => linkSettingsOf(ctx);
   const money = { schema: { body: moneyBody }, preHandler: inCurrency };
 
@@ -189,4 +187,4 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
     );
     return { ...balanceView(request.project, user, wallet), changed };
   });
-}
+});

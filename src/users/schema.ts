@@ -1,7 +1,14 @@
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { amountInputSchema, amountSchema } from '../core/money.ts';
-import { isPlainText, isStorable, NOT_STORABLE, parseInput, textInput } from '../core/validation.ts';
+import {
+  isPlainText,
+  isStorable,
+  NOT_STORABLE,
+  parseInput,
+  textInput,
+  wholeNumberParam,
+} from '../core/validation.ts';
 
 /**
  * The request schemas of the end-user API (`/v1/user/*`, and the user fields the other APIs take): the
@@ -66,12 +73,7 @@ export const userQuery = z.strictObject({ user: userIdSchema });
 export const topupBody = z.strictObject({ user: userIdSchema, amount: amountInputSchema.optional() });
 export const activityQuery = z.strictObject({
   user: userIdSchema,
-  limit: z.coerce
-    .number({ message: 'must be a whole number from 1 to 100' })
-    .int({ message: 'must be a whole number from 1 to 100' })
-    .min(1, { message: 'must be a whole number from 1 to 100' })
-    .max(100, { message: 'must be a whole number from 1 to 100' })
-    .default(20),
+  limit: wholeNumberParam(100, 20),
   after: textInput(64).optional(),
 });
 

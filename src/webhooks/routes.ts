@@ -1,6 +1,5 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { routeModule } from '../core/plugins.ts';
 import { idParams, textInput } from '../core/validation.ts';
 import { getDeliveryLog, listDeliveryLogs, logsQuerySchema, retryDelivery, sendTestPing } from './logs.ts';
 import {
@@ -20,10 +19,7 @@ const listQuerySchema = z.strictObject({
 const byId = { schema: { params: idParams } };
 
 /** `/v1/webhooks/*`: subscriptions and delivery logs of the API key's project. */
-export async function webhookRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export const webhookRoutes = routeModule((app, ctx) => {
   app.post(
     '/webhooks/subscriptions',
     { schema: { body: subscriptionInputSchema } },
@@ -80,4 +76,4 @@ export async function webhookRoutes(plain: FastifyInstance): Promise<void> {
     reply.status(202);
     return delivery;
   });
-}
+});

@@ -1,7 +1,6 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { ApiError } from '../../core/errors.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
 import {
   admitSignUp,
@@ -30,16 +29,13 @@ import { nameBody } from './schemas.ts';
  * (`accountRoutes`): who am I, sign-out, admin tokens, invites.
  */
 
-export async function signUpRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export const signUpRoutes = routeModule((app, ctx) => {
   // The same answer whether or not the address had an account (it must not tell who has one).
   app.post('/developers', { schema: { body: signUpSchema } }, async (request, reply) => {
     await app.accountLimits.signUp(request);
     // A full-access admin may create accounts whatever TOLLGATE_SIGNUP says.
     const bearer = request.headers.authorization;
-    const fullAccess = bearer ? (await principalOf(plain, bearer)).developerId === null : false;
+    const fullAccess = bearer ? (await principalOf(app, bearer)).developerId === null : false;
     admitSignUp(ctx.config.TOLLGATE_SIGNUP, ctx.sealer, request.body, fullAccess);
     await signUp(ctx.db, request.body);
     reply.status(202);
@@ -54,12 +50,9 @@ export async function signUpRoutes(plain: FastifyInstance): Promise<void> {
     reply.status(201);
     return { developer, session: { token: session.token, expiresAt: session.expiresAt.toISOString() } };
   });
-}
+});
 
-export async function accountRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export const accountRoutes = routeModule((app, ctx) => {
   app.get('/me', async (request) => {
     const p = request.principal;
     return {
@@ -105,4 +98,4 @@ export async function accountRoutes(plain: FastifyInstance): Promise<void> {
       expiresAt: invite.expiresAt.toISOString(),
     };
   });
-}
+});

@@ -1,5 +1,3 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import {
   type AuditQuery,
   type AuditScope,
@@ -7,6 +5,8 @@ import {
   auditQuerySchema,
   listAudit,
 } from '../../audit/index.ts';
+import { routeModule } from '../../core/plugins.ts';
+import type { Database } from '../../db/index.ts';
 import { list } from '../service.ts';
 import { projectParams, sendCsv } from './schemas.ts';
 
@@ -20,35 +20,33 @@ const querystring = auditQuerySchema;
 
 /** The entries as a JSON list or a CSV download. */
 async function answer(
-  plain: FastifyInstance,
+  db: Database,
   scope: AuditScope,
   raw: AuditQuery,
   csvName: string,
   reply: Parameters<typeof sendCsv>[0],
 ) {
   const { format, ...query } = raw;
-  const { data, hasMore } = await listAudit(plain.ctx.db, scope, query);
+  const { data, hasMore } = await listAudit(db, scope, query);
   if (format === 'json') return list(data, hasMore);
   return sendCsv(reply, csvName, auditCsv(data));
 }
 
-export async function auditRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
+export const auditRoutes = routeModule((app, ctx) => {
   app.get('/audit', { schema: { querystring } }, async (request, reply) => {
     const { developerId } = request.principal;
     const scope = developerId === null ? {} : { developerId };
-    return answer(plain, scope, request.query, 'tollgate-audit.csv', reply);
+    return answer(ctx.db, scope, request.query, 'tollgate-audit.csv', reply);
   });
-}
+});
 
-export async function projectAuditRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
+export const projectAuditRoutes = routeModule((app, ctx) => {
   app.get(
     '/projects/:project/audit',
     { schema: { params: projectParams, querystring } },
     async (request, reply) => {
       const projectId = request.params.project;
-      return answer(plain, { projectId }, request.query, `tollgate-audit-${projectId}.csv`, reply);
+      return answer(ctx.db, { projectId }, request.query, `tollgate-audit-${projectId}.csv`, reply);
     },
   );
-}
+});

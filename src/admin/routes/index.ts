@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import { registerAll } from '../../core/plugins.ts';
 import { ownProject } from '../hooks.ts';
 import { accountRoutes, signUpRoutes } from './accounts.ts';
 import { auditRoutes, projectAuditRoutes } from './audit.ts';
@@ -27,19 +28,19 @@ export async function adminRoutes(app: FastifyInstance): Promise<void> {
 
   await app.register(async (scoped) => {
     authenticate(scoped);
-    await scoped.register(accountRoutes);
-    await scoped.register(projectListRoutes);
-    await scoped.register(auditRoutes);
+    await registerAll(scoped, [accountRoutes, projectListRoutes, auditRoutes]);
 
     await scoped.register(async (project) => {
       ownProject(project, { db: app.ctx.db, param: 'project', principal: (request) => request.principal });
-      await project.register(projectRoutes);
-      await project.register(modelRoutes);
-      await project.register(userRoutes);
-      await project.register(projectAuditRoutes);
-      await project.register(reportRoutes);
-      await project.register(webhookRoutes);
-      await project.register(paymentRoutes);
+      await registerAll(project, [
+        projectRoutes,
+        modelRoutes,
+        userRoutes,
+        projectAuditRoutes,
+        reportRoutes,
+        webhookRoutes,
+        paymentRoutes,
+      ]);
     });
   });
 }

@@ -1,13 +1,10 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { routeModule } from '../../core/plugins.ts';
 import { modelSpecSchema, pricingFileSchema } from '../../models/pricing.ts';
 import { applyModels, deleteModel, listModels, putModel } from '../service.ts';
 import { projectItemParams, projectParams } from './schemas.ts';
 
 /** A project's models and pricing: the whole pricing document, or one model at a time. */
-export async function modelRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const modelRoutes = routeModule((app, ctx) => {
   app.get('/projects/:project/models', { schema: { params: projectParams } }, async (request) =>
     listModels(ctx, request.principal, request.ownedProject.id),
   );
@@ -25,4 +22,4 @@ export async function modelRoutes(plain: FastifyInstance): Promise<void> {
   app.delete('/projects/:project/models/:id', { schema: { params: projectItemParams } }, async (request) =>
     deleteModel(ctx, request.principal, request.ownedProject.id, request.params.id),
   );
-}
+});

@@ -1,6 +1,5 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
 import {
   connectBody,
@@ -32,9 +31,7 @@ const listQuery = z.strictObject({
   starting_after: textInput(255).optional(),
 });
 
-export async function paymentRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const paymentRoutes = routeModule((app, ctx) => {
   const params = projectParams;
 
   app.put('/projects/:project/payments', { schema: { params, body: connectBody } }, async (request) =>
@@ -70,4 +67,4 @@ export async function paymentRoutes(plain: FastifyInstance): Promise<void> {
       return refundPayment(ctx, project.id, params.payment, request.body ?? {}, actorOf(principal));
     },
   );
-}
+});

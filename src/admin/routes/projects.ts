@@ -1,6 +1,5 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import { routeModule } from '../../core/plugins.ts';
 import { storableText } from '../../core/validation.ts';
 import { projectSettingsSchema } from '../../projects/service.ts';
 import {
@@ -24,9 +23,7 @@ const updateProjectBody = z.strictObject({
   settings: projectSettingsSchema.partial().optional(),
 });
 
-export async function projectListRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const projectListRoutes = routeModule((app, ctx) => {
   app.get('/projects', { schema: { querystring: pageQuery } }, async (request) =>
     listProjects(ctx, request.principal, {
       limit: request.query.limit,
@@ -37,11 +34,9 @@ export async function projectListRoutes(plain: FastifyInstance): Promise<void> {
     reply.status(201);
     return createOwnedProject(ctx, request.principal, request.body);
   });
-}
+});
 
-export async function projectRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const projectRoutes = routeModule((app, ctx) => {
   app.get('/projects/:project', { schema: { params: projectParams } }, async (request) =>
     projectView(request.ownedProject),
   );
@@ -70,4 +65,4 @@ export async function projectRoutes(plain: FastifyInstance): Promise<void> {
   app.delete('/projects/:project/keys/:id', { schema: { params: projectItemParams } }, async (request) =>
     revokeApiKey(ctx, request.principal, request.ownedProject.id, request.params.id),
   );
-}
+});

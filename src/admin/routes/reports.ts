@@ -1,5 +1,4 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { routeModule } from '../../core/plugins.ts';
 import {
   reconciliationCsv,
   reconciliationQuerySchema,
@@ -10,9 +9,7 @@ import {
 import { projectParams, sendCsv } from './schemas.ts';
 
 /** A project's reports (../reports.ts): usage and revenue; the reconciliation (JSON, or CSV by default). */
-export async function reportRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const reportRoutes = routeModule((app, ctx) => {
   app.get(
     '/projects/:project/reports/usage',
     { schema: { params: projectParams, querystring: reportQuerySchema } },
@@ -28,4 +25,4 @@ export async function reportRoutes(plain: FastifyInstance): Promise<void> {
       return sendCsv(reply, name, reconciliationCsv(report.data));
     },
   );
-}
+});

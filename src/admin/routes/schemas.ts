@@ -1,19 +1,13 @@
 import type { FastifyReply } from 'fastify';
 import { z } from 'zod';
 import { amountSchema } from '../../core/money.ts';
-import { parseInput, storableText, textInput } from '../../core/validation.ts';
+import { parseInput, storableText, textInput, wholeNumberParam } from '../../core/validation.ts';
 import type { IdempotentResult } from '../../idempotency/index.ts';
 import { userIdSchema } from '../../users/schema.ts';
 
 /** The request schemas the admin API's route modules share, and the ways they answer. */
 
-const LIMIT = 'must be a whole number from 1 to 100';
-export const limitSchema = z.coerce
-  .number({ message: LIMIT })
-  .int({ message: LIMIT })
-  .min(1, { message: LIMIT })
-  .max(100, { message: LIMIT })
-  .default(20);
+export const limitSchema = wholeNumberParam(100, 20);
 export const pageQuery = z.strictObject({ limit: limitSchema, starting_after: textInput(255).optional() });
 export const projectParams = z.object({ project: textInput(255, 'a project id') });
 export const projectItemParams = projectParams.extend({ id: textInput(255, 'an id') });

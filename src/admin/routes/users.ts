@@ -1,7 +1,6 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { amountInputSchema } from '../../core/money.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
 import { idempotencyKeyFrom } from '../../idempotency/index.ts';
 import { grantBody, metadataSchema } from '../../users/schema.ts';
@@ -15,10 +14,7 @@ const usersQuery = pageQuery.extend({ q: textInput(256).optional() });
 const activityQuery = z.strictObject({ limit: limitSchema, after: textInput(64).optional() });
 const moneyBody = z.strictObject({ amount: amountInputSchema, metadata: metadataSchema.optional() });
 
-export async function userRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export const userRoutes = routeModule((app, ctx) => {
   app.get(
     '/projects/:project/users',
     { schema: { params: projectParams, querystring: usersQuery } },
@@ -83,4 +79,4 @@ export async function userRoutes(plain: FastifyInstance): Promise<void> {
       },
     );
   }
-}
+});

@@ -1,5 +1,4 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import { routeModule } from '../../core/plugins.ts';
 import { listDeliveryLogs, logsQuerySchema, retryDelivery } from '../../webhooks/logs.ts';
 import {
   createSubscription,
@@ -12,9 +11,7 @@ import { list } from '../service.ts';
 import { pageQuery, projectItemParams, projectParams } from './schemas.ts';
 
 /** A project's webhook subscriptions and delivery logs (../../webhooks). */
-export async function webhookRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export const webhookRoutes = routeModule((app, ctx) => {
   app.get(
     '/projects/:project/webhooks/subscriptions',
     { schema: { params: projectParams, querystring: pageQuery } },
@@ -65,4 +62,4 @@ export async function webhookRoutes(plain: FastifyInstance): Promise<void> {
       return retryDelivery(ctx, request.ownedProject.id, request.params.id);
     },
   );
-}
+});

@@ -1,6 +1,5 @@
 import csrfProtection from '@fastify/csrf-protection';
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import {
   admitSignUp,
@@ -13,6 +12,7 @@ import {
   signUp,
 } from '../../admin/accounts.ts';
 import { ApiError } from '../../core/errors.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { html } from '../../html/index.ts';
 import {
   CSRF_COOKIE,
@@ -53,9 +53,7 @@ const FORM_ERRORS = new Set<string>([
   'signup_closed',
 ]);
 
-export default async function accountRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export default routeModule(async (app, ctx) => {
   await app.register(csrfProtection, {
     cookieKey: CSRF_COOKIE,
     cookieOpts: {
@@ -68,7 +66,7 @@ export default async function accountRoutes(plain: FastifyInstance): Promise<voi
     },
     getToken: csrfToken,
   });
-  app.addHook('preValidation', csrfOnPost(plain));
+  app.addHook('preValidation', csrfOnPost(app));
 
   function credentialsPage(request: FastifyRequest, reply: FastifyReply, kind: 'signup' | 'signin') {
     if (request.dashboard) return reply.redirect('/dashboard', 303);
@@ -164,4 +162,4 @@ ${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">I
     reply.clearCookie(CSRF_COOKIE, { path: '/dashboard' });
     return reply.redirect('/dashboard', 303);
   });
-}
+});

@@ -1,16 +1,12 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { createAdminToken, revokeAdminToken } from '../../admin/accounts.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { storableText, textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import { done, formBody, page, secretBox } from '../pages.ts';
 
 /** Admin tokens (listed on the projects page): create one (shown once), revoke one. */
-export default async function adminTokenRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.post(
     '/admin-tokens',
     { schema: { body: formBody({ name: storableText(200) }) } },
@@ -37,4 +33,4 @@ ${secretBox('admin-token', 'Your admin token', created.token)}
       return reply.redirect(done('/dashboard', 'admin_token_revoked'), 303);
     },
   );
-}
+});

@@ -1,11 +1,10 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { projectView } from '../../admin/service.ts';
 import { type AuditView, auditCsv, listAudit } from '../../audit/index.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
-import { flashQuery, optionalField, page, projectNav, projectParams, projectPath } from '../pages.ts';
+import { flashQuery, optionalField, projectPage, projectParams, projectPath } from '../pages.ts';
 
 /**
  * A project's audit log (`/dashboard/projects/:id/audit`): who changed what, when, from where, with the
@@ -58,10 +57,7 @@ function who(e: AuditView) {
   return html`${a.email ?? a.id} <span class="muted">(${a.type}${a.email ? html`, <code>${a.id}</code>` : ''})</span>`;
 }
 
-export default async function auditRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get(
     '/projects/:id/audit',
     { schema: { params: projectParams, querystring: filterQuery } },
@@ -71,11 +67,10 @@ export default async function auditRoutes(plain: FastifyInstance): Promise<void>
       const { data, hasMore } = await listAudit(ctx.db, { projectId: project.id }, queryOf(f, PAGE));
       const path = `${projectPath(project.id)}/audit`;
       const last = data.at(-1);
-      return page(
-        request,
+      return projectPage(
         reply,
-        `Audit log · ${project.name}`,
-        ({ flash }) => html`<h1>Audit log</h1>${projectNav(project, 'Audit log')}${flash}
+        { project, title: `Audit log · ${project.name}`, heading: 'Audit log', tab: 'Audit log' },
+        () => html`
 <section class="card"><form method="get" action="${path}" role="search"><div class="row">
 <div><label for="action">Action</label><input id="action" name="action" value="${f.action ?? ''}" placeholder="pricing. or money.deposit" maxlength="100"></div>
 <div><label for="actor">Actor</label><input id="actor" name="actor" value="${f.actor ?? ''}" placeholder="e-mail, id or type" maxlength="255"></div>
@@ -106,4 +101,4 @@ ${hasMore && last ? html`<p><a href="${path}${search(f, { starting_after: last.i
         .send(auditCsv(data));
     },
   );
-}
+});

@@ -1,8 +1,6 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
-import { textInput } from '../../core/validation.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { html } from '../../html/index.ts';
 import {
   connectPayments,
@@ -19,8 +17,8 @@ import {
   flashQuery,
   formBody,
   optionalField,
-  page,
-  projectNav,
+  projectItemAction,
+  projectPage,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -75,9 +73,7 @@ ${
 </tbody></table></section>`;
 }
 
-export default async function paymentRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
+export default routeModule((app, ctx) => {
   const pathOf = (id: string) => `${projectPath(id)}/payments`;
 
   app.get(
@@ -90,11 +86,10 @@ export default async function paymentRoutes(plain: FastifyInstance): Promise<voi
       const payments = await listPayments(ctx, project.id, { limit: 50, user });
       const path = pathOf(project.id);
       const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
-      return page(
-        request,
+      return projectPage(
         reply,
-        `Payments · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>Payments (Stripe)</h1>${projectNav(project, 'Payments')}${flash}
+        { project, title: `Payments · ${project.name}`, heading: 'Payments (Stripe)', tab: 'Payments' },
+        (csrf) => html`
 <section class="card" aria-labelledby="pay-h"><h2 id="pay-h">Stripe</h2>
 ${
   c
@@ -183,15 +178,10 @@ ${topUpsCard(path, user, payments.data, csrf)}`,
 
   app.post(
     '/projects/:id/payments/:payment/refund',
-    {
-      schema: {
-        params: projectParams.extend({ payment: textInput(255, 'a payment id') }),
-        body: formBody({}),
-      },
-    },
+    { schema: projectItemAction('payment', 'a payment id') },
     async (request, reply) => {
       await refundPayment(ctx, request.params.id, request.params.payment, {}, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'refund_requested'), 303);
     },
   );
-}
+});

@@ -1,21 +1,19 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { applyModels, deleteModel, listModels, projectView, putModel } from '../../admin/service.ts';
-import { parseInput, textInput } from '../../core/validation.ts';
+import { routeModule } from '../../core/plugins.ts';
+import { parseInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
 import { html } from '../../html/index.ts';
 import type { ModelSpec } from '../../models/pricing.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
-import { parsePricingFile } from '../../models/service.ts';
+import { parsePricingFile, pricingSummary } from '../../models/service.ts';
 import {
   csrfField,
   done,
-  flashQuery,
   formBody,
-  page,
-  pricingText,
-  projectNav,
+  projectItemAction,
+  projectPage,
+  projectPageSchema,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -49,34 +47,27 @@ ${
     ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${models.map(
   (m) =>
-    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingText(m.pricing)}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
+    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingSummary(m.pricing, '; ')}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
 )}</tbody></table>`
     : html`<p>No models yet: clients can use only the models priced here.</p>`
 }</section>`;
 }
 
-export default async function pricingRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
-  app.get(
-    '/projects/:id/pricing',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const pricing = await listModels(ctx, request.developer, project.id);
-      const path = projectPath(project.id);
-      const managed = project.managedBy.pricing;
-      const yaml = yamlLibrary().stringify({
-        currency: pricing.currency,
-        models: pricing.models,
-        ...(pricing.limits ? { limits: pricing.limits } : {}),
-      });
-      return page(
-        request,
-        reply,
-        `Pricing · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>Pricing</h1>${projectNav(project, 'Pricing')}${flash}
+export default routeModule((app, ctx) => {
+  app.get('/projects/:id/pricing', { schema: projectPageSchema }, async (request, reply) => {
+    const project = projectView(request.ownedProject);
+    const pricing = await listModels(ctx, request.developer, project.id);
+    const path = projectPath(project.id);
+    const managed = project.managedBy.pricing;
+    const yaml = yamlLibrary().stringify({
+      currency: pricing.currency,
+      models: pricing.models,
+      ...(pricing.limits ? { limits: pricing.limits } : {}),
+    });
+    return projectPage(
+      reply,
+      { project, title: `Pricing · ${project.name}`, heading: 'Pricing', tab: 'Pricing' },
+      (csrf) => html`
 ${
   managed
     ? html`<section class="card" role="note"><p>This pricing is declared by the Kubernetes resource <code>${managed}</code>: change it there (a reviewed change in Git), not here.</p></section>`
@@ -109,9 +100,8 @@ ${
 <label for="file">Pricing file (YAML)</label><textarea id="file" name="file" spellcheck="false">${yaml}</textarea>
 <button type="submit">Apply the pricing file</button></form></section>`
 }`,
-      );
-    },
-  );
+    );
+  });
 
   app.post(
     '/projects/:id/pricing',
@@ -150,9 +140,7 @@ ${
 
   app.post(
     '/projects/:id/pricing/:model/delete',
-    {
-      schema: { params: projectParams.extend({ model: textInput(255, 'a model id') }), body: formBody({}) },
-    },
+    { schema: projectItemAction('model', 'a model id') },
     async (request, reply) => {
       await deleteModel(ctx, request.developer, request.params.id, request.params.model);
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'model_deleted'), 303);
@@ -168,4 +156,4 @@ ${
       return reply.redirect(done(`${projectPath(request.params.id)}/pricing`, 'pricing_applied'), 303);
     },
   );
-}
+});

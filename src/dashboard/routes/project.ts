@@ -1,5 +1,3 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { reconciliationCsv, reconciliationReport, usageReport } from '../../admin/reports.ts';
 import { sendCsv } from '../../admin/routes/schemas.ts';
@@ -14,7 +12,8 @@ import {
   revokeApiKey,
   updateOwnedProject,
 } from '../../admin/service.ts';
-import { storableText, textInput } from '../../core/validation.ts';
+import { routeModule } from '../../core/plugins.ts';
+import { storableText } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import { DEFAULT_PROVIDER, projectSettingsSchema } from '../../projects/service.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
@@ -23,13 +22,14 @@ import { keyPage } from '../key-page.ts';
 import {
   csrfField,
   done,
-  flashQuery,
   formBody,
   optionalField,
-  page,
-  projectNav,
+  projectItemAction,
+  projectPage,
+  projectPageSchema,
   projectParams,
   projectPath,
+  revocableRows,
 } from '../pages.ts';
 
 /** One project's overview (`/dashboard/projects/:id`): usage charts, provider, settings, API keys. */
@@ -146,49 +146,39 @@ ${rows.map(
 function keysCard(path: string, keys: KeyRow[], csrf: string): Raw {
   return html`<section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
 <table><thead><tr><th>Name</th><th>Key</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${keys.map(
-  (k) =>
-    html`<tr><td>${k.name}</td><td><code>${k.prefix}…</code></td><td>${k.createdAt.slice(0, 10)}</td><td>${k.revokedAt ? 'revoked' : 'active'}</td><td>${
-      k.revokedAt
-        ? ''
-        : html`<form method="post" action="${path}/keys/${encodeURIComponent(k.id)}/revoke">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke key ${k.prefix}">Revoke</button></form>`
-    }</td></tr>`,
+${revocableRows(
+  keys,
+  csrf,
+  (k) => `${path}/keys/${encodeURIComponent(k.id)}/revoke`,
+  (k) => `key ${k.prefix}`,
 )}
 </tbody></table>
 <form method="post" action="${path}/keys">${csrfField(csrf)}<div class="row"><div><label for="keyName">New key name</label><input id="keyName" name="name" value="default" required maxlength="200"></div><div><button type="submit">Create an API key</button></div></div></form>
 </section>`;
 }
 
-export default async function projectRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
-  app.get(
-    '/projects/:id',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const keys = await listApiKeys(ctx, request.developer, project.id);
-      const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
-      const [byDay, byModel, reconciliation] = await Promise.all([
-        usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
-        usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
-        reconciliationReport(ctx, request.ownedProject, { days: 30 }),
-      ]);
-      const path = projectPath(project.id);
-      return page(
-        request,
-        reply,
-        project.name,
-        ({ csrf, flash }) => html`<h1>${project.name}</h1>${projectNav(project, 'Overview')}${flash}
+export default routeModule((app, ctx) => {
+  app.get('/projects/:id', { schema: projectPageSchema }, async (request, reply) => {
+    const project = projectView(request.ownedProject);
+    const keys = await listApiKeys(ctx, request.developer, project.id);
+    const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
+    const [byDay, byModel, reconciliation] = await Promise.all([
+      usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
+      usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
+      reconciliationReport(ctx, request.ownedProject, { days: 30 }),
+    ]);
+    const path = projectPath(project.id);
+    return projectPage(
+      reply,
+      { project, title: project.name, heading: project.name, tab: 'Overview' },
+      (csrf) => html`
 ${usageCharts(project.currency, byDay.data, byModel.data)}
 ${providerCard(project, kind, csrf)}
 ${settingsCard(project, csrf)}
 ${reconciliationCard(project, reconciliation.data)}
 ${keysCard(path, keys.data, csrf)}`,
-      );
-    },
-  );
+    );
+  });
 
   app.post(
     '/projects/:id/provider',
@@ -238,15 +228,10 @@ ${keysCard(path, keys.data, csrf)}`,
 
   app.post(
     '/projects/:id/keys/:key/revoke',
-    {
-      schema: {
-        params: projectParams.extend({ key: textInput(255, 'a key id') }),
-        body: formBody({}),
-      },
-    },
+    { schema: projectItemAction('key', 'a key id') },
     async (request, reply) => {
       await revokeApiKey(ctx, request.developer, request.params.id, request.params.key);
       return reply.redirect(done(projectPath(request.params.id), 'key_revoked'), 303);
     },
   );
-}
+});

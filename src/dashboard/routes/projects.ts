@@ -1,5 +1,3 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { listAdminTokens, type Principal } from '../../admin/accounts.ts';
 import {
@@ -10,10 +8,11 @@ import {
   listProjects,
   providerBody,
 } from '../../admin/service.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { keyPage } from '../key-page.ts';
-import { csrfField, flashQuery, formBody, page } from '../pages.ts';
+import { csrfField, flashQuery, formBody, page, revocableRows } from '../pages.ts';
 
 /** The projects list (`/dashboard`) with the admin tokens, and the first run (`/dashboard/start`). */
 
@@ -25,10 +24,7 @@ const startForm = formBody({
   apiKey: providerBody.shape.apiKey,
 });
 
-export default async function projectsRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get('/', { schema: { querystring: flashQuery } }, async (request, reply) => {
     const projects = await listProjects(ctx, request.developer, { limit: 100 });
     if (projects.data.length === 0) return reply.redirect('/dashboard/start', 303);
@@ -58,13 +54,11 @@ ${tokens(csrf)}`,
 ${
   tokens.length
     ? html`<table><thead><tr><th>Name</th><th>Token</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${tokens.map(
-  (t) =>
-    html`<tr><td>${t.name}</td><td><code>${t.prefix}…</code></td><td>${t.createdAt.slice(0, 10)}</td><td>${t.revokedAt ? 'revoked' : 'active'}</td><td>${
-      t.revokedAt
-        ? ''
-        : html`<form method="post" action="/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke admin token ${t.name}">Revoke</button></form>`
-    }</td></tr>`,
+${revocableRows(
+  tokens,
+  csrf,
+  (t) => `/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke`,
+  (t) => `admin token ${t.name}`,
 )}</tbody></table>`
     : ''
 }
@@ -109,4 +103,4 @@ ${csrfField(csrf)}
     await connectProvider(ctx, request.developer, created.project.id, provider);
     return keyPage(request, reply, created.project, created.apiKey.key, models[0] ?? 'gpt-4o-mini', true);
   });
-}
+});

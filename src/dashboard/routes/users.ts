@@ -1,11 +1,10 @@
 import { randomUUID } from 'node:crypto';
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { grantCredit, moveMoney, searchUsers, setUserConnected } from '../../admin/end-users.ts';
 import { projectView } from '../../admin/service.ts';
 import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
+import { routeModule } from '../../core/plugins.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
 import { html, type Raw } from '../../html/index.ts';
 import { grantBody, userIdSchema } from '../../users/schema.ts';
@@ -16,8 +15,7 @@ import {
   flashQuery,
   formBody,
   optionalField,
-  page,
-  projectNav,
+  projectPage,
   projectParams,
   projectPath,
 } from '../pages.ts';
@@ -130,10 +128,7 @@ ${activity.map(
 </tbody></table>${activity.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`;
 }
 
-export default async function userRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
+export default routeModule((app, ctx) => {
   app.get(
     '/projects/:id/users',
     {
@@ -144,11 +139,10 @@ export default async function userRoutes(plain: FastifyInstance): Promise<void> 
       const q = request.query.q ?? '';
       const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
       const path = projectPath(project.id);
-      return page(
-        request,
+      return projectPage(
         reply,
-        `Users · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>End users</h1>${projectNav(project, 'Users')}${flash}
+        { project, title: `Users · ${project.name}`, heading: 'End users', tab: 'Users' },
+        (csrf) => html`
 ${usersCard(path, q, users.data)}
 <section class="card"><h2>Deposit to a user</h2>
 ${depositForm(path, csrf, project.currency)}
@@ -219,11 +213,10 @@ ${depositForm(path, csrf, project.currency)}
       const grants = await listGrants(ctx.db, row, user);
       const path = projectPath(project.id);
       const userPath = `${path}/users/${encodeURIComponent(user)}`;
-      return page(
-        request,
+      return projectPage(
         reply,
-        `${user} · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>User ${user}</h1>${projectNav(project, 'Users')}${flash}
+        { project, title: `${user} · ${project.name}`, heading: `User ${user}`, tab: 'Users' },
+        (csrf) => html`
 <section class="card"><h2>Balance</h2>
 <p><strong id="balance">${balance.balance}</strong> ${project.currency} (held ${balance.held}, available ${balance.available}; paid ${balance.paid}, credits ${balance.credits}); ${balance.connected ? 'connected' : 'not connected'}.</p>
 <form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
@@ -248,4 +241,4 @@ ${activityCard(activity.data)}`,
       },
     );
   }
-}
+});

@@ -1,9 +1,8 @@
-import type { FastifyInstance } from 'fastify';
-import type { ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
 import { projectView } from '../../admin/service.ts';
-import { isStorable, NOT_STORABLE, textInput } from '../../core/validation.ts';
+import { routeModule } from '../../core/plugins.ts';
+import { isStorable, NOT_STORABLE } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
 import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
 import {
@@ -14,11 +13,12 @@ import {
 import {
   csrfField,
   done,
-  flashQuery,
   formBody,
   optionalField,
   page,
-  projectNav,
+  projectItemAction,
+  projectPage,
+  projectPageSchema,
   projectParams,
   projectPath,
   secretBox,
@@ -32,23 +32,16 @@ const subscriptionForm = formBody({
   description: optionalField(z.string().trim().max(512).refine(isStorable, { message: NOT_STORABLE })),
 });
 
-export default async function webhookRoutes(plain: FastifyInstance): Promise<void> {
-  const app = plain.withTypeProvider<ZodTypeProvider>();
-  const ctx = app.ctx;
-
-  app.get(
-    '/projects/:id/webhooks',
-    { schema: { params: projectParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
-      const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
-      const path = projectPath(project.id);
-      return page(
-        request,
-        reply,
-        `Webhooks · ${project.name}`,
-        ({ csrf, flash }) => html`<h1>Webhooks</h1>${projectNav(project, 'Webhooks')}${flash}
+export default routeModule((app, ctx) => {
+  app.get('/projects/:id/webhooks', { schema: projectPageSchema }, async (request, reply) => {
+    const project = projectView(request.ownedProject);
+    const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
+    const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
+    const path = projectPath(project.id);
+    return projectPage(
+      reply,
+      { project, title: `Webhooks · ${project.name}`, heading: 'Webhooks', tab: 'Webhooks' },
+      (csrf) => html`
 <section class="card"><h2>Subscriptions</h2>
 <table><thead><tr><th>URL</th><th>Events</th><th>Active</th><th class="num">Failures</th><th><span class="muted">Action</span></th></tr></thead><tbody>
 ${subs.data.map(
@@ -76,9 +69,8 @@ ${logs.data.map(
         : html`<form method="post" action="${path}/webhooks/deliveries/${encodeURIComponent(d.id)}/resend">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Resend delivery ${d.id}">Resend</button></form>`
     }</td></tr>`,
 )}</tbody></table>${logs.data.length ? '' : html`<p class="muted">No deliveries yet.</p>`}</section>`,
-      );
-    },
-  );
+    );
+  });
 
   app.post(
     '/projects/:id/webhooks',
@@ -110,7 +102,7 @@ ${secretBox('webhook-secret', 'Signing secret', secret)}
 
   app.post(
     '/projects/:id/webhooks/:sub/deactivate',
-    { schema: { params: projectParams.extend({ sub: textInput(255, 'an id') }), body: formBody({}) } },
+    { schema: projectItemAction('sub', 'an id') },
     async (request, reply) => {
       await setSubscriptionActive(ctx, request.params.id, request.params.sub, false, {
         actor: actorOf(request.developer),
@@ -124,10 +116,10 @@ ${secretBox('webhook-secret', 'Signing secret', secret)}
 
   app.post(
     '/projects/:id/webhooks/deliveries/:delivery/resend',
-    { schema: { params: projectParams.extend({ delivery: textInput(255, 'an id') }), body: formBody({}) } },
+    { schema: projectItemAction('delivery', 'an id') },
     async (request, reply) => {
       await retryDelivery(ctx, request.params.id, request.params.delivery);
       return reply.redirect(done(`${projectPath(request.params.id)}/webhooks`, 'delivery_queued'), 303);
     },
   );
-}
+});
