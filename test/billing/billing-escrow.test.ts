@@ -38,6 +38,13 @@ async function fund(user: string, amount: string) {
   await podA.ctx.billing.deposit({ project, externalId: user, amount, source: 'test', trigger });
 }
 
+/** A reservation of 0.1 for `user` on pod A, which the test needs granted. */
+async function reserveOnPodA(user: string) {
+  const reserved = await podA.ctx.billing.hold({ project, externalId: user, amount: '0.1', purpose: 'chat' });
+  if (!reserved.ok) throw new Error('refused');
+  return reserved;
+}
+
 async function chat(pod: TestServer, user: string, model = 'm'): Promise<string> {
   const reply = await client(pod).chat.completions.create({ model, user, messages, max_tokens: 20 });
   return reply.choices[0]!.message.content ?? '';
@@ -171,13 +178,7 @@ describe('escrow on two pods', () => {
 
   it('charges a late settle once when the sweeper took the slice of a pod it thought dead', async () => {
     await fund('late', '1');
-    const reserved = await podA.ctx.billing.hold({
-      project,
-      externalId: 'late',
-      amount: '0.1',
-      purpose: 'chat',
-    });
-    if (!reserved.ok) throw new Error('refused');
+    const reserved = await reserveOnPodA('late');
     await podA.ctx.db
       .updateTable('holds')
       .set({ expires_at: new Date(Date.now() - 1000) })
@@ -207,13 +208,7 @@ describe('escrow on two pods', () => {
 
   it('applies a change retried after an ambiguous failure once (its sequence number)', async () => {
     await fund('retry', '1');
-    const reserved = await podA.ctx.billing.hold({
-      project,
-      externalId: 'retry',
-      amount: '0.1',
-      purpose: 'chat',
-    });
-    if (!reserved.ok) throw new Error('refused');
+    const reserved = await reserveOnPodA('retry');
     const { wallet } = await ledger('retry');
     const params = (entryId: string) => [
       project.id,

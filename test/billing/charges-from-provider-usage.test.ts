@@ -191,13 +191,7 @@ describe('a debt when the reported usage exceeds the balance', () => {
     });
     expect(JSON.stringify(await activity.json())).toContain('-0.11');
 
-    const debt = await f.ctx.db
-      .selectFrom('events')
-      .select('envelope')
-      .where('project_id', '=', f.project.id)
-      .where('type', '=', 'balance.debt.created')
-      .execute();
-    expect(debt.map((e) => e.envelope)).toEqual([
+    expect(await f.events('balance.debt.created')).toEqual([
       expect.objectContaining({
         data: expect.objectContaining({
           externalUserId: 'short',
@@ -236,13 +230,8 @@ describe('a debt when the reported usage exceeds the balance', () => {
       source: 'test',
       trigger: { source: 'test', actorType: 'test', actorId: 'test' },
     });
-    const cleared = await f.ctx.db
-      .selectFrom('events')
-      .select('envelope')
-      .where('project_id', '=', f.project.id)
-      .where('type', '=', 'balance.debt.cleared')
-      .executeTakeFirstOrThrow();
-    expect(cleared.envelope).toMatchObject({ data: { amount: '0.11', balance: '0.89' } });
+    const [cleared] = await f.events('balance.debt.cleared');
+    expect(cleared).toMatchObject({ data: { amount: '0.11', balance: '0.89' } });
     const again = await f.client.chat.completions.create({
       model: 'issue',
       user: 'short',

@@ -11,18 +11,17 @@ function gated() {
   return { batches, run };
 }
 
+/** Submits one item per key, numbered 1, 2, … in order. */
+const submitAll = (queue: GroupCommit<{ key: string; n: number }, number>, keys: string[]) =>
+  keys.map((key, i) => queue.submit({ key, n: i + 1 }));
+
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
 describe('group commit', () => {
   it('batches what arrives while a batch is in flight, one item per key per batch, in order', async () => {
     const { batches, run } = gated();
     const queue = new GroupCommit(run, (i: { key: string; n: number }) => i.key);
-    const results = [
-      queue.submit({ key: 'a', n: 1 }),
-      queue.submit({ key: 'a', n: 2 }),
-      queue.submit({ key: 'b', n: 3 }),
-      queue.submit({ key: 'a', n: 4 }),
-    ];
+    const results = submitAll(queue, ['a', 'a', 'b', 'a']);
     await flush();
     expect(batches.map((b) => b.items.map((i) => i.n))).toEqual([[1]]);
     batches[0]!.release();
@@ -39,12 +38,7 @@ describe('group commit', () => {
   it('runs up to `parallel` batches at once, and never lets a key overtake its earlier item', async () => {
     const { batches, run } = gated();
     const queue = new GroupCommit(run, (i: { key: string; n: number }) => i.key, 512, 2);
-    const results = [
-      queue.submit({ key: 'a', n: 1 }),
-      queue.submit({ key: 'b', n: 2 }),
-      queue.submit({ key: 'a', n: 3 }),
-      queue.submit({ key: 'c', n: 4 }),
-    ];
+    const results = submitAll(queue, ['a', 'b', 'a', 'c']);
     await flush();
     // two batches in flight; 'a' (3) waits for its first item's batch, and 'c' (4) queues behind the limit
     expect(batches.map((b) => b.items.map((i) => i.n))).toEqual([[1], [2]]);

@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { maintenanceJobs } from '../../src/app/jobs.ts';
 import { deleteExpiredIdempotencyKeys, requestHash, withIdempotency } from '../../src/idempotency/index.ts';
 import { realPostgres } from '../helpers/context.ts';
@@ -8,20 +8,19 @@ import {
   connectTo,
   type SeededProject,
   seedProject,
-  startRecordingServer,
   type TestServer,
+  withRecordingServer,
 } from '../helpers/server.ts';
 
 let server: TestServer;
 let project: SeededProject;
 let other: SeededProject;
 
-beforeAll(async () => {
-  server = await startRecordingServer();
+withRecordingServer(async (started) => {
+  server = started;
   project = await seedProject(server.ctx);
   other = await seedProject(server.ctx);
 });
-afterAll(() => server?.close());
 
 const post = (p: SeededProject, path: string, body: unknown, key?: string) =>
   api(server, p.apiKey, 'POST', path, body, key === undefined ? {} : { 'idempotency-key': key });

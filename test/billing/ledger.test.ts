@@ -23,6 +23,39 @@ beforeAll(async () => {
 });
 afterAll(() => ctx.close());
 
+/** Connects `externalId` and deposits 1.00 for it. */
+async function connectWithOneDollar(externalId: string) {
+  await connectUser(ctx.db, ctx.events, project, externalId, trigger);
+  await depositFor(ctx, project, externalId, '1.00', trigger);
+}
+
+const holdFor = (externalId: string, amount: string) =>
+  ctx.billing.hold({ project, externalId, amount, purpose: 'chat' });
+
+/** A hold the test needs granted. */
+async function grantedHold(externalId: string, amount: string) {
+  const hold = await holdFor(externalId, amount);
+  if (!hold.ok) throw new Error('hold refused');
+  return hold;
+}
+
+const settleChat = (
+  hold: Parameters<typeof ctx.billing.settle>[0]['hold'],
+  externalId: string,
+  cost: string,
+) =>
+  ctx.billing.settle({
+    project,
+    hold,
+    cost,
+    source: 'chat',
+    trigger,
+    externalId,
+    model: 'm',
+    metadata: {},
+    description: 'test',
+  });
+
 /**
  * The invariants of the ledger: the cached balance equals the sum of the user's entries, and the cached
  * held amount the sum of the user's open holds.
@@ -86,66 +119,18 @@ describe('ledger', () => {
   });
 
   it('holds, settles the real cost (above the hold too, into debt), and releases the rest', async () => {
-    await connectUser(ctx.db, ctx.events, project, 'bob', trigger);
-    await depositFor(ctx, project, 'bob', '1.00', trigger);
-    const hold = await ctx.billing.hold({
-      project,
-      externalId: 'bob',
-      amount: '0.6',
-      purpose: 'chat',
-    });
-    if (!hold.ok) throw new Error('hold refused');
-    const second = await ctx.billing.hold({
-      project,
-      externalId: 'bob',
-      amount: '0.5',
-      purpose: 'chat',
-    });
+    await connectWithOneDollar('bob');
+    const hold = await grantedHold('bob', '0.6');
+    const second = await holdFor('bob', '0.5');
     expect(second).toMatchObject({ ok: false, reason: 'insufficient_balance' });
-    const settled = await ctx.billing.settle({
-      project,
-      hold: hold.hold,
-      cost: '0.000000150001',
-      source: 'chat',
-      trigger,
-      externalId: 'bob',
-      model: 'm',
-      metadata: {},
-      description: 'test',
-    });
+    const settled = await settleChat(hold.hold, 'bob', '0.000000150001');
     expect(settled.charged).toBe('0.000000150001');
     expect(settled.wallet).toMatchObject({ balance: '0.999999849999', held: '0' });
     // settling again changes nothing
-    const again = await ctx.billing.settle({
-      project,
-      hold: hold.hold,
-      cost: '0.1',
-      source: 'chat',
-      trigger,
-      externalId: 'bob',
-      model: 'm',
-      metadata: {},
-      description: 'test',
-    });
+    const again = await settleChat(hold.hold, 'bob', '0.1');
     expect(again).toEqual({ charged: '0', shortfall: '0', wallet: undefined });
-    const capped = await ctx.billing.hold({
-      project,
-      externalId: 'bob',
-      amount: '0.1',
-      purpose: 'chat',
-    });
-    if (!capped.ok) throw new Error('hold refused');
-    const over = await ctx.billing.settle({
-      project,
-      hold: capped.hold,
-      cost: '5',
-      source: 'chat',
-      trigger,
-      externalId: 'bob',
-      model: 'm',
-      metadata: {},
-      description: 'test',
-    });
+    const capped = await grantedHold('bob', '0.1');
+    const over = await settleChat(capped.hold, 'bob', '5');
     // the real cost is charged whole: the excess over the hold comes from the balance, and what the
     // balance cannot cover leaves it below zero
     expect(over).toMatchObject({ charged: '5', shortfall: '4.000000150001' });
@@ -180,32 +165,22 @@ describe('ledger', () => {
       },
     });
     // in debt, nothing is admitted
-    const refused = await ctx.billing.hold({ project, externalId: 'bob', amount: '0.01', purpose: 'chat' });
+    const refused = await holdFor('bob', '0.01');
     expect(refused).toMatchObject({ ok: false, reason: 'insufficient_balance' });
     // a deposit that covers the debt clears it
     await ctx.billing.deposit({ project, externalId: 'bob', amount: '5', source: 'test', trigger });
     expect(await latest('balance.debt.cleared')).toMatchObject({
       data: { amount: '4.000000150001', balance: '0.999999849999', externalUserId: 'bob' },
     });
-    const served = await ctx.billing.hold({ project, externalId: 'bob', amount: '0.01', purpose: 'chat' });
+    const served = await holdFor('bob', '0.01');
     expect(served.ok).toBe(true);
     if (served.ok) await ctx.billing.release(served.hold);
     await expectLedgerConsistent('bob');
   });
 
   it('never lets concurrent holds overspend', async () => {
-    await connectUser(ctx.db, ctx.events, project, 'carol', trigger);
-    await depositFor(ctx, project, 'carol', '1.00', trigger);
-    const results = await Promise.all(
-      Array.from({ length: 25 }, () =>
-        ctx.billing.hold({
-          project,
-          externalId: 'carol',
-          amount: '0.2',
-          purpose: 'chat',
-        }),
-      ),
-    );
+    await connectWithOneDollar('carol');
+    const results = await Promise.all(Array.from({ length: 25 }, () => holdFor('carol', '0.2')));
     expect(results.filter((r) => r.ok)).toHaveLength(5);
     for (const r of results) if (r.ok) await ctx.billing.release(r.hold);
     const { wallet } = await expectLedgerConsistent('carol');
@@ -213,15 +188,8 @@ describe('ledger', () => {
   });
 
   it('sweeps holds whose request died', async () => {
-    await connectUser(ctx.db, ctx.events, project, 'dave', trigger);
-    await depositFor(ctx, project, 'dave', '1.00', trigger);
-    const hold = await ctx.billing.hold({
-      project,
-      externalId: 'dave',
-      amount: '0.7',
-      purpose: 'chat',
-    });
-    if (!hold.ok) throw new Error('hold refused');
+    await connectWithOneDollar('dave');
+    const hold = await grantedHold('dave', '0.7');
     await ctx.db
       .updateTable('holds')
       .set({ expires_at: new Date(Date.now() - 1000) })

@@ -23,6 +23,25 @@ export function perTokenModel(
   return { id, upstreamModel, pricing: outputPerMillion ? { ...pricing, outputPerMillion } : pricing };
 }
 
+/**
+ * One per-token price (input, output and cached input per million tokens) twice: as `Money` for computing
+ * expected costs, and as the `per_token` pricing a model spec carries.
+ */
+export function tokenPrices(
+  inputPerMillion: string,
+  outputPerMillion: string,
+  cachedInputPerMillion: string,
+) {
+  return {
+    price: {
+      inputPerMillion: new Money(inputPerMillion),
+      outputPerMillion: new Money(outputPerMillion),
+      cachedInputPerMillion: new Money(cachedInputPerMillion),
+    },
+    perToken: { mode: 'per_token' as const, inputPerMillion, outputPerMillion, cachedInputPerMillion },
+  };
+}
+
 /** A model priced per request, served by the mock's `upstreamModel`. */
 export function perRequestModel(id: string, perRequest: string, upstreamModel = 'mock-model'): ModelSpec {
   return { id, upstreamModel, pricing: { mode: 'per_request', perRequest } };

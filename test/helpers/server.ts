@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import { afterAll, beforeAll } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
 import { recordEverything } from '../../src/events/outbox.ts';
 import { buildServer } from '../../src/http/server.ts';
@@ -50,6 +51,22 @@ export async function startRecordingServer(env: Record<string, string> = {}): Pr
   const server = await startTestServer(env);
   server.ctx.events.filter = recordEverything;
   return server;
+}
+
+/**
+ * A recording server for the tests of one file: started (with `env`) before them and closed after them.
+ * `seed` gets it once started, to keep it and make the file's projects.
+ */
+export function withRecordingServer(
+  seed: (server: TestServer) => Promise<void>,
+  env: Record<string, string> = {},
+): void {
+  let server: TestServer | undefined;
+  beforeAll(async () => {
+    server = await startRecordingServer(env);
+    await seed(server);
+  });
+  afterAll(() => server?.close());
 }
 
 /** What a test does is recorded as done by `test`. */

@@ -94,6 +94,15 @@ function informer(scope: 'namespace' | 'cluster') {
   return { inf, seen };
 }
 
+/** An informer started, synced, and with its watch open on the fake API server. */
+async function watchingInformer(scope: 'namespace' | 'cluster') {
+  const started = informer(scope);
+  started.inf.start();
+  await started.inf.waitForSync();
+  await until(() => target.fake!.openWatches > 0, 'the watch');
+  return started;
+}
+
 const lists = () =>
   target.fake!.requests.filter((r) => r.method === 'GET' && r.path.endsWith(`/${PLURAL}`) && !r.query.watch)
     .length;
@@ -127,10 +136,7 @@ describe.skipIf(realCluster)('informer', () => {
   });
 
   it('resumes a watch the server ended from the last resourceVersion, without listing again', async () => {
-    const { inf, seen } = informer('cluster');
-    inf.start();
-    await inf.waitForSync();
-    await until(() => target.fake!.openWatches > 0, 'the watch');
+    const { inf, seen } = await watchingInformer('cluster');
     const listsBefore = lists();
     const watchesBefore = target.fake!.requests.filter((r) => r.query.watch).length;
     target.fake!.closeWatches();
@@ -151,10 +157,7 @@ describe.skipIf(realCluster)('informer', () => {
   });
 
   it('lists again after 410 Gone and reports what changed meanwhile, deletions included', async () => {
-    const { inf, seen } = informer('namespace');
-    inf.start();
-    await inf.waitForSync();
-    await until(() => target.fake!.openWatches > 0, 'the watch');
+    const { inf, seen } = await watchingInformer('namespace');
     target.fake!.muteWatches();
     await create('missed');
     await kube.custom.deleteNamespacedCustomObject({

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { maintenanceJobs } from '../../src/app/jobs.ts';
 import { updateProject } from '../../src/projects/service.ts';
 import { createLinkToken } from '../../src/users/links.ts';
@@ -6,16 +6,16 @@ import {
   api,
   type SeededProject,
   seedProject,
-  startRecordingServer,
   type TestServer,
+  withRecordingServer,
 } from '../helpers/server.ts';
 
 let server: TestServer;
 let withUrls: SeededProject;
 let plain: SeededProject;
 
-beforeAll(async () => {
-  server = await startRecordingServer();
+withRecordingServer(async (started) => {
+  server = started;
   withUrls = await seedProject(server.ctx, {
     name: 'Acme <Chat> & Co',
     settings: {
@@ -25,7 +25,6 @@ beforeAll(async () => {
   });
   plain = await seedProject(server.ctx, { name: 'Plain app', currency: 'eur' });
 });
-afterAll(() => server?.close());
 
 async function connectLink(project: SeededProject, user: string): Promise<string> {
   const res = await api(server, project.apiKey, 'POST', '/v1/user/connect', { user });

@@ -46,21 +46,35 @@ afterAll(async () => {
   await ctx?.close();
 });
 
+/** Inserts one row of the project into `table`. */
+async function insertRow(
+  table:
+    | 'events'
+    | 'webhook_deliveries'
+    | 'webhook_attempts'
+    | 'holds'
+    | 'ledger_entries'
+    | 'idempotency_keys',
+  values: Record<string, unknown>,
+) {
+  await ctx.db
+    .insertInto(table)
+    .values(values as never)
+    .execute();
+}
+
 async function event(createdAt: string, dispatched: boolean): Promise<string> {
   // Ids sort by creation time: an old row carries an old id.
   const id = idAt('evt', Date.parse(createdAt));
-  await ctx.db
-    .insertInto('events')
-    .values({
-      id,
-      project_id: projectId,
-      type: 'balance.deposit.created',
-      version: '1.0',
-      envelope: JSON.stringify({ id }),
-      created_at: createdAt,
-      dispatched_at: dispatched ? createdAt : null,
-    })
-    .execute();
+  await insertRow('events', {
+    id,
+    project_id: projectId,
+    type: 'balance.deposit.created',
+    version: '1.0',
+    envelope: JSON.stringify({ id }),
+    created_at: createdAt,
+    dispatched_at: dispatched ? createdAt : null,
+  });
   return id;
 }
 
@@ -71,80 +85,65 @@ async function delivery(
   createdAt = finishedAt ?? ago(40 * DAY),
 ) {
   const id = idAt('dlv', Date.parse(createdAt));
-  await ctx.db
-    .insertInto('webhook_deliveries')
-    .values({
-      id,
-      project_id: projectId,
-      subscription_id: subscriptionId,
-      event_id: eventId,
-      event_type: 'balance.deposit.created',
-      status,
-      attempts: 1,
-      attempt_limit: 8,
-      finished_at: finishedAt,
-      next_attempt_at: status === 'pending' ? ago(-DAY) : ago(0),
-    })
-    .execute();
-  await ctx.db
-    .insertInto('webhook_attempts')
-    .values({
-      delivery_id: id,
-      attempt: 1,
-      claim_id: 'c',
-      outcome: status === 'pending' ? 'retry' : status,
-      duration_ms: 1,
-      started_at: finishedAt ?? ago(0),
-    })
-    .execute();
+  await insertRow('webhook_deliveries', {
+    id,
+    project_id: projectId,
+    subscription_id: subscriptionId,
+    event_id: eventId,
+    event_type: 'balance.deposit.created',
+    status,
+    attempts: 1,
+    attempt_limit: 8,
+    finished_at: finishedAt,
+    next_attempt_at: status === 'pending' ? ago(-DAY) : ago(0),
+  });
+  await insertRow('webhook_attempts', {
+    delivery_id: id,
+    attempt: 1,
+    claim_id: 'c',
+    outcome: status === 'pending' ? 'retry' : status,
+    duration_ms: 1,
+    started_at: finishedAt ?? ago(0),
+  });
   return id;
 }
 
 async function hold(status: 'open' | 'settled' | 'released', closedAt: string | null) {
   const id = idAt('hold', Date.parse(closedAt ?? ago(40 * DAY)));
-  await ctx.db
-    .insertInto('holds')
-    .values({
-      id,
-      project_id: projectId,
-      user_id: userId,
-      amount: '1',
-      status,
-      purpose: 'test',
-      expires_at: ago(-DAY),
-      closed_at: closedAt,
-    })
-    .execute();
-  await ctx.db
-    .insertInto('ledger_entries')
-    .values({
-      id: newId('act'),
-      project_id: projectId,
-      user_id: userId,
-      kind: 'hold',
-      amount: '0',
-      held_delta: '1',
-      balance_after: '100',
-      held_after: '1',
-      hold_id: id,
-      source: 'test',
-    })
-    .execute();
+  await insertRow('holds', {
+    id,
+    project_id: projectId,
+    user_id: userId,
+    amount: '1',
+    status,
+    purpose: 'test',
+    expires_at: ago(-DAY),
+    closed_at: closedAt,
+  });
+  await insertRow('ledger_entries', {
+    id: newId('act'),
+    project_id: projectId,
+    user_id: userId,
+    kind: 'hold',
+    amount: '0',
+    held_delta: '1',
+    balance_after: '100',
+    held_after: '1',
+    hold_id: id,
+    source: 'test',
+  });
   return id;
 }
 
 async function idempotencyKey(key: string, createdAt: string, expiresAt: string) {
-  await ctx.db
-    .insertInto('idempotency_keys')
-    .values({
-      project_id: projectId,
-      endpoint: 'POST /v1/user/charge',
-      key,
-      request_hash: 'h',
-      created_at: createdAt,
-      expires_at: expiresAt,
-    })
-    .execute();
+  await insertRow('idempotency_keys', {
+    project_id: projectId,
+    endpoint: 'POST /v1/user/charge',
+    key,
+    request_hash: 'h',
+    created_at: createdAt,
+    expires_at: expiresAt,
+  });
 }
 
 const ids = async (table: 'events' | 'webhook_deliveries' | 'holds') =>

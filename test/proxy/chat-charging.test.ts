@@ -53,13 +53,18 @@ beforeAll(async () => {
 });
 afterAll(() => f.close());
 
+/** Three chat completions of `model` for `user`, each answered with the mock's text. */
+async function chatThreeTimes(model: string, user: string) {
+  for (let i = 0; i < 3; i++) {
+    const reply = await f.client.chat.completions.create({ model, user, messages });
+    expect(reply.choices[0]!.message.content).toBe(' hello'.repeat(5));
+  }
+}
+
 describe('per request', () => {
   it('charges the price once per request, through a hold settled at the price', async () => {
     await f.fund('pr', '1.00');
-    for (let i = 0; i < 3; i++) {
-      const reply = await f.client.chat.completions.create({ model: 'per-request', user: 'pr', messages });
-      expect(reply.choices[0]!.message.content).toBe(' hello'.repeat(5));
-    }
+    await chatThreeTimes('per-request', 'pr');
     await f.settled();
     const entries = await f.ledger('pr');
     expect(chargedTotal(entries)).toBe('0.75');
@@ -205,10 +210,7 @@ describe('subscription', () => {
 
   it('charges the fee when a period starts, then serves free until it ends, then renews', async () => {
     await f.fund('sub', '7.00');
-    for (let i = 0; i < 3; i++) {
-      const reply = await f.client.chat.completions.create({ model: 'pro', user: 'sub', messages });
-      expect(reply.choices[0]!.message.content).toBe(' hello'.repeat(5));
-    }
+    await chatThreeTimes('pro', 'sub');
     await f.settled();
     let entries = await f.ledger('sub');
     expect(chargedTotal(entries, 'subscription')).toBe('3');

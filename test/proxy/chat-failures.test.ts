@@ -86,6 +86,12 @@ async function collect(stream: AsyncIterable<OpenAI.ChatCompletionChunk>): Promi
   return text;
 }
 
+/** The error a stream of `model` for `user` ends with, read to its end. */
+async function streamError(model: string, user: string) {
+  const stream = await f.client.chat.completions.create({ model, user, messages, stream: true });
+  return collect(stream).catch((e) => e);
+}
+
 describe('upstream errors', () => {
   it('a provider 500 becomes a 502 in OpenAI shape; the hold is released and nothing charged', async () => {
     const untouched = await freshUser('e500');
@@ -162,22 +168,10 @@ describe('upstream errors', () => {
     expect(plain.status).toBe(502);
     expect(plain.code).toBe('upstream_malformed');
     await untouched();
-    const stream = await f.client.chat.completions.create({
-      model: 'malformed',
-      user: 'ebad-stream',
-      messages,
-      stream: true,
-    });
-    const streamErr = await collect(stream).catch((e) => e);
+    const streamErr = await streamError('malformed', 'ebad-stream');
     expect(streamErr).toBeInstanceOf(OpenAI.APIError);
     expect(String(streamErr.message)).toContain('malformed');
-    const cut = await f.client.chat.completions.create({
-      model: 'truncated',
-      user: 'ebad-stream',
-      messages,
-      stream: true,
-    });
-    const cutErr = await collect(cut).catch((e) => e);
+    const cutErr = await streamError('truncated', 'ebad-stream');
     expect(cutErr).toBeInstanceOf(OpenAI.APIError);
     expect(String(cutErr.message)).toContain('ended the stream');
     await chargedForWhatArrived([1, 2]);

@@ -82,6 +82,20 @@ async function expectCharged(
   expect((await f.wallet(user))!.held).toBe('0');
 }
 
+/** Streams `options` to the end: the stream, its text, and the error it reported if any. */
+async function streamToEnd(options: Parameters<typeof streamText>[0]) {
+  let error: unknown;
+  const streamed = streamText({
+    ...options,
+    onError: ({ error: e }) => {
+      error = e;
+    },
+  });
+  let text = '';
+  for await (const delta of streamed.textStream) text += delta;
+  return { streamed, text, error };
+}
+
 /** An AI SDK provider for Tollgate, with the end user in the `X-Service-User` header. */
 function aiSdk(user: string) {
   return createOpenAI({
@@ -135,17 +149,11 @@ describe('Vercel AI SDK', () => {
       expect(generated.text).toMatch(connectLink);
       expect(generated.finishReason).toBe('stop');
 
-      let error: unknown;
-      const streamed = streamText({
+      const { streamed, text, error } = await streamToEnd({
         model: model(user),
         prompt: 'Hi',
         maxRetries: 0,
-        onError: ({ error: e }) => {
-          error = e;
-        },
       });
-      let text = '';
-      for await (const delta of streamed.textStream) text += delta;
       expect(error).toBeUndefined();
       expect(text).toMatch(connectLink);
       expect(await streamed.finishReason).toBe('stop');
@@ -256,19 +264,13 @@ describe('Vercel AI SDK', () => {
       expect(result.text).toMatch(connectLink);
       expect(result.toolCalls).toEqual([]);
 
-      let error: unknown;
-      const streamed = streamText({
+      const { streamed, text, error } = await streamToEnd({
         model: model(user),
         prompt,
         tools,
         stopWhen: stepCountIs(3),
         maxRetries: 0,
-        onError: ({ error: e }) => {
-          error = e;
-        },
       });
-      let text = '';
-      for await (const delta of streamed.textStream) text += delta;
       expect(error).toBeUndefined();
       expect(text).toMatch(connectLink);
       expect(await streamed.steps).toHaveLength(1);

@@ -10,7 +10,7 @@ import { applyPricing } from '../../src/models/service.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { upsertProvider } from '../../src/routing/providers.ts';
 import { connectUser } from '../../src/users/service.ts';
-import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
+import { type ChatFixture, chargedTotal, startChatFixture, tokenPrices } from '../helpers/chat-fixture.ts';
 import { anthropicFor } from '../helpers/clients.ts';
 import { api, depositFor, seedProject } from '../helpers/server.ts';
 
@@ -25,20 +25,7 @@ let f: ChatFixture;
 const ROOT = 'root-admin-token-messages-0123456789';
 let claude: Anthropic;
 
-const IN = '3';
-const OUT = '15';
-const CACHED = '0.3';
-const price = {
-  inputPerMillion: new Money(IN),
-  outputPerMillion: new Money(OUT),
-  cachedInputPerMillion: new Money(CACHED),
-};
-const perToken = {
-  mode: 'per_token' as const,
-  inputPerMillion: IN,
-  outputPerMillion: OUT,
-  cachedInputPerMillion: CACHED,
-};
+const { price, perToken } = tokenPrices('3', '15', '0.3');
 /** One served turn of the mock: 12 input tokens, 5 output tokens (' hello' × 5). */
 const TURN = tokenCost(price, 12, 5);
 const TEXT = ' hello'.repeat(5);

@@ -14,6 +14,7 @@ import {
   ledgerEntriesOf,
   perRequestModel,
   startChatFixture,
+  tokenPrices,
 } from '../helpers/chat-fixture.ts';
 
 /**
@@ -26,17 +27,7 @@ let f: ChatFixture;
 const IN = '0.15';
 const OUT = '0.6';
 const CACHED_IN = '0.075';
-const price = {
-  inputPerMillion: new Money(IN),
-  outputPerMillion: new Money(OUT),
-  cachedInputPerMillion: new Money(CACHED_IN),
-};
-const perToken = {
-  mode: 'per_token' as const,
-  inputPerMillion: IN,
-  outputPerMillion: OUT,
-  cachedInputPerMillion: CACHED_IN,
-};
+const { price, perToken } = tokenPrices(IN, OUT, CACHED_IN);
 const weatherTool: OpenAI.ChatCompletionTool = {
   type: 'function',
   function: {
