@@ -328,6 +328,7 @@ const routes = (): Route[] => [
   { method: 'POST', path: segment.map((s) => `/portal/${s}`), html: true, body: 'user' },
   { method: 'GET', path: segment.map((s) => `/payments/done/${s}`), html: true },
   { method: 'POST', path: segment.map((s) => `/payments/stripe/${s}/webhook`), body: 'user' },
+  { method: 'POST', path: segment.map((s) => `/payments/${s}/pw_unknown/webhook`), body: 'user' },
   { method: 'GET', path: fixed('/healthz') },
   { method: 'GET', path: fixed('/readyz') },
 ];
