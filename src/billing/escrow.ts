@@ -108,6 +108,7 @@ export class Escrow {
       owner: this.owner,
       timeoutMs: options.reclaimTimeoutMs ?? 1000,
       giveBack: (projectId, userIds) => this.#shrink(projectId, new Set(userIds)),
+      retire: (projectId, wallets) => this.#retire(projectId, wallets),
     });
     this.#durable = options.settleCommit !== 'async';
   }
@@ -149,10 +150,12 @@ export class Escrow {
     externalId: string,
     amount: string,
     purpose: string,
+    debtLimit = '0',
   ): Promise<Reservation | undefined> {
     const key = walletKey(projectId, externalId);
     const need = new Money(amount);
     let asked = false;
+    let last: Slice | undefined;
     for (let attempt = 0; attempt < 8; attempt++) {
       let slice = this.#current.get(key);
       while (slice?.taking) {
@@ -168,6 +171,7 @@ export class Escrow {
         this.#current.set(key, slice);
         this.#slices.set(slice.id, slice);
       }
+      last = slice;
       const short = need.minus(slice.free);
       const want = Money.max(need.times(this.#sliceRequests).minus(slice.free), short);
       let settled!: () => void;
@@ -175,6 +179,8 @@ export class Escrow {
         settled = resolve;
       });
       let row: TakeRow;
+      const seq = ++slice.seq;
+      const reserved = slice.reserved.plus(need);
       try {
         row = await this.#takeQueue(projectId).submit({
           externalId,
@@ -182,6 +188,9 @@ export class Escrow {
           want: formatAmount(want),
           sliceId: slice.id,
           purpose,
+          debtLimit,
+          seq: String(seq),
+          reserved: formatAmount(reserved),
         });
       } catch (err) {
         this.#forget(slice);
@@ -196,6 +205,7 @@ export class Escrow {
         continue;
       }
       if (row.take !== null) {
+        slice.wrote(seq, reserved);
         slice.taken = true;
         slice.userId = row.user_id ?? slice.userId;
         slice.amount = slice.amount.plus(row.take);
@@ -210,9 +220,21 @@ export class Escrow {
       await this.#closeIfDone(slice);
       // Refused: when more is held than this pod's slice, other pods' slices stand in the way — they
       // are asked back (found by a fresh query: the statement's snapshot may predate them), and once.
-      if (asked || !row.user_id || new Money(row.held ?? 0).lte(slice.amount)) return undefined;
+      if (asked || !row.user_id || new Money(row.held ?? 0).lte(slice.amount)) return this.#refused(slice);
       asked = true;
       await this.reclaim(projectId, [row.user_id], { others: true });
+    }
+    return last && this.#refused(last);
+  }
+
+  /**
+   * A request refused: a take that succeeded before it (whose request was not admitted after all) may
+   * have written a reservation no request holds; it is written again, so the wallet's visible held
+   * amount counts only requests in flight.
+   */
+  async #refused(slice: Slice): Promise<undefined> {
+    if (this.#slices.has(slice.id) && slice.taken && !slice.taking && !slice.written.eq(slice.reserved)) {
+      await this.#change(slice, new Money(0), false);
     }
     return undefined;
   }
@@ -234,6 +256,7 @@ export class Escrow {
         seq: '0',
         released: '0',
         close: false,
+        reserved: '0',
         ...charge,
       });
     }
@@ -241,8 +264,10 @@ export class Escrow {
     slice.reserved = slice.reserved.minus(reservation.amount);
     slice.lastUsed = Date.now();
     // The charge comes off the slice's free part (this request's reservation is free again), never off
-    // the reservations of the slice's other requests in flight; above that it comes from the balance.
-    let released = Money.min(cost, Money.max(slice.amount.minus(slice.reserved), 0));
+    // the reservations of the slice's other requests in flight; above that it comes from the balance. A
+    // suspended slice (given back) gives back all of its free part.
+    const free = Money.max(slice.unreserved, 0);
+    let released = slice.suspended ? free : Money.min(cost, free);
     slice.amount = slice.amount.minus(released);
     const close = slice.inFlight === 0 && !slice.taking && this.#closesWhenDone(slice);
     if (close) {
@@ -250,20 +275,31 @@ export class Escrow {
       slice.amount = new Money(0);
       this.#forget(slice);
     }
-    if (cost.lte(0) && !close) return undefined;
+    // Without a charge, a statement only when the slice closes or gives something back — or when its
+    // last request in flight settled and the database still counts a reservation of the slice (the
+    // wallet's visible held amount returns to what requests in flight reserved: 0).
+    const stale = slice.inFlight === 0 && !slice.written.isZero();
+    if (cost.lte(0) && !close && released.lte(0) && !stale) return undefined;
     return this.#change(slice, released, close, charge && cost.gt(0) ? charge : NO_CHARGE);
   }
 
-  /** Applies the slice's next change (its sequence number taken now): `released` off it, `close`, `charge`. */
+  /**
+   * Applies the slice's next change (its sequence number taken now): `released` off it, `close`, `charge`,
+   * and what its requests in flight reserve now.
+   */
   #change(slice: Slice, released: Money, close: boolean, charge = NO_CHARGE): Promise<ApplyRow | undefined> {
+    const seq = ++slice.seq;
+    const reserved = close ? new Money(0) : slice.reserved;
+    slice.wrote(seq, reserved);
     return this.#apply(
       slice.projectId,
       {
         sliceId: slice.id,
         userId: slice.userId,
-        seq: String(++slice.seq),
+        seq: String(seq),
         released: formatAmount(released),
         close,
+        reserved: formatAmount(reserved),
         ...charge,
       },
       slice,
@@ -306,6 +342,51 @@ export class Escrow {
     if (others.length) await this.#reclaims.ask(projectId, userIds, others);
   }
 
+  /**
+   * Takes every pod's slices of a wallet back before a debit that does not come through a pod (a refund,
+   * a dispute) commits: called with the wallet's row locked, in the debit's transaction. Each pod
+   * suspends its slices of the wallet at once (it admits no more requests from them: the wallet's next
+   * request takes a new slice, from the balance after the debit) and answers; what the slices held comes
+   * back once the debit committed (their statements wait for the wallet's lock), the reservations of
+   * requests in flight when they settle. Resolves once every pod holding a slice answered (at most the
+   * reclaim timeout: a pod that does not answer gets its slices taken back by the sweeper).
+   */
+  async retire(projectId: string, wallet: { userId: string; externalId: string }): Promise<void> {
+    this.#retire(projectId, [wallet]);
+    const owners = await this.#database.db
+      .selectFrom('holds')
+      .select('owner')
+      .distinct()
+      .where('user_id', '=', wallet.userId)
+      .where('status', '=', 'open')
+      .where('owner', '<>', this.owner)
+      .execute();
+    const others = owners.map((o) => o.owner).filter((o): o is string => o !== null);
+    if (others.length) await this.#reclaims.ask(projectId, [wallet.userId], others, [wallet]);
+  }
+
+  /**
+   * Suspends this pod's slices of these wallets (synchronously: no request is admitted from them once
+   * this returns), then gives them back in the background (see `retire`).
+   */
+  #retire(projectId: string, wallets: Array<{ userId: string; externalId: string }>): void {
+    const userIds = new Set(wallets.map((w) => w.userId));
+    const externalIds = new Set(wallets.map((w) => w.externalId));
+    const slices = [...this.#slices.values()].filter(
+      (s) => s.projectId === projectId && (userIds.has(s.userId) || externalIds.has(s.externalId)),
+    );
+    for (const slice of slices) {
+      slice.suspended = true;
+      const key = walletKey(slice.projectId, slice.externalId);
+      if (this.#current.get(key) === slice) this.#current.delete(key);
+    }
+    if (slices.length) {
+      void this.#giveBack(slices).catch((err) =>
+        this.#log.warn({ err }, 'giving retired slices back failed (the sweeper takes them)'),
+      );
+    }
+  }
+
   /** Gives back the free part of this pod's slices of these wallets (all of a slice without requests). */
   async #shrink(projectId: string, userIds: Set<string>): Promise<void> {
     // (a slice whose first take is still in flight does not know its wallet yet: it is waited for)
@@ -323,7 +404,7 @@ export class Escrow {
         while (slice.taking) await slice.taking;
         if (!slice.taken || !this.#slices.has(slice.id)) return;
         const close = slice.inFlight === 0;
-        const released = close ? slice.amount : Money.max(slice.free, 0);
+        const released = close ? slice.amount : Money.max(slice.unreserved, 0);
         if (!close && released.lte(0)) {
           await slice.applied; // what an earlier give-back released is back once this resolves
           return;
@@ -456,6 +537,9 @@ export class Escrow {
             this.owner,
             this.#ttlSeconds,
             items.map((i) => i.purpose),
+            items.map((i) => i.debtLimit),
+            items.map((i) => i.seq),
+            items.map((i) => i.reserved),
           ]),
         missing: () => NOT_FOUND,
       })
