@@ -1,10 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
+import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount, Money } from '../core/money.ts';
 import type { DatabaseHandle } from '../db/index.ts';
+import type { DB } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import { GroupCommit } from './group-commit.ts';
 import { Reclaims } from './reclaims.ts';
@@ -351,9 +353,14 @@ export class Escrow {
    * requests in flight when they settle. Resolves once every pod holding a slice answered (at most the
    * reclaim timeout: a pod that does not answer gets its slices taken back by the sweeper).
    */
-  async retire(projectId: string, wallet: { userId: string; externalId: string }): Promise<void> {
+  async retire(
+    projectId: string,
+    wallet: { userId: string; externalId: string },
+    tx: Kysely<DB>,
+  ): Promise<void> {
     this.#retire(projectId, [wallet]);
-    const owners = await this.#database.db
+    // (read in the debit's transaction: the embedded database has one connection)
+    const owners = await tx
       .selectFrom('holds')
       .select('owner')
       .distinct()

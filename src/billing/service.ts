@@ -379,7 +379,7 @@ export class BillingService {
   async reverse(input: ReverseInput, within?: Transaction<DB>): Promise<ReverseResult> {
     return this.#moving(within, async (tx, after) => {
       const result = await reverse(tx, this.#events, input, (wallet) =>
-        this.escrow.retire(input.project.id, wallet),
+        this.escrow.retire(input.project.id, wallet, tx),
       );
       // Not counted in the charge metrics: a reversal is money returned to the payer, not use.
       if (result.event) after(() => this.#events.wake());
