@@ -8,22 +8,16 @@ import { formatAmount, Money } from '../core/money.ts';
 import type { DatabaseHandle } from '../db/index.ts';
 import type { DB } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
-import { GroupCommit } from './group-commit.ts';
+import { EscrowQueues } from './escrow-queues.ts';
 import { Reclaims } from './reclaims.ts';
 import { type Reservation, Slice } from './slice.ts';
 import {
   type ApplyItem,
   type ApplyRow,
-  applyParameters,
-  applySlices,
   type ChargeRecord,
   expireSlices,
-  NO_ROW,
-  NOT_FOUND,
   renewSlices,
-  type TakeItem,
   type TakeRow,
-  takeSlices,
 } from './statements.ts';
 
 /**
@@ -64,14 +58,12 @@ export class Escrow {
   readonly #ttlSeconds: number;
   readonly #idleMs: number;
   readonly #sliceRequests: number;
-  /** Settles wait for the WAL flush (SETTLE_COMMIT=durable). */
-  readonly #durable: boolean;
   /** The slice admitting each wallet's next requests, by project and external user id. */
   readonly #current = new Map<string, Slice>();
   /** Every slice this pod holds (current, suspended or being given back), by id. */
   readonly #slices = new Map<string, Slice>();
-  readonly #takeQueues = new Map<string, GroupCommit<TakeItem, TakeRow>>();
-  readonly #applyQueues = new Map<string, GroupCommit<ApplyItem, ApplyRow>>();
+  /** The group-commit queues of the take and apply statements, per project. */
+  readonly #queues: EscrowQueues;
   /**
    * The last change submitted for each wallet (project, user id) until it is applied: a reclaim answers
    * only once the wallet's slices given back (and its settles) are in the database, also when the slice
@@ -112,7 +104,13 @@ export class Escrow {
       giveBack: (projectId, userIds) => this.#shrink(projectId, new Set(userIds)),
       retire: (projectId, wallets) => this.#retire(projectId, wallets),
     });
-    this.#durable = options.settleCommit !== 'async';
+    this.#queues = new EscrowQueues({
+      database: options.database,
+      metrics: options.metrics,
+      owner: this.owner,
+      ttlSeconds: options.ttlSeconds,
+      durable: options.settleCommit !== 'async',
+    });
   }
 
   /** Listens for other pods' reclaims and starts the renew and idle timers. */
@@ -137,9 +135,7 @@ export class Escrow {
 
   /** Resolves when no statement of the escrow is queued or in flight. */
   get idle(): boolean {
-    for (const q of this.#takeQueues.values()) if (!q.idle) return false;
-    for (const q of this.#applyQueues.values()) if (!q.idle) return false;
-    return true;
+    return this.#queues.idle;
   }
 
   /**
@@ -184,7 +180,7 @@ export class Escrow {
       const seq = ++slice.seq;
       const reserved = slice.reserved.plus(need);
       try {
-        row = await this.#takeQueue(projectId).submit({
+        row = await this.#queues.take(projectId).submit({
           externalId,
           need: formatAmount(short),
           want: formatAmount(want),
@@ -504,7 +500,7 @@ export class Escrow {
 
   async #apply(projectId: string, item: ApplyItem, slice?: Slice): Promise<ApplyRow | undefined> {
     try {
-      const submitted = this.#applyQueue(projectId).submit(item);
+      const submitted = this.#queues.apply(projectId).submit(item);
       const applied = submitted.then(
         () => {},
         () => {},
@@ -526,100 +522,12 @@ export class Escrow {
       throw err;
     }
   }
-
-  #takeQueue(projectId: string): GroupCommit<TakeItem, TakeRow> {
-    return (
-      this.#takeQueues.get(projectId) ??
-      this.#newQueue(this.#takeQueues, projectId, {
-        statement: 'take',
-        parallel: TAKE_PARALLEL,
-        keyOf: (item) => item.externalId,
-        run: (items) =>
-          this.#database.run<TakeRow>(takeSlices, [
-            projectId,
-            items.map((i) => i.externalId),
-            items.map((i) => i.need),
-            items.map((i) => i.want),
-            items.map((i) => i.sliceId),
-            this.owner,
-            this.#ttlSeconds,
-            items.map((i) => i.purpose),
-            items.map((i) => i.debtLimit),
-            items.map((i) => i.seq),
-            items.map((i) => i.reserved),
-          ]),
-        missing: () => NOT_FOUND,
-      })
-    );
-  }
-
-  #applyQueue(projectId: string): GroupCommit<ApplyItem, ApplyRow> {
-    return (
-      this.#applyQueues.get(projectId) ??
-      this.#newQueue(this.#applyQueues, projectId, {
-        statement: 'apply',
-        parallel: APPLY_PARALLEL,
-        keyOf: (item) => item.userId,
-        // Retried here, inside the batch, so a wallet's later changes never overtake a retried one.
-        run: (items) =>
-          retrying(() =>
-            this.#database.run<ApplyRow>(
-              applySlices,
-              applyParameters(projectId, items, this.#durable ? 'on' : 'off'),
-            ),
-          ),
-        missing: (item) => ({ ...NO_ROW, slice_id: item.sliceId }),
-      })
-    );
-  }
-
-  /** A project's group-commit queue of one statement: one row per item, by slice id (timed, counted). */
-  #newQueue<I extends { sliceId: string }, R extends { slice_id: string }>(
-    queues: Map<string, GroupCommit<I, R>>,
-    projectId: string,
-    batch: {
-      statement: 'take' | 'apply';
-      parallel: number;
-      keyOf: (item: I) => string;
-      run: (items: I[]) => Promise<R[]>;
-      /** The row of an item the statement returned none for. */
-      missing: (item: I) => R;
-    },
-  ): GroupCommit<I, R> {
-    const { statement } = batch;
-    const queue = new GroupCommit<I, R>(
-      async (items) => {
-        this.#metrics.billingBatchSize.observe({ statement }, items.length);
-        const done = this.#metrics.billingBatchDuration.startTimer({ statement });
-        const rows = await batch.run(items);
-        done();
-        const byId = new Map(rows.map((r) => [r.slice_id, r]));
-        return items.map((i) => byId.get(i.sliceId) ?? batch.missing(i));
-      },
-      batch.keyOf,
-      512,
-      batch.parallel,
-    );
-    queues.set(projectId, queue);
-    return queue;
-  }
 }
 
 /** A wallet's key in the pod's maps: the project and the external id (current slices) or user id (changes). */
 function walletKey(projectId: string, id: string): string {
   return `${projectId}\u0000${id}`;
 }
-
-/**
- * Batches of one project in flight at once. Settles: one. Every request waiting while a settle batch is
- * in flight joins the next, so a batch grows with the load, and Postgres's cost per request falls with
- * the batch's size: on the 2-core bench machine one in flight against two and three cut Postgres's CPU
- * per request by 25–47 % and served more requests per second at concurrency 16 and 64, streaming and
- * not (bench/ab.ts; docs/benchmarks.md). Takes (a wallet's first request on a pod) are rarer and wait
- * before the first byte: two.
- */
-const APPLY_PARALLEL = 1;
-const TAKE_PARALLEL = 2;
 
 /** A change that charges nothing (a slice given back, or a release). */
 const NO_CHARGE: ChargeRecord = {
@@ -631,15 +539,3 @@ const NO_CHARGE: ChargeRecord = {
   events: null,
   threshold: null,
 };
-
-/** Retries a statement after a transient database failure (it is idempotent). */
-async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await work();
-    } catch (err) {
-      if (attempt >= attempts) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 200 * attempt * attempt));
-    }
-  }
-}

@@ -48,7 +48,11 @@ function formProof(ctx: Ctx, token: string): string {
  * What a top-up link asks for: for a refusal's link, the gap — what the refused request needs less the
  * available balance now (undefined when that already covers it) — otherwise the amount the link names.
  */
-async function neededOf(ctx: Ctx, project: ProjectContext, payload: LinkPayload): Promise<string | undefined> {
+async function neededOf(
+  ctx: Ctx,
+  project: ProjectContext,
+  payload: LinkPayload,
+): Promise<string | undefined> {
   if (typeof payload.r !== 'string') return typeof payload.a === 'string' ? payload.a : undefined;
   const wallet = await findWallet(ctx.db, project.id, payload.u);
   const gap = new Money(payload.r).minus(wallet?.available ?? '0');

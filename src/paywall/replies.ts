@@ -47,7 +47,10 @@ export function linkReply(
   // request, plus the debt when a charge above its hold left the wallet below zero.
   const debt = Money.max(new Money(refusal.wallet.available).neg(), 0);
   const upToMinor = (v: Money) =>
-    formatForCurrency(v.toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP), project.currency);
+    formatForCurrency(
+      v.toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP),
+      project.currency,
+    );
   const required = upToMinor(new Money(refusal.required).plus(debt));
   // The available balance is the balance less what the user's requests in flight reserved (escrow slices
   // are not counted); the top-up page asks for the gap between the request's need and it.

@@ -445,7 +445,12 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
     let replayed = new Money(0);
     const chain = entries.map((e, k) => {
       replayed = replayed.plus(e.amount);
-      return { seq: Number(e.seq), balance: new Money(e.balance_after).toFixed(), replayed: replayed.toFixed(), k };
+      return {
+        seq: Number(e.seq),
+        balance: new Money(e.balance_after).toFixed(),
+        replayed: replayed.toFixed(),
+        k,
+      };
     });
     expect({ wallet: id, chain }).toEqual({
       wallet: id,

@@ -3,7 +3,7 @@ import type { AppContext } from '../../src/app/context.ts';
 import { Money } from '../../src/core/money.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { type ChatFixture, perRequestModel, startChatFixture } from '../helpers/chat-fixture.ts';
-import { api, type TestServer } from '../helpers/server.ts';
+import { api } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
 
 /**
@@ -30,7 +30,11 @@ let f: ChatFixture;
 beforeAll(async () => {
   stand = await startStripeStandIn({ keys: [KEY] });
   f = await startChatFixture({
-    models: [perRequestModel('cheap', '0.05'), perRequestModel('dear', '0.41'), perRequestModel('big', '3.10')],
+    models: [
+      perRequestModel('cheap', '0.05'),
+      perRequestModel('dear', '0.41'),
+      perRequestModel('big', '3.10'),
+    ],
     env: {
       TOLLGATE_ADMIN_TOKEN: ROOT,
       STRIPE_API_URL: stand.url,
@@ -133,7 +137,13 @@ describe('the held amount users see', () => {
     expect(page).toContain('<dt>Needed</dt><dd><strong>0.16 USD</strong></dd>');
     expect(page).toContain('<dt>Available balance</dt><dd>0.25 USD</dd>');
     // a top-up of the gap is enough
-    await f.ctx.billing.deposit({ project: f.project, externalId: 'cal', amount: '0.16', source: 't', trigger });
+    await f.ctx.billing.deposit({
+      project: f.project,
+      externalId: 'cal',
+      amount: '0.16',
+      source: 't',
+      trigger,
+    });
     expect(await chat('cal', 'dear')).not.toMatch(LINK);
     await f.settled();
     expect(await balance('cal')).toMatchObject({ balance: '0.00', held: '0.00', available: '0.00' });
@@ -149,7 +159,8 @@ describe('the held amount users see', () => {
       .execute();
     expect(await chat('dot', 'cheap')).not.toMatch(LINK); // 0.05: below 0.08
     expect(await chat('dot', 'cheap')).not.toMatch(LINK); // 0.00: depleted
-    const mine = (envelopes: any[]) => envelopes.filter((e) => e.data.externalUserId === 'dot').map((e) => e.data);
+    const mine = (envelopes: any[]) =>
+      envelopes.filter((e) => e.data.externalUserId === 'dot').map((e) => e.data);
     expect(mine(await f.events('balance.low'))).toEqual([
       expect.objectContaining({ balance: '0.05', available: '0.05', threshold: '0.08' }),
     ]);
@@ -171,7 +182,8 @@ describe('auto-recharge', () => {
     expect(card.auto_recharge).toBe(true);
     const intents = () =>
       stand.requests.filter(
-        (r) => r.method === 'POST' && r.path === '/v1/payment_intents' && r.body.customer === card.customer_id,
+        (r) =>
+          r.method === 'POST' && r.path === '/v1/payment_intents' && r.body.customer === card.customer_id,
       );
     // one request of 3.10: the pod's slice takes the whole 50.00 (16 × 3.10 = 49.60 … all of it)
     expect(await chat('eve', 'big')).not.toMatch(LINK);
