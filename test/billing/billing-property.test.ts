@@ -23,6 +23,11 @@ import { seedProject } from '../helpers/server.ts';
  * refusal must be justified: it is wrong when the wallet could cover the amount even after every other
  * debit of the round succeeded.
  *
+ * No round admits holds beyond the available balance at its start plus its deposits and the reservations
+ * it ended, so a slice a refund left uncovered is never served from. Every wallet's activity replays in
+ * its numbered order, and the held amount it shows is what requests in flight reserved (0 with none).
+ * Refunds (reversals, whole, into debt) run concurrently with the rest and write their own events.
+ *
  * Holds are escrow reservations (src/billing/escrow.ts): a pod admits a wallet's requests from its slice of
  * the wallet, so the database's `held` is the sum of the open slices, which covers every reservation in
  * flight; once a run's reservations are done and the pods give their slices back (a reclaim), nothing is
@@ -315,6 +320,30 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
           }
         });
         const results = await Promise.all(tasks);
+
+        // No admission beyond what the wallet could have had: each hold needs balance − held to cover
+        // it when it is admitted, so the round's holds together never exceed the available balance at the
+        // start of the round plus its deposits plus the reservations its settles and releases ended — a
+        // pod serving from a slice the balance no longer covers (a refund in an earlier round) breaks it.
+        const room = available.map((a) => a);
+        const admitted = model.map(() => new Money(0));
+        for (const r of results) {
+          if (r.o.kind === 'deposit') room[r.o.wallet] = room[r.o.wallet]!.plus(r.o.amount);
+          if (r.o.kind === 'hold' && r.ok) admitted[r.o.wallet] = admitted[r.o.wallet]!.plus(r.o.amount);
+          if ((r.o.kind === 'settle' || r.o.kind === 'release') && 'target' in r && r.target) {
+            room[r.target.wallet] = room[r.target.wallet]!.plus(r.target.hold.amount);
+          }
+        }
+        for (const [i, sum] of admitted.entries()) {
+          expect({
+            wallet: i,
+            admitted: sum.toFixed(),
+            room: room[i]!.toFixed(),
+            within: sum.isZero() || sum.lte(room[i]!),
+          }).toMatchObject({
+            within: true,
+          });
+        }
 
         // What the other operations of the round could at most take from each wallet.
         const debits = model.map(() => new Money(0));
