@@ -44,6 +44,13 @@ import {
  * - when its pod died: a slice is renewed while its pod lives; the sweeper releases one not renewed
  *   within `ttlSeconds`.
  *
+ * Slices are invisible outside the pod: every statement that changes a slice (a take, a settle, a
+ * give-back) also writes what the slice's requests in flight reserve (`holds.reserved`, ordered by the
+ * change's number), and moves the wallet's `reserved` — the held amount the API, the pages, the events and
+ * auto-recharge show — by the difference; the last request of a slice to finish writes 0 even when it
+ * costs nothing. A debit outside the pods that is not conditional on the balance (a refund, a dispute)
+ * first retires every pod's slices of the wallet (`retire`), so none is served from after it.
+ *
  * Every change of a slice carries the slice's next sequence number, and the changes of one wallet leave
  * in order (one group-commit queue keyed by wallet), so a statement retried after an ambiguous failure
  * applies each change once; a charge whose slice the sweeper took back still charges the wallet, once
