@@ -39,7 +39,7 @@ export async function searchUsers(
 ) {
   let q = ctx.db
     .selectFrom('end_users')
-    .select(['external_id', 'connected', 'balance', 'held', 'created_at'])
+    .select(['external_id', 'connected', 'balance', 'reserved', 'created_at'])
     .where('project_id', '=', project.id)
     .orderBy('external_id')
     .limit(query.limit + 1);
@@ -55,8 +55,9 @@ export async function searchUsers(
     object: 'user',
     connected: r.connected,
     balance: money(r.balance),
-    held: money(r.held),
-    available: money(new Money(r.balance).minus(r.held).toFixed()),
+    // held: what requests in flight reserved (the pods' slices are not shown)
+    held: money(r.reserved),
+    available: money(new Money(r.balance).minus(r.reserved).toFixed()),
     currency: project.currency,
     createdAt: r.created_at.toISOString(),
   }));

@@ -123,14 +123,14 @@ function parts(comparison: Comparison): [Quantity, '<' | '<=' | '>' | '>=', Quan
 // ---- SQL: over a row of the settle statement (statements.ts `applySlices`) ----
 
 /**
- * Each quantity over the statement's row `u` (the wallet after the charge: `balance`, `held`, the
- * `charged` amount and the low-balance `threshold` that applies, or null).
+ * Each quantity over the statement's row `u` (the wallet after the charge: `balance`, `reserved` — what
+ * its requests in flight reserved, the held amount users see — the `charged` amount and the low-balance `threshold` that applies, or null).
  */
 const QUANTITY_SQL: Record<Quantity, string> = {
   charged: 'u.charged',
   balance: 'u.balance',
   before: '(u.balance + u.charged)',
-  available: '(u.balance - u.held)',
+  available: '(u.balance - u.reserved)',
   threshold: 'u.threshold',
   debt: '(-u.balance)',
   uncovered: 'least(u.charged, -u.balance)',
@@ -186,7 +186,8 @@ export interface ChargeFacts {
 export interface ChargeOutcome {
   charged: Money | string;
   balance: Money | string;
-  held: Money | string;
+  /** What the wallet's requests in flight reserved (the held amount users see). */
+  reserved: Money | string;
   /** The low-balance threshold that applies (the user's own, else the project's), if any. */
   threshold: string | null | undefined;
 }
@@ -215,7 +216,7 @@ function quantities(outcome: ChargeOutcome): Record<Quantity, Money | null> {
     charged,
     balance,
     before: balance.plus(charged),
-    available: balance.minus(outcome.held),
+    available: balance.minus(outcome.reserved),
     threshold: outcome.threshold == null ? null : new Money(outcome.threshold),
     debt: balance.neg(),
     uncovered: Money.min(charged, balance.neg()),

@@ -1,27 +1,23 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
+import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
 import { formatAmount, Money } from '../core/money.ts';
 import type { DatabaseHandle } from '../db/index.ts';
+import type { DB } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
-import { GroupCommit } from './group-commit.ts';
+import { EscrowQueues } from './escrow-queues.ts';
 import { Reclaims } from './reclaims.ts';
 import { type Reservation, Slice } from './slice.ts';
 import {
   type ApplyItem,
   type ApplyRow,
-  applyParameters,
-  applySlices,
   type ChargeRecord,
   expireSlices,
-  NO_ROW,
-  NOT_FOUND,
   renewSlices,
-  type TakeItem,
   type TakeRow,
-  takeSlices,
 } from './statements.ts';
 
 /**
@@ -48,6 +44,13 @@ import {
  * - when its pod died: a slice is renewed while its pod lives; the sweeper releases one not renewed
  *   within `ttlSeconds`.
  *
+ * Slices are invisible outside the pod: every statement that changes a slice (a take, a settle, a
+ * give-back) also writes what the slice's requests in flight reserve (`holds.reserved`, ordered by the
+ * change's number), and moves the wallet's `reserved` — the held amount the API, the pages, the events and
+ * auto-recharge show — by the difference; the last request of a slice to finish writes 0 even when it
+ * costs nothing. A debit outside the pods that is not conditional on the balance (a refund, a dispute)
+ * first retires every pod's slices of the wallet (`retire`), so none is served from after it.
+ *
  * Every change of a slice carries the slice's next sequence number, and the changes of one wallet leave
  * in order (one group-commit queue keyed by wallet), so a statement retried after an ambiguous failure
  * applies each change once; a charge whose slice the sweeper took back still charges the wallet, once
@@ -62,14 +65,12 @@ export class Escrow {
   readonly #ttlSeconds: number;
   readonly #idleMs: number;
   readonly #sliceRequests: number;
-  /** Settles wait for the WAL flush (SETTLE_COMMIT=durable). */
-  readonly #durable: boolean;
   /** The slice admitting each wallet's next requests, by project and external user id. */
   readonly #current = new Map<string, Slice>();
   /** Every slice this pod holds (current, suspended or being given back), by id. */
   readonly #slices = new Map<string, Slice>();
-  readonly #takeQueues = new Map<string, GroupCommit<TakeItem, TakeRow>>();
-  readonly #applyQueues = new Map<string, GroupCommit<ApplyItem, ApplyRow>>();
+  /** The group-commit queues of the take and apply statements, per project. */
+  readonly #queues: EscrowQueues;
   /**
    * The last change submitted for each wallet (project, user id) until it is applied: a reclaim answers
    * only once the wallet's slices given back (and its settles) are in the database, also when the slice
@@ -108,8 +109,15 @@ export class Escrow {
       owner: this.owner,
       timeoutMs: options.reclaimTimeoutMs ?? 1000,
       giveBack: (projectId, userIds) => this.#shrink(projectId, new Set(userIds)),
+      retire: (projectId, wallets) => this.#retire(projectId, wallets),
     });
-    this.#durable = options.settleCommit !== 'async';
+    this.#queues = new EscrowQueues({
+      database: options.database,
+      metrics: options.metrics,
+      owner: this.owner,
+      ttlSeconds: options.ttlSeconds,
+      durable: options.settleCommit !== 'async',
+    });
   }
 
   /** Listens for other pods' reclaims and starts the renew and idle timers. */
@@ -134,9 +142,7 @@ export class Escrow {
 
   /** Resolves when no statement of the escrow is queued or in flight. */
   get idle(): boolean {
-    for (const q of this.#takeQueues.values()) if (!q.idle) return false;
-    for (const q of this.#applyQueues.values()) if (!q.idle) return false;
-    return true;
+    return this.#queues.idle;
   }
 
   /**
@@ -149,10 +155,12 @@ export class Escrow {
     externalId: string,
     amount: string,
     purpose: string,
+    debtLimit = '0',
   ): Promise<Reservation | undefined> {
     const key = walletKey(projectId, externalId);
     const need = new Money(amount);
     let asked = false;
+    let last: Slice | undefined;
     for (let attempt = 0; attempt < 8; attempt++) {
       let slice = this.#current.get(key);
       while (slice?.taking) {
@@ -168,6 +176,7 @@ export class Escrow {
         this.#current.set(key, slice);
         this.#slices.set(slice.id, slice);
       }
+      last = slice;
       const short = need.minus(slice.free);
       const want = Money.max(need.times(this.#sliceRequests).minus(slice.free), short);
       let settled!: () => void;
@@ -175,13 +184,18 @@ export class Escrow {
         settled = resolve;
       });
       let row: TakeRow;
+      const seq = ++slice.seq;
+      const reserved = slice.reserved.plus(need);
       try {
-        row = await this.#takeQueue(projectId).submit({
+        row = await this.#queues.take(projectId).submit({
           externalId,
           need: formatAmount(short),
           want: formatAmount(want),
           sliceId: slice.id,
           purpose,
+          debtLimit,
+          seq: String(seq),
+          reserved: formatAmount(reserved),
         });
       } catch (err) {
         this.#forget(slice);
@@ -196,6 +210,7 @@ export class Escrow {
         continue;
       }
       if (row.take !== null) {
+        slice.wrote(seq, reserved);
         slice.taken = true;
         slice.userId = row.user_id ?? slice.userId;
         slice.amount = slice.amount.plus(row.take);
@@ -210,9 +225,21 @@ export class Escrow {
       await this.#closeIfDone(slice);
       // Refused: when more is held than this pod's slice, other pods' slices stand in the way — they
       // are asked back (found by a fresh query: the statement's snapshot may predate them), and once.
-      if (asked || !row.user_id || new Money(row.held ?? 0).lte(slice.amount)) return undefined;
+      if (asked || !row.user_id || new Money(row.held ?? 0).lte(slice.amount)) return this.#refused(slice);
       asked = true;
       await this.reclaim(projectId, [row.user_id], { others: true });
+    }
+    return last && this.#refused(last);
+  }
+
+  /**
+   * A request refused: a take that succeeded before it (whose request was not admitted after all) may
+   * have written a reservation no request holds; it is written again, so the wallet's visible held
+   * amount counts only requests in flight.
+   */
+  async #refused(slice: Slice): Promise<undefined> {
+    if (this.#slices.has(slice.id) && slice.taken && !slice.taking && !slice.written.eq(slice.reserved)) {
+      await this.#change(slice, new Money(0), false);
     }
     return undefined;
   }
@@ -234,6 +261,7 @@ export class Escrow {
         seq: '0',
         released: '0',
         close: false,
+        reserved: '0',
         ...charge,
       });
     }
@@ -241,8 +269,10 @@ export class Escrow {
     slice.reserved = slice.reserved.minus(reservation.amount);
     slice.lastUsed = Date.now();
     // The charge comes off the slice's free part (this request's reservation is free again), never off
-    // the reservations of the slice's other requests in flight; above that it comes from the balance.
-    let released = Money.min(cost, Money.max(slice.amount.minus(slice.reserved), 0));
+    // the reservations of the slice's other requests in flight; above that it comes from the balance. A
+    // suspended slice (given back) gives back all of its free part.
+    const free = Money.max(slice.unreserved, 0);
+    let released = slice.suspended ? free : Money.min(cost, free);
     slice.amount = slice.amount.minus(released);
     const close = slice.inFlight === 0 && !slice.taking && this.#closesWhenDone(slice);
     if (close) {
@@ -250,20 +280,31 @@ export class Escrow {
       slice.amount = new Money(0);
       this.#forget(slice);
     }
-    if (cost.lte(0) && !close) return undefined;
+    // Without a charge, a statement only when the slice closes or gives something back — or when its
+    // last request in flight settled and the database still counts a reservation of the slice (the
+    // wallet's visible held amount returns to what requests in flight reserved: 0).
+    const stale = slice.inFlight === 0 && !slice.written.isZero();
+    if (cost.lte(0) && !close && released.lte(0) && !stale) return undefined;
     return this.#change(slice, released, close, charge && cost.gt(0) ? charge : NO_CHARGE);
   }
 
-  /** Applies the slice's next change (its sequence number taken now): `released` off it, `close`, `charge`. */
+  /**
+   * Applies the slice's next change (its sequence number taken now): `released` off it, `close`, `charge`,
+   * and what its requests in flight reserve now.
+   */
   #change(slice: Slice, released: Money, close: boolean, charge = NO_CHARGE): Promise<ApplyRow | undefined> {
+    const seq = ++slice.seq;
+    const reserved = close ? new Money(0) : slice.reserved;
+    slice.wrote(seq, reserved);
     return this.#apply(
       slice.projectId,
       {
         sliceId: slice.id,
         userId: slice.userId,
-        seq: String(++slice.seq),
+        seq: String(seq),
         released: formatAmount(released),
         close,
+        reserved: formatAmount(reserved),
         ...charge,
       },
       slice,
@@ -306,6 +347,56 @@ export class Escrow {
     if (others.length) await this.#reclaims.ask(projectId, userIds, others);
   }
 
+  /**
+   * Takes every pod's slices of a wallet back before a debit that does not come through a pod (a refund,
+   * a dispute) commits: called with the wallet's row locked, in the debit's transaction. Each pod
+   * suspends its slices of the wallet at once (it admits no more requests from them: the wallet's next
+   * request takes a new slice, from the balance after the debit) and answers; what the slices held comes
+   * back once the debit committed (their statements wait for the wallet's lock), the reservations of
+   * requests in flight when they settle. Resolves once every pod holding a slice answered (at most the
+   * reclaim timeout: a pod that does not answer gets its slices taken back by the sweeper).
+   */
+  async retire(
+    projectId: string,
+    wallet: { userId: string; externalId: string },
+    tx: Kysely<DB>,
+  ): Promise<void> {
+    this.#retire(projectId, [wallet]);
+    // (read in the debit's transaction: the embedded database has one connection)
+    const owners = await tx
+      .selectFrom('holds')
+      .select('owner')
+      .distinct()
+      .where('user_id', '=', wallet.userId)
+      .where('status', '=', 'open')
+      .where('owner', '<>', this.owner)
+      .execute();
+    const others = owners.map((o) => o.owner).filter((o): o is string => o !== null);
+    if (others.length) await this.#reclaims.ask(projectId, [wallet.userId], others, [wallet]);
+  }
+
+  /**
+   * Suspends this pod's slices of these wallets (synchronously: no request is admitted from them once
+   * this returns), then gives them back in the background (see `retire`).
+   */
+  #retire(projectId: string, wallets: Array<{ userId: string; externalId: string }>): void {
+    const userIds = new Set(wallets.map((w) => w.userId));
+    const externalIds = new Set(wallets.map((w) => w.externalId));
+    const slices = [...this.#slices.values()].filter(
+      (s) => s.projectId === projectId && (userIds.has(s.userId) || externalIds.has(s.externalId)),
+    );
+    for (const slice of slices) {
+      slice.suspended = true;
+      const key = walletKey(slice.projectId, slice.externalId);
+      if (this.#current.get(key) === slice) this.#current.delete(key);
+    }
+    if (slices.length) {
+      void this.#giveBack(slices).catch((err) =>
+        this.#log.warn({ err }, 'giving retired slices back failed (the sweeper takes them)'),
+      );
+    }
+  }
+
   /** Gives back the free part of this pod's slices of these wallets (all of a slice without requests). */
   async #shrink(projectId: string, userIds: Set<string>): Promise<void> {
     // (a slice whose first take is still in flight does not know its wallet yet: it is waited for)
@@ -323,7 +414,7 @@ export class Escrow {
         while (slice.taking) await slice.taking;
         if (!slice.taken || !this.#slices.has(slice.id)) return;
         const close = slice.inFlight === 0;
-        const released = close ? slice.amount : Money.max(slice.free, 0);
+        const released = close ? slice.amount : Money.max(slice.unreserved, 0);
         if (!close && released.lte(0)) {
           await slice.applied; // what an earlier give-back released is back once this resolves
           return;
@@ -416,7 +507,7 @@ export class Escrow {
 
   async #apply(projectId: string, item: ApplyItem, slice?: Slice): Promise<ApplyRow | undefined> {
     try {
-      const submitted = this.#applyQueue(projectId).submit(item);
+      const submitted = this.#queues.apply(projectId).submit(item);
       const applied = submitted.then(
         () => {},
         () => {},
@@ -438,97 +529,12 @@ export class Escrow {
       throw err;
     }
   }
-
-  #takeQueue(projectId: string): GroupCommit<TakeItem, TakeRow> {
-    return (
-      this.#takeQueues.get(projectId) ??
-      this.#newQueue(this.#takeQueues, projectId, {
-        statement: 'take',
-        parallel: TAKE_PARALLEL,
-        keyOf: (item) => item.externalId,
-        run: (items) =>
-          this.#database.run<TakeRow>(takeSlices, [
-            projectId,
-            items.map((i) => i.externalId),
-            items.map((i) => i.need),
-            items.map((i) => i.want),
-            items.map((i) => i.sliceId),
-            this.owner,
-            this.#ttlSeconds,
-            items.map((i) => i.purpose),
-          ]),
-        missing: () => NOT_FOUND,
-      })
-    );
-  }
-
-  #applyQueue(projectId: string): GroupCommit<ApplyItem, ApplyRow> {
-    return (
-      this.#applyQueues.get(projectId) ??
-      this.#newQueue(this.#applyQueues, projectId, {
-        statement: 'apply',
-        parallel: APPLY_PARALLEL,
-        keyOf: (item) => item.userId,
-        // Retried here, inside the batch, so a wallet's later changes never overtake a retried one.
-        run: (items) =>
-          retrying(() =>
-            this.#database.run<ApplyRow>(
-              applySlices,
-              applyParameters(projectId, items, this.#durable ? 'on' : 'off'),
-            ),
-          ),
-        missing: (item) => ({ ...NO_ROW, slice_id: item.sliceId }),
-      })
-    );
-  }
-
-  /** A project's group-commit queue of one statement: one row per item, by slice id (timed, counted). */
-  #newQueue<I extends { sliceId: string }, R extends { slice_id: string }>(
-    queues: Map<string, GroupCommit<I, R>>,
-    projectId: string,
-    batch: {
-      statement: 'take' | 'apply';
-      parallel: number;
-      keyOf: (item: I) => string;
-      run: (items: I[]) => Promise<R[]>;
-      /** The row of an item the statement returned none for. */
-      missing: (item: I) => R;
-    },
-  ): GroupCommit<I, R> {
-    const { statement } = batch;
-    const queue = new GroupCommit<I, R>(
-      async (items) => {
-        this.#metrics.billingBatchSize.observe({ statement }, items.length);
-        const done = this.#metrics.billingBatchDuration.startTimer({ statement });
-        const rows = await batch.run(items);
-        done();
-        const byId = new Map(rows.map((r) => [r.slice_id, r]));
-        return items.map((i) => byId.get(i.sliceId) ?? batch.missing(i));
-      },
-      batch.keyOf,
-      512,
-      batch.parallel,
-    );
-    queues.set(projectId, queue);
-    return queue;
-  }
 }
 
 /** A wallet's key in the pod's maps: the project and the external id (current slices) or user id (changes). */
 function walletKey(projectId: string, id: string): string {
   return `${projectId}\u0000${id}`;
 }
-
-/**
- * Batches of one project in flight at once. Settles: one. Every request waiting while a settle batch is
- * in flight joins the next, so a batch grows with the load, and Postgres's cost per request falls with
- * the batch's size: on the 2-core bench machine one in flight against two and three cut Postgres's CPU
- * per request by 25–47 % and served more requests per second at concurrency 16 and 64, streaming and
- * not (bench/ab.ts; docs/benchmarks.md). Takes (a wallet's first request on a pod) are rarer and wait
- * before the first byte: two.
- */
-const APPLY_PARALLEL = 1;
-const TAKE_PARALLEL = 2;
 
 /** A change that charges nothing (a slice given back, or a release). */
 const NO_CHARGE: ChargeRecord = {
@@ -540,15 +546,3 @@ const NO_CHARGE: ChargeRecord = {
   events: null,
   threshold: null,
 };
-
-/** Retries a statement after a transient database failure (it is idempotent). */
-async function retrying<T>(work: () => Promise<T>, attempts = 3): Promise<T> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await work();
-    } catch (err) {
-      if (attempt >= attempts) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 200 * attempt * attempt));
-    }
-  }
-}

@@ -33,6 +33,10 @@ export interface WalletState {
   connected: boolean;
   /** What the wallet can spend: paid money and unspent credit grants. */
   balance: string;
+  /**
+   * What the wallet's requests in flight reserved (`end_users.reserved`). The pods' slices of the wallet
+   * (escrow.ts, `end_users.held`) are an implementation detail nobody outside a pod sees.
+   */
   held: string;
   /** balance − held */
   available: string;
@@ -47,22 +51,31 @@ export type PaywallRefusal =
   | { ok: false; reason: 'insufficient_balance'; wallet: WalletState; required: string };
 
 export function walletOf(
-  row: Pick<EndUser, 'id' | 'external_id' | 'connected' | 'balance' | 'held' | 'granted'>,
+  row: Pick<EndUser, 'id' | 'external_id' | 'connected' | 'balance' | 'reserved' | 'granted'>,
 ): WalletState {
   return {
     userId: row.id,
     externalId: row.external_id,
     connected: row.connected,
     balance: formatAmount(row.balance),
-    held: formatAmount(row.held),
-    available: formatAmount(new Money(row.balance).minus(row.held)),
+    held: formatAmount(row.reserved),
+    available: formatAmount(new Money(row.balance).minus(row.reserved)),
     granted: formatAmount(row.granted),
     paid: formatAmount(new Money(row.balance).minus(row.granted)),
   };
 }
 
 /** The wallet columns `walletOf` reads. */
-export const WALLET_COLUMNS = ['id', 'external_id', 'connected', 'balance', 'held', 'granted'] as const;
+export const WALLET_COLUMNS = ['id', 'external_id', 'connected', 'balance', 'reserved', 'granted'] as const;
+
+/**
+ * The columns a movement's update returns: the wallet, its slices' `held` (the charge's condition) and
+ * its entry number (`entries`, incremented by the same update: the new entry's `seq`).
+ */
+const MOVED_COLUMNS = [...WALLET_COLUMNS, 'held', 'entries'] as const;
+
+/** The update of a movement that writes one ledger entry: the wallet's next entry number. */
+const NEXT_ENTRY = { entries: sql<string>`entries + 1`, updated_at: sql<Date>`now()` };
 
 export async function findWallet(
   db: Kysely<DB>,
@@ -189,10 +202,10 @@ async function credit(
     .set({
       balance: sql`balance + ${input.amount}::numeric`,
       ...(kind === 'grant' ? { granted: sql`granted + ${input.amount}::numeric` } : {}),
-      updated_at: sql`now()`,
+      ...NEXT_ENTRY,
     })
     .where('id', '=', userId)
-    .returning(WALLET_COLUMNS)
+    .returning(MOVED_COLUMNS)
     .executeTakeFirstOrThrow();
   return { amount, user };
 }
@@ -217,12 +230,12 @@ export async function charge(
 ): Promise<ChargeResult> {
   const user = await tx
     .updateTable('end_users')
-    .set({ balance: sql`balance - ${input.amount}::numeric`, updated_at: sql`now()` })
+    .set({ balance: sql`balance - ${input.amount}::numeric`, ...NEXT_ENTRY })
     .where('project_id', '=', input.project.id)
     .where('external_id', '=', input.externalId)
     .where('connected', '=', true)
     .where(sql<boolean>`balance - held >= ${input.amount}::numeric`)
-    .returning([...WALLET_COLUMNS, 'low_balance_threshold'])
+    .returning([...MOVED_COLUMNS, 'low_balance_threshold'])
     .executeTakeFirst();
   if (!user) return refusal(tx, input.project.id, input.externalId, input.amount);
   // Credit grants are spent first (the wallet's row is locked by the update above).
@@ -254,7 +267,7 @@ export async function charge(
     {
       charged: input.amount,
       balance: user.balance,
-      held: user.held,
+      reserved: user.reserved,
       threshold: user.low_balance_threshold ?? input.lowBalanceThreshold,
     },
     'charge',
@@ -430,10 +443,10 @@ export async function expireGrants(
       .set({
         balance: sql`balance - ${amount}::numeric`,
         granted: sql`granted - ${amount}::numeric`,
-        updated_at: sql`now()`,
+        ...NEXT_ENTRY,
       })
       .where('id', '=', g.user_id)
-      .returning([...WALLET_COLUMNS, 'project_id'])
+      .returning([...MOVED_COLUMNS, 'project_id'])
       .executeTakeFirstOrThrow();
     const project = await tx
       .selectFrom('projects')
@@ -473,11 +486,14 @@ export async function expireGrants(
   return out;
 }
 
-/** Appends the ledger entry of a deposit or charge, with the wallet's values after it. */
+/**
+ * Appends the ledger entry of a deposit or charge, with the wallet's values after it and its number
+ * (`entries`, from the update that moved the money).
+ */
 function writeEntry(
   tx: Transaction<DB>,
   input: MoneyInput,
-  user: Pick<EndUser, 'id' | 'balance' | 'held'>,
+  user: Pick<EndUser, 'id' | 'balance' | 'reserved' | 'entries'>,
   kind: 'deposit' | 'charge' | 'grant' | 'grant_expiry',
   amount: string,
 ): Promise<LedgerEntry> {
@@ -491,7 +507,8 @@ function writeEntry(
       amount,
       held_delta: '0',
       balance_after: user.balance,
-      held_after: user.held,
+      held_after: user.reserved,
+      seq: user.entries,
       source: input.source,
       description: input.description ?? null,
       metadata: JSON.stringify(input.metadata ?? {}),
@@ -530,35 +547,41 @@ export interface ReverseResult {
  * entry of the whole amount: from the paid part of the balance (credit grants are not refundable
  * money), into debt when the balance cannot cover it (`balance.debt.created`; the user is then refused
  * until a deposit covers it).
+ *
+ * Unconditional, so it comes after the pods' slices of the wallet are taken back: with the wallet's row
+ * locked, `retire` (Escrow.retire) stops every pod admitting requests from a slice the balance may no
+ * longer cover, before the debit commits.
  */
 export async function reverse(
   tx: Transaction<DB>,
   events: EventRecorder,
   input: ReverseInput,
+  retire: (wallet: { userId: string; externalId: string }) => Promise<void>,
 ): Promise<ReverseResult> {
   const wanted = new Money(input.amount);
   const current = await tx
     .selectFrom('end_users')
-    .select(['id', 'balance'])
+    .select(['id', 'balance', 'held'])
     .where('project_id', '=', input.project.id)
     .where('external_id', '=', input.externalId)
     .forUpdate()
     .executeTakeFirst();
   if (!current || wanted.lte(0))
     return { debited: '0', uncollected: '0', entry: undefined, wallet: undefined, event: undefined };
+  if (new Money(current.held).gt(0)) await retire({ userId: current.id, externalId: input.externalId });
   const amount = formatForCurrency(wanted, input.project.currency);
   const user = await tx
     .updateTable('end_users')
-    .set({ balance: sql`balance - ${amount}::numeric`, updated_at: sql`now()` })
+    .set({ balance: sql`balance - ${amount}::numeric`, ...NEXT_ENTRY })
     .where('id', '=', current.id)
-    .returning(WALLET_COLUMNS)
+    .returning(MOVED_COLUMNS)
     .executeTakeFirstOrThrow();
   const entry = await writeEntry(tx, input, user, 'charge', formatAmount(wanted.neg()));
   const event = await recordBalanceEvents(
     tx,
     events,
     chargeFacts(input, user, amount, entry.id),
-    { charged: wanted, balance: user.balance, held: user.held, threshold: null },
+    { charged: wanted, balance: user.balance, reserved: user.reserved, threshold: null },
     'reversal',
   );
   return { debited: amount, uncollected: '0', entry, wallet: walletOf(user), event };

@@ -15,6 +15,7 @@ export class Reclaims {
   readonly #owner: string;
   readonly #timeoutMs: number;
   readonly #giveBack: (projectId: string, userIds: string[]) => Promise<void>;
+  readonly #retire: (projectId: string, wallets: Wallet[]) => void;
   /** Reclaims this pod asked for, waiting for the owners' answers. */
   readonly #asked = new Map<string, { owners: Set<string>; done: () => void }>();
   #unsubscribe: Array<() => Promise<void>> = [];
@@ -27,12 +28,18 @@ export class Reclaims {
     timeoutMs: number;
     /** Gives this pod's slices of the wallets back (their free part; all of a slice without requests). */
     giveBack: (projectId: string, userIds: string[]) => Promise<void>;
+    /**
+     * Suspends this pod's slices of the wallets at once (a debit outside the pods is waiting, with the
+     * wallet locked): answered as soon as it returns, not once the slices are back.
+     */
+    retire: (projectId: string, wallets: Wallet[]) => void;
   }) {
     this.#bus = options.bus;
     this.#log = options.log;
     this.#owner = options.owner;
     this.#timeoutMs = options.timeoutMs;
     this.#giveBack = options.giveBack;
+    this.#retire = options.retire;
   }
 
   /** Listens for other pods' asks and answers. */
@@ -48,8 +55,12 @@ export class Reclaims {
     for (const off of this.#unsubscribe) void off().catch(() => {});
   }
 
-  /** Asks `owners` (other pods) to give their slices of the wallets back; resolves once all answered, or at the timeout. */
-  async ask(projectId: string, userIds: string[], owners: string[]): Promise<void> {
+  /**
+   * Asks `owners` (other pods) to give their slices of the wallets back; resolves once all answered, or
+   * at the timeout. With `retire`, they suspend their slices of those wallets and answer at once (see
+   * Escrow.retire).
+   */
+  async ask(projectId: string, userIds: string[], owners: string[], retire?: Wallet[]): Promise<void> {
     const id = newId('rcl');
     const waiting = new Set(owners);
     const answered = new Promise<void>((resolve) => {
@@ -61,7 +72,10 @@ export class Reclaims {
     });
     try {
       // (the publish is inside the time limit too: with Redis unreachable it waits for a reconnect)
-      const asked = this.#bus.publish(RECLAIM, JSON.stringify({ id, projectId, userIds, from: this.#owner }));
+      const asked = this.#bus.publish(
+        RECLAIM,
+        JSON.stringify({ id, projectId, userIds, from: this.#owner, ...(retire ? { retire } : {}) }),
+      );
       const sent = asked.then(
         () => answered,
         (err: unknown) => this.#log.warn({ err }, 'could not ask the other pods to give their slices back'),
@@ -82,13 +96,22 @@ export class Reclaims {
   }
 
   #onReclaim(message: string): void {
-    let ask: { id: string; projectId: string; userIds: string[]; from: string };
+    let ask: { id: string; projectId: string; userIds: string[]; from: string; retire?: Wallet[] };
     try {
       ask = JSON.parse(message);
     } catch {
       return;
     }
     if (ask.from === this.#owner) return;
+    if (ask.retire) {
+      try {
+        this.#retire(ask.projectId, ask.retire);
+      } catch (err) {
+        this.#log.error({ err }, 'suspending slices on a reclaim failed');
+      }
+      void this.#bus.publish(RETURNED, JSON.stringify({ id: ask.id, by: this.#owner })).catch(() => {});
+      return;
+    }
     // Answered even when this pod holds nothing of those wallets (any more): the asker stops waiting.
     void this.#giveBack(ask.projectId, ask.userIds)
       .catch((err) => this.#log.error({ err }, 'giving slices back on a reclaim failed'))
@@ -109,6 +132,12 @@ export class Reclaims {
     asked.owners.delete(answer.by);
     if (!asked.owners.size) asked.done();
   }
+}
+
+/** A wallet as a retiring reclaim names it: its id, and its external id (a slice whose first take is in flight knows only that). */
+export interface Wallet {
+  userId: string;
+  externalId: string;
 }
 
 const RECLAIM = 'escrow.reclaim';

@@ -104,7 +104,13 @@ export class BillingService {
    */
   async hold(input: HoldInput): Promise<HoldResult> {
     const amount = formatAmount(input.amount);
-    const reserved = await this.escrow.reserve(input.project.id, input.externalId, amount, input.purpose);
+    const reserved = await this.escrow.reserve(
+      input.project.id,
+      input.externalId,
+      amount,
+      input.purpose,
+      input.debtLimit ?? '0',
+    );
     if (!reserved) return refusal(this.#db, input.project.id, input.externalId, amount);
     this.#metrics.holdsOpen.inc({ project: input.project.id });
     return {
@@ -140,10 +146,10 @@ export class BillingService {
       events: envelopes.length ? JSON.stringify(envelopes) : null,
       threshold: input.lowBalanceThreshold ?? null,
     });
-    if (!row || row.charged === null || row.balance === null || row.held === null) {
+    if (!row || row.charged === null || row.balance === null || row.reserved === null) {
       return { charged: '0', shortfall: '0', wallet: undefined };
     }
-    const shortfall = this.#settled(input, row.charged, row.balance, row.held);
+    const shortfall = this.#settled(input, row.charged, row.balance, row.reserved);
     if (envelopes.length) this.#events.wake();
     return {
       charged: formatAmount(row.charged),
@@ -153,7 +159,7 @@ export class BillingService {
         external_id: input.externalId,
         connected: true,
         balance: row.balance,
-        held: row.held,
+        reserved: row.reserved,
         granted: row.granted ?? '0',
       }),
     };
@@ -199,7 +205,7 @@ export class BillingService {
    * A settle committed: tells the debit listeners and counts the money (charged, above the hold, into
    * debt). Returns the part of the charge the balance did not cover.
    */
-  #settled(input: SettleInput, charged: string, balance: string, held: string): Money {
+  #settled(input: SettleInput, charged: string, balance: string, reserved: string): Money {
     const { project, hold } = input;
     const chargedAmount = new Money(charged);
     if (chargedAmount.lte(0)) return new Money(0);
@@ -207,7 +213,7 @@ export class BillingService {
       projectId: project.id,
       userId: hold.userId,
       externalId: input.externalId,
-      available: formatAmount(new Money(balance).minus(held)),
+      available: formatAmount(new Money(balance).minus(reserved)),
     });
     const labels = { project: project.id, model: input.model, currency: project.currency };
     this.#metrics.charged.inc({ ...labels, source: input.source }, chargedAmount.toNumber());
@@ -366,12 +372,15 @@ export class BillingService {
   }
 
   /**
-   * Takes back what a payment provider returned to the payer (a refund or a dispute), at most the
-   * available balance (see `reverse` in ledger.ts); in `within` when given.
+   * Takes back what a payment provider returned to the payer (a refund or a dispute), whole (see
+   * `reverse` in ledger.ts: every pod's slice of the wallet is taken back before it commits); in
+   * `within` when given.
    */
   async reverse(input: ReverseInput, within?: Transaction<DB>): Promise<ReverseResult> {
     return this.#moving(within, async (tx, after) => {
-      const result = await reverse(tx, this.#events, input);
+      const result = await reverse(tx, this.#events, input, (wallet) =>
+        this.escrow.retire(input.project.id, wallet, tx),
+      );
       // Not counted in the charge metrics: a reversal is money returned to the payer, not use.
       if (result.event) after(() => this.#events.wake());
       return result;
@@ -482,6 +491,11 @@ export interface HoldInput {
   amount: string;
   /** The API (`chat`, `responses`, `embeddings`). */
   purpose: string;
+  /**
+   * How far below zero the wallet may go (the project's `debtLimit`; default '0'): a request is admitted
+   * when balance + debtLimit − held covers it.
+   */
+  debtLimit?: string | undefined;
 }
 
 export type HoldResult = { ok: true; hold: Hold } | PaywallRefusal;

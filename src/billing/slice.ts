@@ -23,8 +23,14 @@ export class Slice {
   /** Reserved by this pod's requests in flight. */
   reserved = new Money(0);
   inFlight = 0;
-  /** The number of this pod's last change to the slice. */
+  /** The number of this pod's last change to the slice (a take or a settle). */
   seq = 0;
+  /**
+   * The slice's `reserved` as this pod last wrote it (the change numbered `writtenSeq`): what the wallet's
+   * visible held amount counts of this slice once that change is applied.
+   */
+  written = new Money(0);
+  writtenSeq = 0;
   lastUsed = Date.now();
   /** No longer admits requests (given back, swept, or its database state unknown). */
   suspended = false;
@@ -42,7 +48,19 @@ export class Slice {
   }
 
   get free(): Money {
-    return this.suspended ? new Money(0) : this.amount.minus(this.reserved);
+    return this.suspended ? new Money(0) : this.unreserved;
+  }
+
+  /** The slice less what its requests in flight reserved (what a give-back returns), suspended or not. */
+  get unreserved(): Money {
+    return this.amount.minus(this.reserved);
+  }
+
+  /** A change numbered `seq` writes `reserved` (unless a later one was written already). */
+  wrote(seq: number, reserved: Money): void {
+    if (seq <= this.writtenSeq) return;
+    this.writtenSeq = seq;
+    this.written = reserved;
   }
 
   admit(amount: Money): Reservation {

@@ -258,7 +258,12 @@ export interface EndUsersTable {
   connected_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
   /** What the wallet can spend: paid money and unspent credit grants. */
   balance: Numeric;
+  /** The pods' slices of the wallet (escrow): what the take's condition counts (0024: internal). */
   held: Numeric;
+  /** What the requests in flight reserved (0024): the `held` everything outside a pod shows. */
+  reserved: Default<string>;
+  /** The number of the wallet's last ledger entry (0024): each movement increments it. */
+  entries: Default<string>;
   /** The credit grants' part of the balance (the sum of their `remaining`). */
   granted: Default<string>;
   /** Overrides the project's `lowBalanceThreshold` for this user. */
@@ -305,6 +310,8 @@ export interface LedgerEntriesTable {
   source: string;
   description: ColumnType<string | null, string | null | undefined, string | null>;
   metadata: Json;
+  /** The entry's number in its wallet (0024): the activity's order, in which it replays. */
+  seq: string;
   created_at: Timestamp;
 }
 
@@ -324,6 +331,9 @@ export interface HoldsTable {
   owner: string | null;
   /** The number of the last change its pod applied (escrow, 0021). */
   seq: Default<string>;
+  /** What the slice's requests in flight reserved, as its pod's change `reserved_seq` said (0024). */
+  reserved: Default<string>;
+  reserved_seq: Default<string>;
 }
 
 export interface IdempotencyKeysTable {

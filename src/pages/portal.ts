@@ -85,7 +85,7 @@ async function portalPage(
         .select(['id', 'kind', 'amount', 'source', 'description', 'created_at'])
         .where('user_id', '=', wallet.userId)
         .where('kind', 'in', ['deposit', 'charge'])
-        .orderBy('id', 'desc')
+        .orderBy('seq', 'desc')
         .limit(30)
         .execute()
     : [];

@@ -1,7 +1,7 @@
 import type { FastifyReply } from 'fastify';
 import { findWallet } from '../billing/ledger.ts';
 import { safeEqual } from '../core/crypto.ts';
-import { amountSchema, formatForCurrency, Money } from '../core/money.ts';
+import { amountSchema, currencyDecimals, formatForCurrency, Money } from '../core/money.ts';
 import { routeModule } from '../core/plugins.ts';
 import type { PaymentSettings } from '../db/schema.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
@@ -11,7 +11,7 @@ import { PaymentProviderError } from '../payments/provider.ts';
 import { startCheckout } from '../payments/service.ts';
 import { checkSettings } from '../payments/settings.ts';
 import type { ProjectContext } from '../projects/directory.ts';
-import { linkSettingsOf } from '../users/links.ts';
+import { type LinkPayload, linkSettingsOf } from '../users/links.ts';
 import { portalLink } from '../users/sessions.ts';
 import {
   CHECKOUT_STYLE,
@@ -42,6 +42,23 @@ function doneToken(ctx: Ctx, paymentId: string): string {
 
 function formProof(ctx: Ctx, token: string): string {
   return ctx.sealer.sign(`topup-form:${token}`);
+}
+
+/**
+ * What a top-up link asks for: for a refusal's link, the gap — what the refused request needs less the
+ * available balance now (undefined when that already covers it) — otherwise the amount the link names.
+ */
+async function neededOf(
+  ctx: Ctx,
+  project: ProjectContext,
+  payload: LinkPayload,
+): Promise<string | undefined> {
+  if (typeof payload.r !== 'string') return typeof payload.a === 'string' ? payload.a : undefined;
+  const wallet = await findWallet(ctx.db, project.id, payload.u);
+  const gap = new Money(payload.r).minus(wallet?.available ?? '0');
+  if (gap.lte(0)) return undefined;
+  const minor = gap.toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP);
+  return formatForCurrency(minor, project.currency);
 }
 
 async function checkoutPage(
@@ -163,7 +180,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     const opened = await openToken(reply, ctx, 'topup', token);
     if (!opened) return reply;
     const { project, payload } = opened;
-    const amount = typeof payload.a === 'string' ? payload.a : undefined;
+    const amount = await neededOf(ctx, project, payload);
     // With a payment provider connected, the hosted checkout page.
     const connection = await connectionOf(ctx, project.id);
     if (connection) {
@@ -199,7 +216,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     if (!connection) return reply.headers(PRIVATE_HEADERS).redirect(`/topup/${token}`, 303);
     const settings = checkSettings(project.currency, connection.settings);
     const proof = formProof(ctx, token);
-    const needed = typeof payload.a === 'string' ? payload.a : undefined;
+    const needed = await neededOf(ctx, project, payload);
     const again = (error: string, status: number) =>
       checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status });
     if (foreignPost(request, proof)) return again('Press Pay on this page to pay.', 400);

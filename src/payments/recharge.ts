@@ -322,7 +322,7 @@ export class RechargeService {
       .select(['c.user_id', 'c.project_id', 'e.external_id'])
       .where('c.auto_recharge', '=', true)
       .where(
-        sql<boolean>`e.balance - e.held < coalesce(c.threshold, (p.settings->'autoRecharge'->>'threshold')::numeric)`,
+        sql<boolean>`e.balance - e.reserved < coalesce(c.threshold, (p.settings->'autoRecharge'->>'threshold')::numeric)`,
       )
       .where(
         sql<boolean>`NOT EXISTS (SELECT 1 FROM recharges r WHERE r.user_id = c.user_id AND r.status = 'pending')`,
@@ -429,7 +429,7 @@ export class RechargeService {
     // Most debits below the threshold find a recharge pending already, or the month's cap reached: a
     // plain read says so, without taking the wallet's lock on the hot path's row.
     const quick = await sql<{ due: boolean }>`
-      SELECT (e.balance - e.held < coalesce(c.threshold, ${settings.threshold}::numeric)
+      SELECT (e.balance - e.reserved < coalesce(c.threshold, ${settings.threshold}::numeric)
               AND NOT EXISTS (SELECT 1 FROM recharges r WHERE r.user_id = e.id AND r.status = 'pending')
               AND (SELECT coalesce(sum(r.amount), 0) FROM recharges r
                    WHERE r.user_id = e.id AND r.status IN ('pending', 'succeeded')
@@ -457,7 +457,7 @@ export class RechargeService {
       const reserved = await sql<RechargeRow>`
         WITH due AS (
           SELECT e.id, e.external_id FROM end_users e
-          WHERE e.id = ${userId} AND e.balance - e.held < ${threshold}::numeric
+          WHERE e.id = ${userId} AND e.balance - e.reserved < ${threshold}::numeric
             AND NOT EXISTS (SELECT 1 FROM recharges r WHERE r.user_id = e.id AND r.status = 'pending')
             AND (SELECT coalesce(sum(r.amount), 0) FROM recharges r
                  WHERE r.user_id = e.id AND r.status IN ('pending', 'succeeded')

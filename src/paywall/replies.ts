@@ -46,16 +46,18 @@ export function linkReply(
   // What a top-up must bring, in the currency's minor unit (a deposit cannot carry finer amounts): the
   // request, plus the debt when a charge above its hold left the wallet below zero.
   const debt = Money.max(new Money(refusal.wallet.available).neg(), 0);
-  const required = formatForCurrency(
-    new Money(refusal.required)
-      .plus(debt)
-      .toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP),
-    project.currency,
-  );
+  const upToMinor = (v: Money) =>
+    formatForCurrency(
+      v.toDecimalPlaces(currencyDecimals(project.currency), Money.ROUND_UP),
+      project.currency,
+    );
+  const required = upToMinor(new Money(refusal.required).plus(debt));
+  // The available balance is the balance less what the user's requests in flight reserved (escrow slices
+  // are not counted); the top-up page asks for the gap between the request's need and it.
   const available = formatForCurrency(refusal.wallet.available, project.currency);
   return {
     decision: 'topup_required',
-    ...topupReply({ ...input, required, available }),
+    ...topupReply({ ...input, required, available, need: upToMinor(new Money(refusal.required)) }),
     required,
     available,
   };

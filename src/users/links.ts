@@ -17,6 +17,11 @@ export interface LinkPayload {
   u: string;
   /** amount needed (top-up links) */
   a?: string;
+  /**
+   * what the refused request needs (top-up links of a refusal): the page asks for the gap, this less the
+   * available balance when it is opened
+   */
+  r?: string;
   /** expiry, seconds since the epoch */
   exp: number;
   /** nonce */
@@ -29,7 +34,14 @@ export type LinkCheck =
 
 export function createLinkToken(
   sealer: Sealer,
-  input: { kind: LinkKind; projectId: string; externalId: string; amount?: string; ttlSeconds: number },
+  input: {
+    kind: LinkKind;
+    projectId: string;
+    externalId: string;
+    amount?: string;
+    need?: string;
+    ttlSeconds: number;
+  },
   now = Date.now(),
 ): string {
   const payload: LinkPayload = {
@@ -37,6 +49,7 @@ export function createLinkToken(
     p: input.projectId,
     u: input.externalId,
     ...(input.amount ? { a: input.amount } : {}),
+    ...(input.need ? { r: input.need } : {}),
     exp: Math.floor(now / 1000) + input.ttlSeconds,
     n: randomBytes(12).toString('base64url'),
   };
@@ -109,20 +122,27 @@ export interface PaywallLinkInput extends LinkSettings {
 /** The URL of a new signed link of a user (a top-up link may name the amount needed). */
 export function newLinkUrl(
   links: LinkSettings,
-  input: { kind: LinkKind; projectId: string; externalId: string; amount?: string | undefined },
+  input: {
+    kind: LinkKind;
+    projectId: string;
+    externalId: string;
+    amount?: string | undefined;
+    need?: string | undefined;
+  },
 ): string {
   const token = createLinkToken(links.sealer, {
     kind: input.kind,
     projectId: input.projectId,
     externalId: input.externalId,
     ...(input.amount ? { amount: input.amount } : {}),
+    ...(input.need ? { need: input.need } : {}),
     ttlSeconds: links.ttlSeconds,
   });
   return linkUrl(links.publicBaseUrl, input.kind, token);
 }
 
-const paywallLink = (input: PaywallLinkInput, kind: LinkKind, amount?: string) =>
-  newLinkUrl(input, { kind, projectId: input.project.id, externalId: input.externalId, amount });
+const paywallLink = (input: PaywallLinkInput, kind: LinkKind, amount?: string, need?: string) =>
+  newLinkUrl(input, { kind, projectId: input.project.id, externalId: input.externalId, amount, need });
 
 /** The connect link and the assistant message carrying it. */
 export function connectReply(input: PaywallLinkInput): { url: string; message: string } {
@@ -135,12 +155,18 @@ export function connectReply(input: PaywallLinkInput): { url: string; message: s
   return { url, message };
 }
 
-/** The top-up link for `required` (what the request needs) and the assistant message carrying it. */
-export function topupReply(input: PaywallLinkInput & { required: string; available: string }): {
+/**
+ * The top-up link for `required` (what the request needs) and the assistant message carrying it. The link
+ * names `need` too (what the refused request itself needs): its page asks for the gap, `need` less the
+ * available balance when the page is opened.
+ */
+export function topupReply(
+  input: PaywallLinkInput & { required: string; available: string; need?: string | undefined },
+): {
   url: string;
   message: string;
 } {
-  const url = paywallLink(input, 'topup', input.required);
+  const url = paywallLink(input, 'topup', input.required, input.need);
   const message = renderMessage(input.project.settings.topupMessage ?? DEFAULT_TOPUP_MESSAGE, {
     link: url,
     project: input.project.name,

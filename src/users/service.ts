@@ -286,7 +286,11 @@ export function activityView(project: Pick<ProjectContext, 'currency'>, external
   };
 }
 
-/** A user's ledger entries, newest first; `after` is the id of the last entry of the previous page. */
+/**
+ * A user's ledger entries, newest first — in the order of their numbers (`seq`: the order in which they
+ * changed the wallet, so each entry's balance is the next older one's plus its amount); `after` is the id
+ * of the last entry of the previous page.
+ */
 export async function listActivity(
   db: Database,
   project: ApiProject,
@@ -299,9 +303,18 @@ export async function listActivity(
     .selectFrom('ledger_entries')
     .selectAll()
     .where('user_id', '=', wallet.userId)
-    .orderBy('id', 'desc')
+    .orderBy('seq', 'desc')
     .limit(page.limit + 1);
-  if (page.after) query = query.where('id', '<', page.after);
+  if (page.after) {
+    const after = page.after;
+    query = query.where('seq', '<', (eb) =>
+      eb
+        .selectFrom('ledger_entries')
+        .select('seq')
+        .where('user_id', '=', wallet.userId)
+        .where('id', '=', after),
+    );
+  }
   const rows = await query.execute();
   const data = rows.slice(0, page.limit).map((e) => activityView(project, externalId, e));
   return {
@@ -411,7 +424,7 @@ export async function chargeFromApi(
     });
   } else {
     const available = money(result.wallet.available);
-    reply = topupReply({ ...linkInput, required: input.amount, available });
+    reply = topupReply({ ...linkInput, required: input.amount, available, need: input.amount });
     await events.record(tx, {
       project,
       type: 'limits.balance.insufficient',

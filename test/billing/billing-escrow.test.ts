@@ -59,20 +59,31 @@ async function balanceOver(pod: TestServer, user: string) {
 }
 
 /**
- * The user's charges, and the ledger invariants (balance = Σ entries, held = Σ open slices), read in one
- * statement: a slice given back between two reads (the idle timer) must not look like a broken invariant.
+ * The user's charges, the pods' slices of the wallet (`slices`: the internal `end_users.held`), and the
+ * ledger invariants (balance = Σ entries, slices = Σ open slices, reserved = Σ open slices' reserved),
+ * read in one statement: a slice given back between two reads (the idle timer) must not look like a
+ * broken invariant. The wallet is what users see: `held` is what requests in flight reserved.
  */
 async function ledger(user: string) {
   const wallet = (await findWallet(podA.ctx.db, project.id, user))!;
-  const { rows } = await sql<{ balance: string; held: string; entries: string; slices: string }>`
-    SELECT e.balance, e.held,
+  const { rows } = await sql<{
+    balance: string;
+    held: string;
+    reserved: string;
+    entries: string;
+    slices: string;
+    reservations: string;
+  }>`
+    SELECT e.balance, e.held, e.reserved,
            (SELECT coalesce(sum(amount), 0) FROM ledger_entries WHERE user_id = e.id) AS entries,
-           (SELECT coalesce(sum(amount), 0) FROM holds WHERE user_id = e.id AND status = 'open') AS slices
+           (SELECT coalesce(sum(amount), 0) FROM holds WHERE user_id = e.id AND status = 'open') AS slices,
+           (SELECT coalesce(sum(reserved), 0) FROM holds WHERE user_id = e.id AND status = 'open') AS reservations
     FROM end_users e WHERE e.id = ${wallet.userId}
   `.execute(podA.ctx.db);
   const now = rows[0]!;
   expect(new Money(now.entries).toFixed()).toBe(new Money(now.balance).toFixed());
   expect(new Money(now.slices).toFixed()).toBe(new Money(now.held).toFixed());
+  expect(new Money(now.reservations).toFixed()).toBe(new Money(now.reserved).toFixed());
   const entries = await podA.ctx.db
     .selectFrom('ledger_entries')
     .select(['kind', 'amount', 'metadata'])
@@ -80,7 +91,8 @@ async function ledger(user: string) {
     .orderBy('id')
     .execute();
   const charges = entries.filter((e) => e.kind === 'charge');
-  return { wallet, charges, charged: charges.reduce((sum, e) => sum.minus(e.amount), new Money(0)) };
+  const charged = charges.reduce((sum, e) => sum.minus(e.amount), new Money(0));
+  return { wallet, slices: new Money(now.held).toFixed(), charges, charged };
 }
 
 /** One request's reservation, as its charge entry recorded it. */
@@ -136,10 +148,13 @@ describe('escrow on two pods', () => {
     // one slice taken from the database, then seven requests from memory
     expect(admitted('database', after) - admitted('database', before)).toBe(1);
     expect(admitted('memory', after) - admitted('memory', before)).toBe(7);
-    // the slice stays with the pod while the wallet is busy: held, not spent
-    const { wallet, charged } = await ledger('warm');
-    expect(new Money(wallet.held).gt(0)).toBe(true);
+    // the slice stays with the pod while the wallet is busy (not spent), and nobody outside the pod sees
+    // it: nothing is in flight, so nothing is held and the whole balance is available
+    const { wallet, slices, charged } = await ledger('warm');
+    expect(new Money(slices).gt(0)).toBe(true);
     expect(new Money(wallet.balance).toFixed()).toBe(new Money(1).minus(charged).toFixed());
+    expect(wallet.held).toBe('0');
+    expect(await balanceOver(podB, 'warm')).toMatchObject({ held: '0.00', available: wallet.balance });
   });
 
   it('serves a request on another pod from the balance a pod is sitting on (the slice is asked back)', async () => {
@@ -147,8 +162,9 @@ describe('escrow on two pods', () => {
     // enough for three requests' holds: pod A's slice takes all of it
     await fund('split', hold.times(3).toFixed());
     expect(await chat(podA, 'split')).toBe(' hello'.repeat(5));
-    const { wallet } = await ledger('split');
-    expect(new Money(wallet.balance).minus(wallet.held).lt(hold)).toBe(true); // pod A holds the rest
+    const { wallet, slices } = await ledger('split');
+    expect(new Money(wallet.balance).minus(slices).lt(hold)).toBe(true); // pod A holds the rest
+    expect(wallet.held).toBe('0');
     // pod B has no slice and the database no available balance: pod A gives its slice back, B serves
     expect(await chat(podB, 'split')).toBe(' hello'.repeat(5));
     const { charges } = await ledger('split');
@@ -159,8 +175,9 @@ describe('escrow on two pods', () => {
     // a slice is 16 requests' worth (0.32): pod A's takes the whole balance
     await fund('manual', '0.30');
     await chat(podA, 'manual', 'flat');
-    const { wallet } = await ledger('manual');
-    expect(wallet).toMatchObject({ balance: '0.28', held: '0.28' });
+    const { wallet, slices } = await ledger('manual');
+    expect(wallet).toMatchObject({ balance: '0.28', held: '0', available: '0.28' });
+    expect(slices).toBe('0.28');
     const amount = '0.25';
     const res = await fetch(`${podB.url}/v1/user/charge`, {
       method: 'POST',
@@ -184,8 +201,10 @@ describe('escrow on two pods', () => {
       .set({ expires_at: new Date(Date.now() - 1000) })
       .where('id', '=', reserved.hold.id)
       .execute();
+    expect((await ledger('late')).wallet.held).toBe('0.1'); // a request in flight
     expect(await podB.ctx.billing.sweep()).toBe(1);
     expect((await ledger('late')).wallet.held).toBe('0');
+    expect((await ledger('late')).slices).toBe('0');
     const settled = await podA.ctx.billing.settle({
       project,
       hold: reserved.hold,
@@ -218,6 +237,7 @@ describe('escrow on two pods', () => {
       ['0.05'],
       ['0.05'],
       [false],
+      ['0'],
       [entryId],
       ['chat'],
       ['retried'],
@@ -263,19 +283,18 @@ describe('escrow gives slices back', () => {
       await fund('idle', '1');
       await fund('shutdown', '1');
       await chat(pod, 'idle');
-      const idleUser = (await findWallet(pod.ctx.db, project.id, 'idle'))!;
-      expect(new Money(idleUser.held).gt(0)).toBe(true);
+      expect(new Money((await ledger('idle')).slices).gt(0)).toBe(true);
       // the idle timer gives it back (bounded wait: 200 ms idle, checked every 100 ms)
-      for (let i = 0; i < 100 && new Money((await ledger('idle')).wallet.held).gt(0); i++) {
+      for (let i = 0; i < 100 && new Money((await ledger('idle')).slices).gt(0); i++) {
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
-      expect((await ledger('idle')).wallet.held).toBe('0');
+      expect((await ledger('idle')).slices).toBe('0');
 
       await chat(pod, 'shutdown');
-      expect(new Money((await ledger('shutdown')).wallet.held).gt(0)).toBe(true);
+      expect(new Money((await ledger('shutdown')).slices).gt(0)).toBe(true);
       await pod.close();
       closed = true;
-      expect((await ledger('shutdown')).wallet.held).toBe('0');
+      expect((await ledger('shutdown')).slices).toBe('0');
     } finally {
       if (!closed) await pod.close();
     }

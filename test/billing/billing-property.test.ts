@@ -23,6 +23,11 @@ import { seedProject } from '../helpers/server.ts';
  * refusal must be justified: it is wrong when the wallet could cover the amount even after every other
  * debit of the round succeeded.
  *
+ * No round admits holds beyond the available balance at its start plus its deposits and the reservations
+ * it ended, so a slice a refund left uncovered is never served from. Every wallet's activity replays in
+ * its numbered order, and the held amount it shows is what requests in flight reserved (0 with none).
+ * Refunds (reversals, whole, into debt) run concurrently with the rest and write their own events.
+ *
  * Holds are escrow reservations (src/billing/escrow.ts): a pod admits a wallet's requests from its slice of
  * the wallet, so the database's `held` is the sum of the open slices, which covers every reservation in
  * flight; once a run's reservations are done and the pods give their slices back (a reclaim), nothing is
@@ -60,6 +65,7 @@ const trigger = { source: 'test', actorType: 'test', actorId: 'property' };
 type Op =
   | { kind: 'deposit'; wallet: number; amount: string }
   | { kind: 'charge'; wallet: number; amount: string }
+  | { kind: 'refund'; wallet: number; amount: string }
   | { kind: 'hold'; wallet: number; amount: string }
   | { kind: 'settle'; pick: number; cost: string; over?: number }
   | { kind: 'release'; pick: number }
@@ -73,6 +79,8 @@ const wallet = fc.integer({ min: 0, max: WALLETS.length - 1 });
 const op: fc.Arbitrary<Op> = fc.oneof(
   fc.record({ kind: fc.constant('deposit' as const), wallet, amount }),
   fc.record({ kind: fc.constant('charge' as const), wallet, amount }),
+  // a payment's refund or dispute: taken back whole, into debt when the balance cannot cover it
+  fc.record({ kind: fc.constant('refund' as const), wallet, amount }),
   fc.record({ kind: fc.constant('hold' as const), wallet, amount }),
   fc.record({ kind: fc.constant('hold' as const), wallet, amount }),
   fc.record({
@@ -250,6 +258,16 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
               });
               return { o, ok: true as const };
             }
+            case 'refund': {
+              await pods[o.amount.length % pods.length]!.billing.reverse({
+                project,
+                externalId: ids[o.wallet]!,
+                amount: o.amount,
+                source: 'refund',
+                trigger,
+              });
+              return { o, ok: true as const };
+            }
             case 'charge': {
               const r = await pods[o.amount.length % pods.length]!.billing.charge({
                 project,
@@ -303,10 +321,34 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
         });
         const results = await Promise.all(tasks);
 
+        // No admission beyond what the wallet could have had: each hold needs balance − held to cover
+        // it when it is admitted, so the round's holds together never exceed the available balance at the
+        // start of the round plus its deposits plus the reservations its settles and releases ended — a
+        // pod serving from a slice the balance no longer covers (a refund in an earlier round) breaks it.
+        const room = available.map((a) => a);
+        const admitted = model.map(() => new Money(0));
+        for (const r of results) {
+          if (r.o.kind === 'deposit') room[r.o.wallet] = room[r.o.wallet]!.plus(r.o.amount);
+          if (r.o.kind === 'hold' && r.ok) admitted[r.o.wallet] = admitted[r.o.wallet]!.plus(r.o.amount);
+          if ((r.o.kind === 'settle' || r.o.kind === 'release') && 'target' in r && r.target) {
+            room[r.target.wallet] = room[r.target.wallet]!.plus(r.target.hold.amount);
+          }
+        }
+        for (const [i, sum] of admitted.entries()) {
+          expect({
+            wallet: i,
+            admitted: sum.toFixed(),
+            room: room[i]!.toFixed(),
+            within: sum.isZero() || sum.lte(room[i]!),
+          }).toMatchObject({
+            within: true,
+          });
+        }
+
         // What the other operations of the round could at most take from each wallet.
         const debits = model.map(() => new Money(0));
         for (const r of results) {
-          if ((r.o.kind === 'charge' || r.o.kind === 'hold') && r.ok) {
+          if ((r.o.kind === 'charge' || r.o.kind === 'hold' || r.o.kind === 'refund') && r.ok) {
             debits[r.o.wallet] = debits[r.o.wallet]!.plus(r.o.amount);
           }
           // a settle above its hold takes the excess from the available balance too
@@ -329,6 +371,11 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
             const w = model[o.wallet]!;
             w.balance = w.balance.plus(o.amount);
             w.entries.push(new Money(o.amount));
+          } else if (o.kind === 'refund') {
+            // from the paid part: grants are not drawn on
+            const w = model[o.wallet]!;
+            w.balance = w.balance.minus(o.amount);
+            w.entries.push(new Money(o.amount).neg());
           } else if (o.kind === 'charge' || o.kind === 'hold') {
             const w = model[o.wallet]!;
             if (!r.ok) {
@@ -409,21 +456,48 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
   );
 }
 
+/** Every debit the pods told their listeners of (auto-recharge's trigger), by wallet user id. */
+const debitsSeen = new Map<string, string[]>();
+
 async function compare(ctx: AppContext, project: Project, ids: string[], model: ModelWallet[], done = false) {
   for (const [i, id] of ids.entries()) {
     const w = model[i]!;
     const wallet = (await findWallet(ctx.db, project.id, id))!;
     const entries = await ctx.db
       .selectFrom('ledger_entries')
-      .select(['id', 'kind', 'amount', 'balance_after', 'held_after'])
+      .select(['id', 'kind', 'amount', 'balance_after', 'held_after', 'seq', 'source'])
       .where('user_id', '=', wallet.userId)
-      .orderBy('id')
+      .orderBy('seq')
       .execute();
+    // The activity replays in the order of its numbers: 1, 2, 3…, each balance the previous one's plus
+    // its amount, whatever the concurrency of the round.
+    let replayed = new Money(0);
+    const chain = entries.map((e, k) => {
+      replayed = replayed.plus(e.amount);
+      return {
+        seq: Number(e.seq),
+        balance: new Money(e.balance_after).toFixed(),
+        replayed: replayed.toFixed(),
+        k,
+      };
+    });
+    expect({ wallet: id, chain }).toEqual({
+      wallet: id,
+      chain: chain.map((c) => ({ ...c, seq: c.k + 1, balance: c.replayed })),
+    });
     const charges = entries.filter((e) => e.kind === 'charge');
+    // What a debit's listener (auto-recharge) was told is available is what the wallet showed after that
+    // debit: its balance less what requests in flight reserved — never the pods' slices.
+    const shown = new Set(charges.map((e) => new Money(e.balance_after).minus(e.held_after).toFixed()));
+    for (const available of debitsSeen.get(wallet.userId) ?? []) {
+      expect({ wallet: id, available, shown: shown.has(new Money(available).toFixed()) }).toMatchObject({
+        shown: true,
+      });
+    }
     await compareEvents(ctx, project, id, wallet.userId, charges, THRESHOLDS[i]!);
     const openHolds = await ctx.db
       .selectFrom('holds')
-      .select(['id', 'amount'])
+      .select(['id', 'amount', 'reserved'])
       .where('user_id', '=', wallet.userId)
       .where('status', '=', 'open')
       .execute();
@@ -443,26 +517,40 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
       granted: w.grants.reduce((sum, g) => sum.plus(g.remaining), new Money(0)).toFixed(),
       grants: Object.fromEntries(w.grants.map((g) => [g.id, g.remaining.toFixed()])),
     });
+    const inside = await ctx.db
+      .selectFrom('end_users')
+      .select(['held', 'reserved'])
+      .where('id', '=', wallet.userId)
+      .executeTakeFirstOrThrow();
     const slices = openHolds.reduce((sum, h) => sum.plus(h.amount), new Money(0));
+    const reservations = openHolds.reduce((sum, h) => sum.plus(h.reserved), new Money(0));
     expect({
       wallet: id,
       balance: new Money(wallet.balance).toFixed(),
-      // held is the sum of the open slices…
+      // the pods' slices (end_users.held, inside the pods only) are the sum of the open slices…
       slices: slices.toFixed(),
       // …which covers every reservation in flight (exactly nothing, once the slices are given back)
-      covers: done ? new Money(wallet.held).isZero() : new Money(wallet.held).gte(held(w)),
+      covers: done ? new Money(inside.held).isZero() : new Money(inside.held).gte(held(w)),
+      // what the wallet shows as held is what its slices' requests in flight reserved: nothing when
+      // none is in flight, however much the slices hold
+      reserved: reservations.toFixed(),
+      shown: w.open.size === 0 ? wallet.held === '0' : new Money(wallet.held).gte(0),
+      available: new Money(wallet.balance).minus(wallet.held).toFixed(),
       entries: sorted(entries.map((e) => new Money(e.amount))),
     }).toEqual({
       wallet: id,
       balance: w.balance.toFixed(),
-      slices: new Money(wallet.held).toFixed(),
+      slices: new Money(inside.held).toFixed(),
       covers: true,
+      reserved: new Money(inside.reserved).toFixed(),
+      shown: true,
+      available: new Money(wallet.available).toFixed(),
       entries: sorted(w.entries),
     });
   }
 }
 
-type Rule = { when: readonly string[]; data: Readonly<Record<string, string>> };
+type Rule = { when: readonly string[]; data: Readonly<Record<string, string>>; reversals: boolean };
 const RULES = Object.entries(BALANCE_EVENTS) as Array<[string, Rule]>;
 /** The amounts a rule decides on and fills in: the wallet after the charge. */
 const QUANTITIES = new Set(['charged', 'balance', 'before', 'available', 'threshold', 'debt', 'uncovered']);
@@ -472,9 +560,12 @@ const QUANTITIES = new Set(['charged', 'balance', 'before', 'available', 'thresh
  * it) and the threshold in force, each as its type, ledger entry (when it names one) and amounts.
  */
 function eventsOfCharge(
-  entry: { id: string; amount: string; balance_after: string; held_after: string },
-  threshold: string | null,
+  entry: { id: string; amount: string; balance_after: string; held_after: string; source: string },
+  inForce: string | null,
 ): Array<Record<string, string>> {
+  // a reversal (a refund) writes only the events that describe the charge, without a threshold
+  const reversal = entry.source === 'refund';
+  const threshold = reversal ? null : inForce;
   const charged = new Money(entry.amount).neg();
   const balance = new Money(entry.balance_after);
   const q: Record<string, Money | null> = {
@@ -490,6 +581,7 @@ function eventsOfCharge(
     op === '<' ? l.lt(r) : op === '<=' ? l.lte(r) : op === '>' ? l.gt(r) : l.gte(r);
   const out: Array<Record<string, string>> = [];
   for (const [type, rule] of RULES) {
+    if (reversal && !rule.reversals) continue;
     const fires = rule.when.every((comparison) => {
       const [a, op, b] = comparison.split(' ') as [string, string, string];
       const l = q[a];
@@ -513,7 +605,7 @@ async function compareEvents(
   project: Project,
   id: string,
   userId: string,
-  charges: Array<{ id: string; amount: string; balance_after: string; held_after: string }>,
+  charges: Array<{ id: string; amount: string; balance_after: string; held_after: string; source: string }>,
   threshold: { own?: string; project?: string },
 ) {
   const written = await ctx.db
@@ -561,6 +653,11 @@ describe.each([
       pods.push(await createTestContext(env as Record<string, string>, shared));
     // Every balance event is written (which events a project wants is the webhooks' concern).
     for (const pod of pods) pod.events.filter = recordEverything;
+    for (const pod of pods) {
+      pod.billing.onDebit((debit) => {
+        debitsSeen.set(debit.userId, [...(debitsSeen.get(debit.userId) ?? []), debit.available]);
+      });
+    }
     project = await getProject(pods[0]!.db, (await seedProject(pods[0]!)).projectId);
   });
   afterAll(async () => {

@@ -62,13 +62,13 @@ describe.skipIf(!realPostgres)('the settle statements on a project with many wal
       {
         name: 'tollgate_test_plans',
         text: `SELECT name, generic_plans, custom_plans FROM pg_prepared_statements
-               WHERE name IN ('tollgate_take_slices_v1', 'tollgate_apply_slices_v3') ORDER BY name`,
+               WHERE name IN ('tollgate_take_slices_v2', 'tollgate_apply_slices_v4') ORDER BY name`,
       },
       [],
     );
     expect(plans).toEqual([
-      { name: 'tollgate_apply_slices_v3', generic_plans: '12', custom_plans: '0' },
-      { name: 'tollgate_take_slices_v1', generic_plans: '12', custom_plans: '0' },
+      { name: 'tollgate_apply_slices_v4', generic_plans: '12', custom_plans: '0' },
+      { name: 'tollgate_take_slices_v2', generic_plans: '12', custom_plans: '0' },
     ]);
     const wallet = await sql<{ balance: string; held: string }>`
       SELECT trim_scale(balance)::text AS balance, trim_scale(held)::text AS held FROM end_users WHERE project_id = ${project.id} AND external_id = 'planner'

@@ -74,7 +74,7 @@ export interface ChatFixture {
   events(type: string): Promise<any[]>;
   /** The pod gives its slice of the user's wallet back (escrow), as when idle: `held` is then 0. */
   giveBack(user: string): Promise<void>;
-  /** Checks the ledger invariants (balance = Σ amounts, held = Σ open holds); returns the entries. */
+  /** Checks the ledger invariants (balance = Σ amounts, slices = Σ open holds); returns the entries. */
   ledger(user: string): Promise<Array<{ kind: string; amount: string; source: string; held_delta: string }>>;
   /** The user's holds, oldest first. */
   holds(user: string): Promise<Array<{ amount: string; status: string; purpose: string }>>;
@@ -139,9 +139,15 @@ export async function startChatFixture(options: {
       const entries = await ledgerEntriesOf(ctx, wallet.userId, ['kind', 'amount', 'source', 'held_delta']);
       const balance = entries.reduce((sum, e) => sum.plus(e.amount), new Money(0));
       const held = await heldByOpenHolds(ctx, wallet.userId);
-      if (!balance.eq(wallet.balance) || !held.eq(wallet.held)) {
+      // the pods' slices: end_users.held (the wallet shows what requests in flight reserved)
+      const slices = await ctx.db
+        .selectFrom('end_users')
+        .select('held')
+        .where('id', '=', wallet.userId)
+        .executeTakeFirstOrThrow();
+      if (!balance.eq(wallet.balance) || !held.eq(slices.held)) {
         throw new Error(
-          `ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${wallet.held}`,
+          `ledger out of balance: ${balance} vs ${wallet.balance}, held ${held} vs ${slices.held}`,
         );
       }
       return entries;
@@ -174,7 +180,7 @@ export function ledgerEntriesOf<C extends keyof LedgerEntry & string>(
     .selectFrom('ledger_entries')
     .select(columns)
     .where('user_id', '=', userId)
-    .orderBy('id')
+    .orderBy('seq')
     .execute() as unknown as Promise<Array<Pick<LedgerEntry, C>>>;
 }
 

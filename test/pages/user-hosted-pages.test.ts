@@ -306,7 +306,8 @@ describe('top-up page', () => {
     expect(refused.body.reason).toBe('insufficient_balance');
     const res = await get(refused.body.url);
     expect(res.status).toBe(303);
-    expect(new URL(res.headers.get('location')!).searchParams.get('amount')).toBe('3.00');
+    // the gap: 3.00 needed, 1.00 available
+    expect(new URL(res.headers.get('location')!).searchParams.get('amount')).toBe('2.00');
   });
 
   it('explains how to top up when the project has no checkout URL', async () => {
