@@ -482,6 +482,8 @@ export interface HoldInput {
   amount: string;
   /** The API (`chat`, `responses`, `embeddings`). */
   purpose: string;
+  /** How far below zero the hold may take the wallet (the project's `debtLimit`; default 0). */
+  debtLimit?: string;
 }
 
 export type HoldResult = { ok: true; hold: Hold } | PaywallRefusal;
