@@ -111,7 +111,7 @@ export class MeteredFlow {
   ): Promise<FastifyReply> {
     // ---- resolve, price (the worst case: worst-case.ts) ----
     const x = this.#resolve(api, body, client, span);
-    const chain = api.chain ? await chainSize(x, this.#parts.chains) : undefined;
+    const chain = api.chain ? await chainSize(x, this.#parts.chains, this.#ctx.log) : undefined;
     const amount = worstCase(x, this.#ctx.config.DEFAULT_MAX_COMPLETION_TOKENS, chain);
     for (const o of this.#observers) o.resolved?.(x);
 

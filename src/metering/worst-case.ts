@@ -1,3 +1,5 @@
+import type { Logger } from 'pino';
+import { ApiError, DATABASE_RETRY_AFTER_SECONDS } from '../core/errors.ts';
 import { formatAmount } from '../core/money.ts';
 import { holdMarginOf } from '../models/hold-margin.ts';
 import { modelLimitsOf } from '../models/output-limits.ts';
@@ -50,9 +52,21 @@ export function worstCase(
 export async function chainSize(
   x: Exchange,
   chains: ResponseChains,
+  log: Logger,
 ): Promise<number | 'unknown' | undefined> {
   if (x.pricing.mode !== 'per_token') return undefined;
   const ref = x.api.chain?.(x.body);
   if (!ref) return undefined;
-  return (await chains.size(x.project.id, ref)) ?? 'unknown';
+  try {
+    return (await chains.size(x.project.id, ref)) ?? 'unknown';
+  } catch (err) {
+    // as the paywall decision: nothing is forwarded whose worst case is not known
+    log.error({ err }, 'reading the size of a response chain failed');
+    throw new ApiError(
+      503,
+      'service_unavailable',
+      'The billing database is unavailable; the request was not forwarded.',
+      { code: 'database_unavailable', headers: { 'retry-after': String(DATABASE_RETRY_AFTER_SECONDS) } },
+    );
+  }
 }

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
+import { setProjectLimits } from '../../src/models/service.ts';
 import { countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { scrape, sumOf } from '../helpers/metrics-text.ts';
@@ -28,6 +29,8 @@ const BOUNDED = price('1000', '2000');
 const CHAIN = price('1000', '1000');
 const messages = [{ role: 'user' as const, content: 'Say hello' }];
 const PROMPT = countPromptTokens({ model: 'x', messages });
+/** The 20 000-token chain's first response (made by the chain tests). */
+let first = '';
 
 beforeAll(async () => {
   f = await startChatFixture({
@@ -175,7 +178,6 @@ describe('usage above the bounds is an anomaly: charged up to the bounds, record
 describe('Responses chains are held at their known size', () => {
   const input = 'Go on';
   const counted = countResponsesInput({ model: 'x', input } as never);
-  let first = '';
 
   it('a 20 000-token chain: 0.12 is refused with the top-up link, not taken to −19.98', async () => {
     await f.fund('chain-owner', '25.00');
@@ -267,5 +269,24 @@ describe('Responses chains are held at their known size', () => {
       .where('conversation_id', '=', 'conv_T')
       .execute();
     expect(rows.map((r) => Number(r.tokens))).toEqual([305, 305, 305]);
+  });
+});
+
+describe('spend caps reserve the worst case the hold covers', () => {
+  it('a 0.50 daily cap: a request continuing the 20 000-token chain is refused, not served to 80.40', async () => {
+    await setProjectLimits(f.ctx.db, f.project.id, { spend: { daily: '0.50' } });
+    await f.ctx.projects.changed(f.project.id);
+    await f.fund('capped', '100.00');
+    const sent = f.mock.requests.length;
+    const answer = (await f.client.responses.create({
+      model: 'chain',
+      user: 'capped',
+      input: 'Go on',
+      max_output_tokens: 16,
+      previous_response_id: first,
+    })) as unknown as { paywall: { decision: string } };
+    expect(answer.paywall.decision).toBe('spend_cap_reached');
+    expect(f.mock.requests.length).toBe(sent);
+    expect(await balanceOf('capped')).toBe('100');
   });
 });
