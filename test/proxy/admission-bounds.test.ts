@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
 import { tokenCost } from '../../src/metering/cost.ts';
+import { familyLimits, modelLimitsOf } from '../../src/models/output-limits.ts';
 import { setProjectLimits } from '../../src/models/service.ts';
 import { countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
@@ -288,5 +289,41 @@ describe('spend caps reserve the worst case the hold covers', () => {
     expect(answer.paywall.decision).toBe('spend_cap_reached');
     expect(f.mock.requests.length).toBe(sent);
     expect(await balanceOf('capped')).toBe('100');
+  });
+});
+
+describe("the project's maxCompletionTokens caps the model's output limit", () => {
+  it('a gpt-5 model in a project capped at 500 is held and forwarded 500; a client bound is kept', async () => {
+    const capped = await startChatFixture({
+      models: [{ id: 'gpt5', upstreamModel: 'gpt-5', pricing: perToken('1', '2') }],
+      settings: { maxCompletionTokens: 500 },
+    });
+    try {
+      await capped.fund('u', '1.00');
+      await capped.client.chat.completions.create({ model: 'gpt5', user: 'u', messages });
+      expect(capped.mock.requests.at(-1)!.body.max_completion_tokens).toBe(500);
+      await capped.client.chat.completions.create({ model: 'gpt5', user: 'u', messages, max_tokens: 900 });
+      expect(capped.mock.requests.at(-1)!.body.max_tokens).toBe(900);
+    } finally {
+      await capped.close();
+    }
+  });
+
+  it('the family table: published limits, the fallback for unknown names', () => {
+    expect(familyLimits('gpt-5.1-codex')).toEqual({ maxOutputTokens: 128_000, contextWindow: 400_000 });
+    expect(familyLimits('openai/gpt-4o-mini')).toEqual({ maxOutputTokens: 16_384, contextWindow: 128_000 });
+    expect(familyLimits('o4-mini')).toEqual({ maxOutputTokens: 100_000, contextWindow: 200_000 });
+    expect(familyLimits('anthropic.claude-sonnet-4-5-20250929-v1:0')).toEqual({
+      maxOutputTokens: 64_000,
+      contextWindow: 200_000,
+    });
+    expect(familyLimits('claude-opus-4-1')).toEqual({ maxOutputTokens: 32_000, contextWindow: 200_000 });
+    expect(familyLimits('llama-3.3-70b')).toBeUndefined();
+    const row = { max_output_tokens: null, context_window: null, upstream_model: 'my-model', routes: null };
+    expect(modelLimitsOf(row, 4096)).toEqual({
+      maxOutputTokens: 4096,
+      contextWindow: 128_000,
+      source: 'fallback',
+    });
   });
 });
