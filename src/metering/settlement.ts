@@ -108,7 +108,7 @@ export function settleInput(
         ? { anomalousInputTokens: anomaly.excessInput, anomalousOutputTokens: anomaly.excessOutput }
         : {}),
     },
-    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
+    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}${anomaly ? ` (reported above the bounds, not charged: ${anomaly.excessInput} input, ${anomaly.excessOutput} output tokens)` : ''}`,
     ...(completed ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
   };
 }
