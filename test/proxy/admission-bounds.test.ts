@@ -6,6 +6,7 @@ import { setProjectLimits } from '../../src/models/service.ts';
 import { countPromptTokens, countResponsesInput } from '../../src/tokens/inputs.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { scrape, sumOf } from '../helpers/metrics-text.ts';
+import { api } from '../helpers/server.ts';
 
 /**
  * Every admission has a worst case known before forwarding (issue 35): the provider receives only the
@@ -306,6 +307,36 @@ describe("the project's maxCompletionTokens caps the model's output limit", () =
       expect(capped.mock.requests.at(-1)!.body.max_tokens).toBe(900);
     } finally {
       await capped.close();
+    }
+  });
+
+  it('the admin API sets, checks and lists maxOutputTokens and contextWindow', async () => {
+    const root = 'root-admin-token-0123456789abcdef';
+    const admin = await startChatFixture({ models: [], env: { TOLLGATE_ADMIN_TOKEN: root } });
+    try {
+      const path = `/admin/v1/projects/${admin.project.id}/models/big`;
+      const pricing = perToken('1', '2');
+      const bad = await api(admin.server, root, 'PUT', path, { pricing, maxOutputTokens: 0 });
+      expect(bad.status).toBe(400);
+      expect(JSON.stringify(bad.body)).toContain('maxOutputTokens');
+      const ok = await api(admin.server, root, 'PUT', path, {
+        upstreamModel: 'mock-model',
+        pricing,
+        maxOutputTokens: 2048,
+        contextWindow: 32_000,
+      });
+      expect(ok.status).toBe(200);
+      const listed = await api(admin.server, root, 'GET', `/admin/v1/projects/${admin.project.id}/models`);
+      expect(listed.body.models[0]).toMatchObject({
+        id: 'big',
+        maxOutputTokens: 2048,
+        contextWindow: 32_000,
+      });
+      await admin.fund('u', '1.00');
+      await admin.client.chat.completions.create({ model: 'big', user: 'u', messages });
+      expect(admin.mock.requests.at(-1)!.body.max_tokens).toBe(2048);
+    } finally {
+      await admin.close();
     }
   });
 
