@@ -24,6 +24,7 @@ export interface ProjectSettingsInput {
   connectMessage?: string;
   topupMessage?: string;
   maxCompletionTokens?: number;
+  debtLimit?: string;
 }
 
 export interface NewProject {

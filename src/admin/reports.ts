@@ -113,6 +113,11 @@ export interface ReconciliationRow {
   held: string;
   overage: string;
   debt: string;
+  /**
+   * Tokens the provider reported above the requests' bounds (`usage.anomaly`: output above the bound it
+   * received, input above the context window), not charged; included in the provider columns.
+   */
+  anomalousTokens: number;
 }
 
 export const RECONCILIATION_COLUMNS = [
@@ -132,6 +137,7 @@ export const RECONCILIATION_COLUMNS = [
   'held',
   'overage',
   'debt',
+  'anomalousTokens',
 ] as const satisfies ReadonlyArray<keyof ReconciliationRow>;
 
 /**
@@ -158,7 +164,9 @@ export async function reconciliationReport(
              ${tokens('inputTokens')} AS input,
              ${tokens('cachedInputTokens')} AS cached,
              ${tokens('outputTokens')} AS output,
-             ${tokens('reasoningTokens')} AS reasoning
+             ${tokens('reasoningTokens')} AS reasoning,
+             ${tokens('anomalousInputTokens')} AS excess_input,
+             ${tokens('anomalousOutputTokens')} AS excess_output
         FROM ledger_entries l
        WHERE l.project_id = ${project.id}
          AND l.kind = 'charge'
@@ -173,8 +181,9 @@ export async function reconciliationReport(
            sum(cached)::text AS cached_input_tokens,
            sum(output)::text AS output_tokens,
            sum(reasoning)::text AS reasoning_tokens,
-           coalesce(sum(input) FILTER (WHERE reported), 0)::text AS provider_input_tokens,
-           coalesce(sum(output) FILTER (WHERE reported), 0)::text AS provider_output_tokens,
+           coalesce(sum(input + excess_input) FILTER (WHERE reported), 0)::text AS provider_input_tokens,
+           coalesce(sum(output + excess_output) FILTER (WHERE reported), 0)::text AS provider_output_tokens,
+           sum(excess_input + excess_output)::text AS anomalous_tokens,
            sum(amount)::text AS amount,
            coalesce(sum(amount) FILTER (WHERE NOT reported), 0)::text AS estimated_amount,
            coalesce(sum(held), 0)::text AS held,
@@ -202,6 +211,7 @@ export async function reconciliationReport(
     held: amount(r.held),
     overage: amount(r.overage),
     debt: amount(r.debt),
+    anomalousTokens: Number(r.anomalous_tokens),
   }));
   return {
     object: 'report' as const,

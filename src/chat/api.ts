@@ -18,8 +18,8 @@ import { type ChunkMeta, chunkJson, chunkMeta, messageStream, usageChunkJson } f
 
 /**
  * `POST /v1/chat/completions` as a metered API. The request is forwarded as received, with the
- * provider's model name, the completion bound (in the field the client used, else the one the model
- * takes) and, when streaming, `stream_options.include_usage`. Usage is read from `usage`
+ * provider's model name, the completion bound the hold pays for in one field (the one the client used —
+ * `max_completion_tokens` when it sent both, the other dropped — else the one the model takes) and, when streaming, `stream_options.include_usage`. Usage is read from `usage`
  * (`prompt_tokens`, `prompt_tokens_details.cached_tokens`, `completion_tokens`,
  * `completion_tokens_details.reasoning_tokens`). Streams pass through chunk by chunk — content,
  * `tool_calls` deltas, refusals, logprobs, audio alike — and are cut at the bound with a
@@ -37,6 +37,10 @@ export const chatApi: MeteredApi<ChatRequest> = {
   upstreamBody(body, model, bound) {
     const out: Record<string, unknown> = { ...body, model: model.upstream_model };
     if (body.stream === true) out.stream_options = { ...body.stream_options, include_usage: true };
+    // One bound upstream, the one held: a second field (`max_tokens` beside `max_completion_tokens`)
+    // is dropped, never forwarded uncovered.
+    delete out.max_tokens;
+    delete out.max_completion_tokens;
     if (bound !== undefined) out[boundField(body, model)] = bound;
     return out;
   },

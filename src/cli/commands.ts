@@ -107,8 +107,8 @@ export const COMMANDS: CommandSpec[] = [
   {
     name: 'project set',
     usage:
-      'project set --project ID [--name N] [--upstream-url U] [--upstream-key K] [--checkout-url U] [--return-url U] [--connect-message T] [--topup-message T] [--max-completion-tokens N]',
-    summary: 'change a project: name, provider, links and messages',
+      'project set --project ID [--name N] [--upstream-url U] [--upstream-key K] [--checkout-url U] [--return-url U] [--connect-message T] [--topup-message T] [--max-completion-tokens N] [--debt-limit AMOUNT]',
+    summary: 'change a project: name, provider, links and messages, bounds',
     options: [
       'project',
       'name',
@@ -119,6 +119,7 @@ export const COMMANDS: CommandSpec[] = [
       'connect-message',
       'topup-message',
       'max-completion-tokens',
+      'debt-limit',
     ],
     group: 'Projects and keys',
   },
@@ -293,6 +294,7 @@ export const OPTIONS = {
     'currency',
     'daily',
     'days',
+    'debt-limit',
     'email',
     'expires',
     'file',

@@ -30,6 +30,7 @@ export function settingsFrom(values: Values) {
     connectMessage: optional(values, 'connect-message'),
     topupMessage: optional(values, 'topup-message'),
     maxCompletionTokens: maxTokens === undefined ? undefined : Number(maxTokens),
+    debtLimit: optional(values, 'debt-limit'),
   };
   return Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
 }

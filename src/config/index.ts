@@ -205,7 +205,7 @@ export const configDocs: Record<keyof Config, string> = {
   SETTLE_COMMIT:
     '`durable`: a request’s charge is flushed to the WAL before its last byte. `async`: it is visible at once (reads still see it) and flushed within moments, saving the flush’s wait (~0.5–1 ms) on every request; a Postgres crash then loses the last moments’ charges (those requests go free; nothing is overspent, the ledger stays consistent). See [Escrow](#escrow-admission-without-a-round-trip).',
   DEFAULT_MAX_COMPLETION_TOKENS:
-    'Completion bound used for the hold of per-token requests that set no `max_tokens` (a project setting overrides it).',
+    'Output bound of a request that sets none, for a model whose pricing sets no `maxOutputTokens` and whose family Tollgate does not know (known families use their published limits: see [Bounds](#bounds-the-worst-case-of-a-request)); the project’s `maxCompletionTokens` caps it.',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
   UPSTREAM_RESPONSE_TIMEOUT_MS: 'Time-out for the provider’s response headers and between streamed chunks.',
   TOLLGATE_ALLOW_PRIVATE_PROVIDERS:

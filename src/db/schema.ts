@@ -25,6 +25,8 @@ export interface ProjectSettings {
   maxCompletionTokens?: number;
   /** `balance.low` when a charge takes a balance below this (a decimal string); a user's own overrides it. */
   lowBalanceThreshold?: string;
+  /** Admission: a request whose worst case exceeds available + this (a decimal string, default 0) is refused. */
+  debtLimit?: string;
   /** A credit grant given once per end user when they first connect (`reason: trial`). */
   trial?: { amount: string; expiresInDays?: number | undefined };
 }
@@ -78,6 +80,9 @@ export interface ModelsTable {
   cached_input_per_million: Numeric | null;
   /** Multiplier of the prompt estimate in per-token holds (null: the tokenizer family's default). */
   hold_margin: Numeric | null;
+  /** Output and context limits (null: the upstream model family's, src/models/output-limits.ts). */
+  max_output_tokens: Default<number | null>;
+  context_window: Default<number | null>;
   /** The APIs the model serves: `chat`, `responses`, `embeddings`. */
   endpoints: Default<ModelEndpoint[]>;
   fee: Numeric | null;
@@ -538,6 +543,16 @@ export interface DB {
   payment_movements: PaymentMovementsTable;
   payment_customers: PaymentCustomersTable;
   recharges: RechargesTable;
+  response_chains: ResponseChainsTable;
+}
+
+/** A Responses answer Tollgate settled: the tokens charged, for the hold of a request continuing it. */
+export interface ResponseChainsTable {
+  project_id: string;
+  response_id: string;
+  conversation_id: string | null;
+  tokens: ColumnType<string, number | string, number | string>;
+  created_at: Timestamp;
 }
 
 export type Project = Selectable<ProjectsTable>;

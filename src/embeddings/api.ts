@@ -18,6 +18,7 @@ export const embeddingsApi: MeteredApi<EmbeddingsRequest> = {
   schema: embeddingsRequestSchema,
   countInput: countEmbeddingInput,
   requestedBound: () => 0,
+  batched: true,
   choices: () => 1,
   upstreamBody: (body, model) => ({ ...body, model: model.upstream_model }),
 

@@ -71,6 +71,20 @@ export const eventCatalog = {
       currency: 'currency code',
     },
   },
+  'usage.anomaly': {
+    version: '1.0',
+    description:
+      'The provider reported usage above the request’s bounds — more output than the bound it received (× `n`), or more input than the model’s context window. The request was charged up to the bounds; the excess was not charged (and shows in the reconciliation report).',
+    data: {
+      ...requestFields,
+      reportedInputTokens: 'integer: input tokens the provider reported',
+      reportedOutputTokens: 'integer: output tokens the provider reported',
+      inputBound: 'integer or null: the model’s context window',
+      outputBound: 'integer or null: the output bound the provider received × choices',
+      excessInputTokens: 'integer: input tokens above the bound, not charged',
+      excessOutputTokens: 'integer: output tokens above the bound, not charged',
+    },
+  },
   'routing.upstream.failed': {
     version: '1.0',
     description:

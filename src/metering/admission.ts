@@ -8,8 +8,9 @@ import type { MeteredPricing } from './cost.ts';
 
 /**
  * The paywall decision of a metered request: a subscription model checks (or renews) the user's period;
- * a metered model holds the most the request can cost. Both go to the billing service, which refuses a
- * user who is not connected or cannot pay. A database that cannot answer is a 503: nothing is forwarded
+ * a metered model holds the most the request can cost (its worst case). Both go to the billing service,
+ * which refuses a user who is not connected or cannot pay: whose worst case exceeds their available
+ * balance plus the project's `debtLimit` (default 0). A database that cannot answer is a 503: nothing is forwarded
  * unpaid.
  */
 export interface AdmissionInput {
@@ -51,6 +52,7 @@ export async function admit(ctx: AdmissionContext, input: AdmissionInput): Promi
       externalId,
       amount: input.amount,
       purpose: input.purpose,
+      ...(project.settings.debtLimit ? { debtLimit: project.settings.debtLimit } : {}),
     });
     if (!held.ok) return held;
     return { ok: true, userId: held.hold.userId, hold: held.hold };

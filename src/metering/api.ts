@@ -36,8 +36,9 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
    */
   countInput(body: B, count?: TextCounter): number;
   /**
-   * The output bound the client set (per choice); `undefined` when it set none (the project's default
-   * applies); `0` for APIs that produce no output tokens.
+   * The output bound the client set (per choice); `undefined` when it set none (the model's
+   * `maxOutputTokens`, capped by the project's `maxCompletionTokens`, applies); `0` for APIs that
+   * produce no output tokens. `upstreamBody` sends the provider this bound, and no other.
    */
   requestedBound(body: B): number | undefined;
   /** Completions asked for (chat's `n`): the output bound is per completion. */
@@ -57,6 +58,13 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
   endUser?(body: B, client: ClientHeaders): string | undefined;
   /** Client headers to forward to the provider. */
   upstreamHeaders?(client: ClientHeaders): Record<string, string> | undefined;
+  /**
+   * The earlier answer the request continues (Responses: `previous_response_id`, `conversation`): its
+   * recorded size is added to the hold's input (chains.ts).
+   */
+  chain?(body: B): ChainRef | undefined;
+  /** The input is a batch of independent inputs (embeddings): the context window bounds each, not the sum. */
+  readonly batched?: boolean;
   /** The hold counts the prompt times this factor (a provider whose tokenizer counts more than o200k). */
   readonly inputMargin?: number;
   /** An error inside a stream (or before its first event) in this API's shape; OpenAI's otherwise. */
@@ -86,8 +94,34 @@ export function reportedUsage(fields: { [K in keyof TokenUsage]?: unknown }): Re
   return out;
 }
 
+/** The earlier answer a request continues. */
+export interface ChainRef {
+  previousResponseId?: string | undefined;
+  conversationId?: string | undefined;
+}
+
+/** The provider's ids of an answer (Responses): recorded with the tokens charged, for the chain's hold. */
+export interface AnswerIds {
+  responseId: string;
+  conversationId?: string | undefined;
+}
+
+/** Usage above the bounds of a request: the tokens reported beyond them (charged up to the bounds). */
+export interface UsageAnomaly {
+  /** Input tokens reported above the model's context window. */
+  excessInput: number;
+  /** Output tokens reported above the bound the provider received (× choices). */
+  excessOutput: number;
+  reportedInput: number;
+  reportedOutput: number;
+  inputBound: number | undefined;
+  outputBound: number | undefined;
+}
+
 export interface AnswerReading {
   usage: ReportedUsage | undefined;
+  /** The provider's ids of the answer (Responses). */
+  ids?: AnswerIds | undefined;
   /** Output tokens counted by Tollgate from the answer (when the usage has none). */
   produced: number;
   finishReason: string | null;
@@ -113,8 +147,12 @@ export interface Exchange<B extends MeteredBody = MeteredBody> {
   hold: Hold | undefined;
   /** Input tokens counted by Tollgate (per-token pricing). */
   inputCount: number | undefined;
-  /** Output tokens the hold pays for, per choice (per-token pricing). */
+  /** Output tokens the hold pays for, per choice (per-token pricing): the bound the provider receives. */
   bound: number | undefined;
+  /** The most input tokens charged: the model's context window (per-token pricing, unbatched APIs). */
+  inputBound: number | undefined;
+  /** The provider's ids of the answer, once read (Responses). */
+  ids?: AnswerIds | undefined;
   startedEvent: Promise<unknown> | undefined;
   /** Client headers forwarded to the provider (`upstreamHeaders`). */
   upstreamHeaders?: Record<string, string> | undefined;
@@ -131,6 +169,8 @@ export interface StreamReader {
   next(message: SseMessage): StreamStep;
   readonly usage: ReportedUsage | undefined;
   readonly finishReason: string | null;
+  /** The provider's ids of the answer, once seen (Responses). */
+  readonly ids?: AnswerIds | undefined;
   /** The provider said the answer is complete (`[DONE]`, a finish reason, `response.completed`). */
   readonly finished: boolean;
   /** Whether a stream can be stopped at the bound and still end validly. */

@@ -3,7 +3,7 @@ import type { EventType } from '../events/catalog.ts';
 import type { EventRecorder } from '../events/outbox.ts';
 import { routingReported } from '../routing/router.ts';
 import { UpstreamError } from '../upstream/types.ts';
-import type { Exchange } from './api.ts';
+import type { Exchange, UsageAnomaly } from './api.ts';
 import type { TokenUsage } from './cost.ts';
 import type { Ending, MeteringObserver, Refusal } from './observer.ts';
 import type { Pending } from './pending.ts';
@@ -99,6 +99,21 @@ export class EventsObserver implements MeteringObserver {
       ]);
     }
     this.#write(x, list);
+  }
+
+  anomaly(x: Exchange, anomaly: UsageAnomaly): void {
+    this.#event(x, 'usage.anomaly', {
+      requestId: x.requestId,
+      api: x.api.name,
+      model: x.model.id,
+      stream: x.stream,
+      reportedInputTokens: anomaly.reportedInput,
+      reportedOutputTokens: anomaly.reportedOutput,
+      inputBound: anomaly.inputBound ?? null,
+      outputBound: anomaly.outputBound ?? null,
+      excessInputTokens: anomaly.excessInput,
+      excessOutputTokens: anomaly.excessOutput,
+    });
   }
 
   /**

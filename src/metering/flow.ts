@@ -6,15 +6,12 @@ import type { BillingService, Hold } from '../billing/service.ts';
 import type { Config } from '../config/index.ts';
 import { ApiError, badRequest, notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
-import { formatAmount } from '../core/money.ts';
 import type { ModelEndpoint } from '../db/schema.ts';
 import { rateLimitHeaders } from '../limits/index.ts';
-import { holdMarginOf } from '../models/hold-margin.ts';
 import { endpointsOf } from '../models/pricing.ts';
 import type { LinkReply } from '../paywall/replies.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import type { Router } from '../routing/router.ts';
-import { holdInputTokens } from '../tokens/count.ts';
 import type { Span } from '../tracing/index.ts';
 import {
   isAbort,
@@ -24,8 +21,9 @@ import {
   UpstreamError,
 } from '../upstream/types.ts';
 import { type Admission, admit } from './admission.ts';
-import type { AnswerReading, Exchange, MeteredApi, MeteredBody, StreamReader } from './api.ts';
-import { meteredPricing, type TokenUsage, tokenHold } from './cost.ts';
+import type { AnswerReading, Exchange, MeteredApi, MeteredBody, StreamReader, UsageAnomaly } from './api.ts';
+import type { ResponseChains } from './chains.ts';
+import { meteredPricing, type TokenUsage } from './cost.ts';
 import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
 import type { EventsObserver } from './events-observer.ts';
 import type { LimitsObserver } from './limits-observer.ts';
@@ -41,25 +39,28 @@ import {
   sendStream,
   sseMessage,
 } from './relay.ts';
-import { settleInput, usageOf } from './settlement.ts';
+import { settleInput, usageOf, withinBounds } from './settlement.ts';
 import type { TracingObserver } from './tracing-observer.ts';
 import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
+import { chainSize, worstCase } from './worst-case.ts';
 
 /**
  * One metered request, whatever the API (`/v1/chat/completions`, `/v1/responses`, `/v1/embeddings`,
  * `/v1/messages`), in five steps:
  *
  * 1. resolve: the model, the end user, the provider (or a 4xx/503 before anything is counted);
- * 2. price: the most the request can cost (per request: the price; per token: the input counted with a
- *    margin plus the output bound, which is also sent to the provider);
+ * 2. price: the most the request can cost, its worst case (worst-case.ts: per request, the price; per
+ *    token, the input counted with a margin plus a Responses chain's recorded size, at most the context
+ *    window, and the output bound, which is the one bound sent to the provider);
  * 3. admit: the rate limits and spend caps (limits-observer.ts), then the paywall decision
  *    (admission.ts): not connected → the API's connect-link reply; cannot pay → its top-up reply (no
  *    provider call, no charge). Otherwise that most is held (subscriptions: a current period serves
  *    free, else its fee starts a new one);
  * 4. forward: the request goes to the provider (src/routing), the answer is relayed (relay.ts);
  * 5. settle: the billing service settles the hold at the real cost from the provider's `usage` (counted
- *    with gpt-tokenizer when missing) and releases the rest; a request that was served nothing releases
- *    its hold.
+ *    with gpt-tokenizer when missing), within the request's bounds (usage above them is an anomaly,
+ *    recorded and not charged: settlement.ts), and releases the rest; a request that was served nothing
+ *    releases its hold. A Responses answer's size is recorded for the chains continuing it.
  *
  * Everything else — limits' counters, metrics, events, spans — happens in the observers (observer.ts),
  * told in order at each step. The route hands the flow plain inputs: the body, the client (project, key,
@@ -108,9 +109,10 @@ export class MeteredFlow {
     reply: FastifyReply,
     span: Span | undefined,
   ): Promise<FastifyReply> {
-    // ---- resolve, price ----
+    // ---- resolve, price (the worst case: worst-case.ts) ----
     const x = this.#resolve(api, body, client, span);
-    const amount = this.#price(x);
+    const chain = api.chain ? await chainSize(x, this.#parts.chains, this.#ctx.log) : undefined;
+    const amount = worstCase(x, this.#ctx.config.DEFAULT_MAX_COMPLETION_TOKENS, chain);
     for (const o of this.#observers) o.resolved?.(x);
 
     // ---- admit: limits, then the hold (one span with a child for each when tracing) ----
@@ -185,27 +187,11 @@ export class MeteredFlow {
       hold: undefined,
       inputCount: undefined,
       bound: undefined,
+      inputBound: undefined,
       startedEvent: undefined,
       upstreamHeaders: api.upstreamHeaders?.(client),
       span,
     };
-  }
-
-  /** The most the request can cost: the amount held (sets the input count and output bound it holds for). */
-  #price(x: Exchange): string {
-    const pricing = x.pricing;
-    if (pricing.mode === 'per_request') return formatAmount(pricing.perRequest);
-    if (pricing.mode !== 'per_token') return '0';
-    // Counted cheaply (exact up to a budget, bounded by bytes beyond): a huge prompt never stalls the pod;
-    // times the model's hold margin for its provider's tokenizer (src/models/hold-margin.ts).
-    const input = holdInputTokens(x.api.countInput, x.body, holdMarginOf(x.model).margin);
-    x.inputCount = input.exact;
-    x.bound =
-      x.api.requestedBound(x.body) ??
-      x.project.settings.maxCompletionTokens ??
-      this.#ctx.config.DEFAULT_MAX_COMPLETION_TOKENS;
-    const margin = x.api.inputMargin ?? 1;
-    return tokenHold(pricing, Math.ceil(input.bound * margin), x.bound * x.choices);
   }
 
   /** Limits (when the project has any), then the hold: the request is let in, or refused. */
@@ -322,6 +308,7 @@ export class MeteredFlow {
       const answer = await provider.complete(call);
       text = answer.text;
       reading = x.api.read(answer.json);
+      x.ids = reading.ids;
     } catch (err) {
       // The client left before the answer.
       if (watch.gone) return this.#abandoned(x, reply);
@@ -402,6 +389,7 @@ export class MeteredFlow {
       }
     }
     watch.stop();
+    x.ids = reader.ids;
     if (watch.gone || sink.destroyed) {
       this.#finish(x, {
         outcome: 'client_closed',
@@ -507,15 +495,23 @@ export class MeteredFlow {
       this.#release(x);
       return Promise.resolve();
     }
-    const usage = usageOf(x, end.usage, end.produced);
+    // charged up to the bounds the hold covered; reported usage above them is an anomaly, recorded
+    const { usage, anomaly } = withinBounds(x, usageOf(x, end.usage, end.produced));
     for (const o of this.#observers) o.ended?.(x, end, usage);
+    if (anomaly) for (const o of this.#observers) o.anomaly?.(x, anomaly);
     const hold = x.hold;
     x.hold = undefined;
-    return this.#parts.pending.track(this.#settle(x, hold, usage, end), x, 'settle');
+    return this.#parts.pending.track(this.#settle(x, hold, usage, end, anomaly), x, 'settle');
   }
 
   /** After the request's `started` event: the charge, with its `proxy.request.completed` event. */
-  async #settle(x: Exchange, hold: Hold | undefined, usage: TokenUsage, end: Ending): Promise<void> {
+  async #settle(
+    x: Exchange,
+    hold: Hold | undefined,
+    usage: TokenUsage,
+    end: Ending,
+    anomaly: UsageAnomaly | undefined,
+  ): Promise<void> {
     await x.startedEvent;
     const completed = this.#parts.events.completed(x, usage, end);
     if (!hold) {
@@ -523,11 +519,18 @@ export class MeteredFlow {
       return;
     }
     const billing = this.#ctx.billing;
-    const input = settleInput(x, hold, usage, end, completed);
+    const input = settleInput(x, hold, usage, end, completed, anomaly);
     const { charged } = await (x.span
       ? this.#parts.tracing.settle(x, () => billing.settle(input))
       : billing.settle(input));
     for (const o of this.#observers) o.settled?.(x, charged);
+    // the chain's size for a request continuing it (chains.ts): after the charge, off the response path
+    if (x.ids && x.pricing.mode === 'per_token')
+      this.#parts.pending.track(
+        this.#parts.chains.record(x.project.id, x.ids, usage.input + usage.output),
+        x,
+        'chain',
+      );
   }
 }
 
@@ -544,6 +547,8 @@ export interface MeteringParts {
   /** The connect or top-up link of a refused user (src/paywall/replies.ts). */
   paywall: (project: ProjectContext, externalId: string, refusal: PaywallRefusal) => LinkReply;
   pending: Pending;
+  /** The recorded sizes of Responses chains (chains.ts). */
+  chains: ResponseChains;
   limits: LimitsObserver;
   metrics: MetricsObserver;
   events: EventsObserver;

@@ -1,7 +1,7 @@
 import type { ModelRow } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import { UpstreamError } from '../upstream/types.ts';
-import type { Exchange } from './api.ts';
+import type { Exchange, UsageAnomaly } from './api.ts';
 import type { TokenUsage } from './cost.ts';
 import type { Ending, MeteringObserver, Refusal } from './observer.ts';
 import { RequestMetrics } from './request-metrics.ts';
@@ -64,6 +64,18 @@ export class MetricsObserver implements MeteringObserver {
       outcome: upstream?.kind === 'timeout' ? 'upstream_timeout' : 'upstream_error',
       stream: String(x.stream),
     });
+  }
+
+  anomaly(x: Exchange, anomaly: UsageAnomaly): void {
+    for (const [kind, excess] of [
+      ['input', anomaly.excessInput],
+      ['output', anomaly.excessOutput],
+    ] as const) {
+      if (!excess) continue;
+      const labels = { project: x.project.id, model: x.model.id, kind };
+      this.#metrics.usageAnomalies.inc(labels);
+      this.#metrics.anomalousTokens.inc(labels, excess);
+    }
   }
 
   ended(x: Exchange, end: Ending, usage: TokenUsage | undefined): void {

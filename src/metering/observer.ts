@@ -2,7 +2,7 @@ import type { PaywallRefusal } from '../billing/ledger.ts';
 import type { ApiError } from '../core/errors.ts';
 import type { RateRefusal, SpendRefusal } from '../limits/index.ts';
 import type { LinkReply } from '../paywall/replies.ts';
-import type { Exchange, ReportedUsage } from './api.ts';
+import type { Exchange, ReportedUsage, UsageAnomaly } from './api.ts';
 import type { TokenUsage } from './cost.ts';
 
 /**
@@ -33,6 +33,8 @@ export interface MeteringObserver {
   ended?(x: Exchange, end: Ending, usage: TokenUsage | undefined): void;
   released?(x: Exchange): void;
   settled?(x: Exchange, charged: string): void;
+  /** The provider reported usage above the request's bounds (told after `ended`; charged up to them). */
+  anomaly?(x: Exchange, anomaly: UsageAnomaly): void;
 }
 
 /**

@@ -4,6 +4,7 @@ import { Limits } from '../limits/index.ts';
 import { linkReply } from '../paywall/replies.ts';
 import { Router } from '../routing/router.ts';
 import { createUpstreamAgent } from '../upstream/openai-compatible.ts';
+import { ResponseChains } from './chains.ts';
 import { EventsObserver } from './events-observer.ts';
 import { MeteredFlow } from './flow.ts';
 import { LimitsObserver } from './limits-observer.ts';
@@ -39,6 +40,7 @@ export const metering = fp(
       router,
       paywall: (project, externalId, refusal) => linkReply(ctx, project, externalId, refusal),
       pending,
+      chains: new ResponseChains(ctx),
       limits,
       metrics: new MetricsObserver(ctx.metrics),
       events: new EventsObserver(ctx, pending),

@@ -1,5 +1,5 @@
 import type { Hold, SettleInput } from '../billing/service.ts';
-import type { Exchange, MeteredBody, ReportedUsage } from './api.ts';
+import type { Exchange, MeteredBody, ReportedUsage, UsageAnomaly } from './api.ts';
 import { requestCost, type TokenUsage } from './cost.ts';
 import type { Ending } from './observer.ts';
 
@@ -29,6 +29,41 @@ export function usageOf<B extends MeteredBody>(
 }
 
 /**
+ * Usage within the request's sanity bounds: output at most the bound the provider received × choices,
+ * input at most the model's context window (per-token requests). Anything above is an anomaly — the
+ * provider reported more than it can have produced or read — charged up to the bound, the excess
+ * returned to be recorded. Within the bounds the usage is returned as it is.
+ */
+export function withinBounds<B extends MeteredBody>(
+  x: Exchange<B>,
+  usage: TokenUsage,
+): { usage: TokenUsage; anomaly: UsageAnomaly | undefined } {
+  if (x.pricing.mode !== 'per_token') return { usage, anomaly: undefined };
+  const outputBound = x.bound === undefined ? undefined : x.bound * x.choices;
+  const excessOutput = outputBound === undefined ? 0 : Math.max(0, usage.output - outputBound);
+  const excessInput = x.inputBound === undefined ? 0 : Math.max(0, usage.input - x.inputBound);
+  if (!excessOutput && !excessInput) return { usage, anomaly: undefined };
+  const input = usage.input - excessInput;
+  const output = usage.output - excessOutput;
+  return {
+    usage: {
+      input,
+      cachedInput: Math.min(usage.cachedInput, input),
+      output,
+      reasoning: Math.min(usage.reasoning, output),
+    },
+    anomaly: {
+      excessInput,
+      excessOutput,
+      reportedInput: usage.input,
+      reportedOutput: usage.output,
+      inputBound: x.inputBound,
+      outputBound,
+    },
+  };
+}
+
+/**
  * Where a charge's tokens came from: `provider` (its usage had input and output), `tollgate` (it sent
  * none: Tollgate's count, an estimate) or `mixed` (it reported some fields; Tollgate counted the rest).
  */
@@ -47,6 +82,7 @@ export function settleInput(
   usage: TokenUsage,
   end: Ending,
   completed: ((amount: string) => Record<string, unknown>) | undefined,
+  anomaly?: UsageAnomaly,
 ): SettleInput {
   const source = usageSourceOf(end.usage);
   return {
@@ -68,8 +104,11 @@ export function settleInput(
       reasoningTokens: usage.reasoning,
       usageSource: source,
       outcome: end.outcome,
+      ...(anomaly
+        ? { anomalousInputTokens: anomaly.excessInput, anomalousOutputTokens: anomaly.excessOutput }
+        : {}),
     },
-    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
+    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}${anomaly ? ` (reported above the bounds, not charged: ${anomaly.excessInput} input, ${anomaly.excessOutput} output tokens)` : ''}`,
     ...(completed ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
   };
 }

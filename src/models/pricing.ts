@@ -3,6 +3,7 @@ import { currencySchema, priceSchema } from '../core/money.ts';
 import { isPlainText } from '../core/validation.ts';
 import type { ModelEndpoint, ModelRow, PricingMode } from '../db/schema.ts';
 import { holdMarginSchema } from './hold-margin.ts';
+import { tokenLimitSchema } from './output-limits.ts';
 
 /**
  * Pricing of a model: per request, per token (prices per 1M input/output tokens, optionally a lower one
@@ -86,6 +87,9 @@ export const modelSpecSchema = z.strictObject({
   pricing: pricingSchema,
   /** Which APIs serve the model (default: chat and responses). */
   endpoints: endpointsSchema.optional(),
+  /** Output bound when the client sets none, and the most input accepted (default: the family's; src/models/output-limits.ts). */
+  maxOutputTokens: tokenLimitSchema.optional(),
+  contextWindow: tokenLimitSchema.optional(),
 });
 export type ModelSpec = z.infer<typeof modelSpecSchema>;
 
@@ -148,6 +152,15 @@ export function specOf(row: ModelRow): ModelSpec {
     ...(row.routes?.length ? { routes: row.routes } : {}),
     pricing: pricingOf(row),
     endpoints: endpointsOf(row),
+    ...limitsOfRow(row),
+  };
+}
+
+/** The token limits a model row sets (none: the family's defaults apply). */
+export function limitsOfRow(row: ModelRow): Pick<ModelSpec, 'maxOutputTokens' | 'contextWindow'> {
+  return {
+    ...(row.max_output_tokens != null ? { maxOutputTokens: row.max_output_tokens } : {}),
+    ...(row.context_window != null ? { contextWindow: row.context_window } : {}),
   };
 }
 

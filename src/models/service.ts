@@ -213,6 +213,8 @@ async function applyIn(
       upstream_model: model.upstreamModel ?? model.id,
       endpoints: model.endpoints ?? DEFAULT_ENDPOINTS,
       routes: model.routes ? JSON.stringify(model.routes) : null,
+      max_output_tokens: model.maxOutputTokens ?? null,
+      context_window: model.contextWindow ?? null,
     };
     await tx
       .insertInto('models')

@@ -4,7 +4,7 @@ import type { Sealer } from '../core/crypto.ts';
 import { notFound } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
 import { assertWritable } from '../core/managed.ts';
-import { amountInputSchema, currencySchema } from '../core/money.ts';
+import { amountInputSchema, currencySchema, priceSchema } from '../core/money.ts';
 import { isPlainText, isStorable, NOT_STORABLE, parseInput, storableText } from '../core/validation.ts';
 import type { Database } from '../db/index.ts';
 import type { Project, ProjectSettings } from '../db/schema.ts';
@@ -52,6 +52,8 @@ export const projectSettingsSchema = z.strictObject({
   checkoutUrl: httpUrl.optional(),
   maxCompletionTokens: z.number().int().min(1).max(10_000_000).optional(),
   lowBalanceThreshold: amountInputSchema.optional(),
+  /** How far below zero a request's worst case may take a wallet (default 0: it must be covered). */
+  debtLimit: priceSchema.optional(),
   trial: z
     .strictObject({
       amount: amountInputSchema,

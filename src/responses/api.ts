@@ -1,4 +1,4 @@
-import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import type { AnswerIds, MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
 import { reportedUsage } from '../metering/api.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type LinkReply, paywallField } from '../paywall/replies.ts';
@@ -10,7 +10,9 @@ import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
 /**
  * `POST /v1/responses` (OpenAI's Responses API) as a metered API. The request is forwarded as received
- * with the provider's model name and `max_output_tokens` (the bound the hold pays for). Usage is read
+ * with the provider's model name and `max_output_tokens` (the bound the hold pays for). A request
+ * continuing a chain (`previous_response_id`, `conversation`) is held with the chain's recorded size
+ * (src/metering/chains.ts); the answer's `id` (and `conversation.id`) are read for that record. Usage is read
  * from `usage` (`input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`,
  * `output_tokens_details.reasoning_tokens`) of the response, or of the stream's final
  * `response.completed` / `response.incomplete` / `response.failed` event. Stream events pass through
@@ -58,9 +60,17 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
   countInput: countResponsesInput,
   requestedBound: (body) => body.max_output_tokens ?? undefined,
   choices: () => 1,
+  chain: (body) => {
+    const conversation = typeof body.conversation === 'string' ? body.conversation : body.conversation?.id;
+    if (!body.previous_response_id && !conversation) return undefined;
+    return { previousResponseId: body.previous_response_id ?? undefined, conversationId: conversation };
+  },
 
   upstreamBody(body, model, bound) {
     const out: Record<string, unknown> = { ...body, model: model.upstream_model };
+    // The one bound held; Chat's names (which some compatible servers read here too) are not forwarded.
+    delete out.max_tokens;
+    delete out.max_completion_tokens;
     if (bound !== undefined) out.max_output_tokens = bound;
     return out;
   },
@@ -72,6 +82,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
     const usage = responsesUsage(json.usage as ResponsesUsage | null | undefined);
     return {
       usage,
+      ids: answerIds(json),
       produced: usage?.output === undefined ? countText(outputText(json.output)) : 0,
       finishReason: typeof json.status === 'string' ? json.status : null,
     };
@@ -85,6 +96,17 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
 
   streamReader: () => new ResponsesStreamReader(),
 };
+
+/** The provider's response id and conversation id of a Response object. */
+function answerIds(response: { id?: unknown; conversation?: unknown } | undefined): AnswerIds | undefined {
+  if (typeof response?.id !== 'string' || !response.id) return undefined;
+  const conversation = response.conversation as { id?: unknown } | string | null | undefined;
+  const conversationId = typeof conversation === 'string' ? conversation : conversation?.id;
+  return {
+    responseId: response.id,
+    ...(typeof conversationId === 'string' && conversationId ? { conversationId } : {}),
+  };
+}
 
 /** Stream events that carry produced text in `delta`. */
 const DELTA_EVENTS = new Set([
@@ -106,6 +128,7 @@ class ResponsesStreamReader implements StreamReader {
   usage: ReportedUsage | undefined;
   finishReason: string | null = null;
   finished = false;
+  ids: AnswerIds | undefined;
 
   next(message: SseMessage): StreamStep {
     if (message.data === '[DONE]') {
@@ -115,9 +138,10 @@ class ResponsesStreamReader implements StreamReader {
     const event = streamEventJson<{
       type?: unknown;
       delta?: unknown;
-      response?: { status?: unknown; usage?: ResponsesUsage };
+      response?: { id?: unknown; conversation?: unknown; status?: unknown; usage?: ResponsesUsage };
     }>(message.data);
     const type = typeof event.type === 'string' ? event.type : message.event;
+    if (event.response) this.ids = answerIds(event.response) ?? this.ids;
     if (type === 'error') {
       throw streamError(message.data);
     }

@@ -3,9 +3,9 @@ import { userIdSchema } from '../users/schema.ts';
 
 /**
  * The body of `POST /v1/responses`: the fields Tollgate reads (`model`, `input`, `instructions`,
- * `stream`, `user`, `max_output_tokens`, `tools`) are checked for their shape; every other field of
- * OpenAI's Responses API (`text`, `reasoning`, `previous_response_id`, `store`, …) passes through as
- * received.
+ * `stream`, `user`, `max_output_tokens`, `tools`, `previous_response_id`, `conversation`) are checked
+ * for their shape; every other field of OpenAI's Responses API (`text`, `reasoning`, `store`, …) passes
+ * through as received.
  */
 const positiveInt = z
   .number({ message: 'must be a positive integer' })
@@ -25,6 +25,18 @@ export const responsesRequestSchema = z.looseObject({
   max_output_tokens: positiveInt.nullable().optional(),
   tools: z
     .array(z.looseObject({ type: z.string({ message: 'must be a string' }) }))
+    .nullable()
+    .optional(),
+  /** A chain: its recorded size is held (src/metering/chains.ts). */
+  previous_response_id: z.string({ message: 'must be a string' }).min(1).max(512).nullable().optional(),
+  conversation: z
+    .union(
+      [
+        z.string().min(1).max(512),
+        z.looseObject({ id: z.string({ message: 'must be a string' }).min(1).max(512) }),
+      ],
+      { message: 'must be a conversation id or an object with its `id`' },
+    )
     .nullable()
     .optional(),
 });

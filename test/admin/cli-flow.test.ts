@@ -84,6 +84,13 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
     expect(tooPrecise.status).toBe(1);
     expect(tooPrecise.stderr).toMatch(/at most 2 decimal places/);
 
+    const debt = tollgate('project', 'set', '--project', id, '--debt-limit', '2.50', '--json');
+    expect(debt.status, debt.stderr).toBe(0);
+    expect(tollgate('project', 'show', '--project', id, '--json').json().settings).toMatchObject({
+      debtLimit: '2.5',
+    });
+    expect(tollgate('project', 'set', '--project', id, '--debt-limit', 'abc').stderr).toMatch(/debtLimit/);
+
     const key2 = tollgate('key', 'create', '--project', id, '--name', 'second', '--json').json();
     expect(tollgate('key', 'list', '--project', id, '--json').json()).toHaveLength(2);
 

@@ -388,6 +388,13 @@ async function answerResponse(
     parallel_tool_calls: true,
     tool_choice: 'auto',
     tools: [],
+    ...(body.conversation
+      ? {
+          conversation: {
+            id: typeof body.conversation === 'string' ? body.conversation : body.conversation.id,
+          },
+        }
+      : {}),
     ...(b.usage === false ? {} : { usage }),
   };
   store.set(id, response);

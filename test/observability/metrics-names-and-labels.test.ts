@@ -25,6 +25,8 @@ const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_time_to_first_token_seconds: ['histogram', ['project', 'model']],
   tollgate_overhead_latency_seconds: ['histogram', ['project', 'model']],
   tollgate_upstream_errors_total: ['counter', ['project', 'model', 'reason']],
+  tollgate_usage_anomalies_total: ['counter', ['project', 'model', 'kind']],
+  tollgate_usage_anomalous_tokens_total: ['counter', ['project', 'model', 'kind']],
   tollgate_rate_limited_total: ['counter', ['project', 'scope', 'limit']],
   tollgate_spend_capped_total: ['counter', ['project', 'period']],
   tollgate_limits_backend_errors_total: ['counter', ['project', 'outcome']],

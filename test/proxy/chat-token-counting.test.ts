@@ -115,7 +115,8 @@ describe('a 4 MB prompt through the proxy', () => {
   let f: ChatFixture;
   beforeAll(async () => {
     f = await startChatFixture({
-      models: [perTokenModel('per-token', '0.15', '0.6')],
+      // (a context window above the prompt: the hold's input is at most the window)
+      models: [{ ...perTokenModel('per-token', '0.15', '0.6'), contextWindow: 10_000_000 }],
     });
   });
   afterAll(() => f?.close());

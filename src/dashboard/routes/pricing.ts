@@ -31,6 +31,8 @@ const priceForm = formBody({
   holdMargin: field,
   fee: field,
   period: field,
+  maxOutputTokens: field,
+  contextWindow: field,
 });
 
 /** The priced models, each deletable unless a resource manages the pricing. */
@@ -51,6 +53,15 @@ ${models.map(
 )}</tbody></table>`
     : html`<p>No models yet: clients can use only the models priced here.</p>`
 }</section>`;
+}
+
+/** The form's token limits, as numbers when given (the schema says what is wrong with them). */
+function tokenLimits(maxOutputTokens: string | undefined, contextWindow: string | undefined) {
+  const num = (value: string) => (/^\d+$/.test(value) ? Number(value) : value);
+  return {
+    ...(maxOutputTokens ? { maxOutputTokens: num(maxOutputTokens) } : {}),
+    ...(contextWindow ? { contextWindow: num(contextWindow) } : {}),
+  };
 }
 
 export default routeModule((app, ctx) => {
@@ -92,6 +103,10 @@ ${
 <div><label for="fee">Subscription fee</label><input id="fee" name="fee" inputmode="decimal" placeholder="10.00"></div>
 <div><label for="period">Period</label><input id="period" name="period" placeholder="30d"></div>
 </div>
+<div class="row">
+<div><label for="maxOutputTokens">Max output tokens (optional)</label><input id="maxOutputTokens" name="maxOutputTokens" inputmode="numeric" placeholder="from the provider model"></div>
+<div><label for="contextWindow">Context window (optional)</label><input id="contextWindow" name="contextWindow" inputmode="numeric" placeholder="from the provider model"></div>
+</div>
 <p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}. Per token, the prompt Tollgate counts is held times the hold margin (1 to 10), by default the measured one of the provider model's tokenizer family; the charge is always the provider's usage.</p>
 <button type="submit">Save the price</button></form></section>
 <section class="card"><h2>Pricing file</h2>
@@ -130,6 +145,7 @@ ${
           id: v('model'),
           ...(v('upstreamModel') ? { upstreamModel: v('upstreamModel') } : {}),
           pricing: Object.fromEntries(Object.entries(pricing).filter(([, x]) => x !== undefined)),
+          ...tokenLimits(v('maxOutputTokens'), v('contextWindow')),
         },
         'form',
       );

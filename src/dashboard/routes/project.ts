@@ -48,6 +48,7 @@ const settingsForm = formBody({
   connectMessage: optionalField(settings.connectMessage.unwrap()),
   topupMessage: optionalField(settings.topupMessage.unwrap()),
   lowBalanceThreshold: optionalField(settings.lowBalanceThreshold.unwrap()),
+  debtLimit: optionalField(settings.debtLimit.unwrap()),
 });
 
 type Raw = ReturnType<typeof html>;
@@ -121,6 +122,7 @@ function settingsCard(project: ProjectView, csrf: string): Raw {
 <label for="connectMessage">Connect message (<code>{link}</code> is replaced by the link)</label><input id="connectMessage" name="connectMessage" maxlength="2000" value="${project.settings.connectMessage ?? ''}">
 <label for="topupMessage">Top-up message (<code>{link}</code> and <code>{amount}</code> are replaced)</label><input id="topupMessage" name="topupMessage" maxlength="2000" value="${project.settings.topupMessage ?? ''}">
 <label for="lowBalanceThreshold">Low-balance threshold (<code>balance.low</code> when a charge takes a balance below it; empty: none)</label><input id="lowBalanceThreshold" name="lowBalanceThreshold" inputmode="decimal" value="${project.settings.lowBalanceThreshold ?? ''}">
+<label for="debtLimit">Debt limit (how far below zero a request's worst case may take a user; empty: 0)</label><input id="debtLimit" name="debtLimit" inputmode="decimal" value="${project.settings.debtLimit ?? ''}">
 <button type="submit">Save the settings</button></form></section>`;
 }
 
@@ -128,13 +130,13 @@ function settingsCard(project: ProjectView, csrf: string): Raw {
 function reconciliationCard(project: ProjectView, rows: ReconciliationRow[]): Raw {
   const path = projectPath(project.id);
   return html`<section class="card" aria-labelledby="reconciliation-h"><h2 id="reconciliation-h">Reconciliation with the provider (30 days)</h2>
-<p class="muted">Charges are the provider's reported usage × your prices. Per day and model: the tokens charged, those the provider reported (compare them with its invoice), estimates where it reported none, and what went above the holds or below zero.</p>
+<p class="muted">Charges are the provider's reported usage × your prices. Per day and model: the tokens charged, those the provider reported (compare them with its invoice), estimates where it reported none, what went above the holds or below zero, and the tokens reported above a request's bounds (not charged).</p>
 ${
   rows.length
-    ? html`<table><thead><tr><th>Day</th><th>Model</th><th>Requests</th><th>Estimated</th><th>Provider input tokens</th><th>Provider output tokens</th><th>Charged (${project.currency})</th><th>Above holds</th><th>Debt</th></tr></thead><tbody>
+    ? html`<table><thead><tr><th>Day</th><th>Model</th><th>Requests</th><th>Estimated</th><th>Provider input tokens</th><th>Provider output tokens</th><th>Charged (${project.currency})</th><th>Above holds</th><th>Debt</th><th>Tokens above bounds</th></tr></thead><tbody>
 ${rows.map(
   (r) =>
-    html`<tr><td>${r.day}</td><td><code>${r.model}</code></td><td>${r.requests}</td><td>${r.estimated}</td><td>${r.providerInputTokens}</td><td>${r.providerOutputTokens}</td><td>${r.amount}</td><td>${r.overage}</td><td>${r.debt}</td></tr>`,
+    html`<tr><td>${r.day}</td><td><code>${r.model}</code></td><td>${r.requests}</td><td>${r.estimated}</td><td>${r.providerInputTokens}</td><td>${r.providerOutputTokens}</td><td>${r.amount}</td><td>${r.overage}</td><td>${r.debt}</td><td>${r.anomalousTokens}</td></tr>`,
 )}</tbody></table>`
     : html`<p>No metered charges in the last 30 days.</p>`
 }

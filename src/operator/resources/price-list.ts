@@ -41,6 +41,8 @@ function normalModels(models: PricingFile['models']): string {
         upstreamModel: m.upstreamModel ?? m.id,
         endpoints: m.endpoints ?? DEFAULT_ENDPOINTS,
         routes: m.routes ?? null,
+        maxOutputTokens: m.maxOutputTokens ?? null,
+        contextWindow: m.contextWindow ?? null,
         pricing: Object.fromEntries(
           Object.entries({
             ...(m.pricing.mode === 'per_token' ? { outputPerMillion: '0' } : {}),

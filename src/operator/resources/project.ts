@@ -1,3 +1,4 @@
+import { formatAmount } from '../../core/money.ts';
 import type { Project, ProjectSettings } from '../../db/schema.ts';
 import { Failure } from '../failure.ts';
 import { finalized, type KindHandler, normal, synced, updateEvent } from '../handler.ts';
@@ -29,6 +30,13 @@ export interface ProjectStore {
   release(project: Project, managedBy: string): Promise<void>;
 }
 
+/** Settings as the database keeps them (the debt limit as a canonical decimal: "1.00" is "1"). */
+function normalSettings(settings: ProjectSettings): ProjectSettings {
+  const debtLimit = settings.debtLimit;
+  if (typeof debtLimit !== 'string' || !/^\d+(\.\d+)?$/.test(debtLimit)) return settings;
+  return { ...settings, debtLimit: formatAmount(debtLimit) };
+}
+
 export function projectHandler(store: ProjectStore): KindHandler<Resource<ProjectSpec>> {
   return {
     kind: 'Project',
@@ -38,7 +46,7 @@ export function projectHandler(store: ProjectStore): KindHandler<Resource<Projec
       const spec = r.spec ?? {};
       if (!spec.currency) throw new Failure('InvalidSpec', 'spec.currency is required', false);
       const name = spec.displayName ?? r.metadata.name;
-      const settings = spec.settings ?? {};
+      const settings = normalSettings(spec.settings ?? {});
       let row = await store.findByManager(h.managedBy);
       const events = [];
       if (!row) {
