@@ -11,10 +11,13 @@ export interface CounterStore {
    * Atomically: when every `used + cost <= cap`, adds each cost and returns `denied: -1`; else adds
    * nothing and returns the index of the first counter over its cap. `values` are the counters after.
    * A missing key counts from its `seed` when given (`needsSeed` lists missing keys without a seed).
+   * With a `marker`, `fresh` says whether the store lost its data lately (see `Marker`).
    */
-  take(counters: readonly CounterTake[]): Promise<TakeResult>;
+  take(counters: readonly CounterTake[], marker?: Marker): Promise<TakeResult>;
   /** Adds `delta` to each existing key (a correction; a key that expired stays gone). */
   adjust(keys: string[], deltas: number[]): Promise<void>;
+  /** Removes keys (counters that missed changes while the store was unreachable: seeded again). */
+  forget(keys: string[]): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -31,11 +34,40 @@ export interface TakeResult {
   denied: number;
   values: number[];
   needsSeed: number[];
+  /** The marker was made within its `freshMs` (the store lost it, or it is new): seeds must be cautious. */
+  fresh: boolean;
 }
 
-// KEYS: counters. ARGV: n, then per key: limit, cost, ttl ms, seed ('' when none).
+/**
+ * A key that says the store kept its data: made (with the time, `now`) when missing, kept alive by every
+ * take. Younger than `freshMs`, it tells a seed that the counters were lost lately (a FLUSHDB, a restart
+ * without persistence), so the requests in flight before are not in them.
+ */
+export interface Marker {
+  key: string;
+  ttlMs: number;
+  freshMs: number;
+  now: number;
+}
+
+// KEYS: counters, then the marker (optional). ARGV: n, then per key: limit, cost, ttl ms, seed ('' when
+// none), then for the marker: its ttl ms, now (ms) and fresh window (ms).
 const TAKE = `
 local n = tonumber(ARGV[1])
+local fresh = 0
+if #KEYS > n then
+  local m = KEYS[n + 1]
+  local base = 1 + n * 4
+  local now = tonumber(ARGV[base + 2])
+  local born = redis.call('GET', m)
+  if born then
+    redis.call('PEXPIRE', m, ARGV[base + 1])
+  else
+    redis.call('SET', m, ARGV[base + 2], 'PX', ARGV[base + 1])
+    born = now
+  end
+  if now - tonumber(born) < tonumber(ARGV[base + 3]) then fresh = 1 end
+end
 local values = {}
 local missing = {}
 for i = 1, n do
@@ -53,7 +85,7 @@ for i = 1, n do
     end
   end
 end
-if #missing > 0 then return {-2, values, missing} end
+if #missing > 0 then return {-2, values, missing, fresh} end
 local denied = -1
 for i = 1, n do
   local limit = tonumber(ARGV[1 + (i - 1) * 4 + 1])
@@ -67,7 +99,7 @@ if denied == -1 then
     if redis.call('PTTL', KEYS[i]) < 0 then redis.call('PEXPIRE', KEYS[i], ARGV[1 + (i - 1) * 4 + 3]) end
   end
 end
-return {denied, values, missing}
+return {denied, values, missing, fresh}
 `;
 
 const ADJUST = `
@@ -78,7 +110,7 @@ return 0
 `;
 
 type RedisWithScripts = Redis & {
-  tgTake(numKeys: number, ...args: Array<string | number>): Promise<[number, number[], number[]]>;
+  tgTake(numKeys: number, ...args: Array<string | number>): Promise<[number, number[], number[], number]>;
   tgAdjust(numKeys: number, ...args: Array<string | number>): Promise<number>;
 };
 
@@ -102,19 +134,33 @@ export class RedisCounterStore implements CounterStore {
     this.#redis = redis as RedisWithScripts;
   }
 
-  async take(counters: readonly CounterTake[]): Promise<TakeResult> {
+  async take(counters: readonly CounterTake[], marker?: Marker): Promise<TakeResult> {
     const keys: string[] = [];
     const args: Array<string | number> = [counters.length];
     for (const c of counters) {
       keys.push(c.key);
       args.push(c.cap, c.cost, c.ttlMs, c.seed ?? '');
     }
-    const [denied, values, missing] = await this.#redis.tgTake(keys.length, ...keys, ...args);
-    return { denied: denied === -2 ? -1 : denied, values: values.map(Number), needsSeed: missing };
+    if (marker) {
+      keys.push(marker.key);
+      args.push(marker.ttlMs, marker.now, marker.freshMs);
+    }
+    const [denied, values, missing, fresh] = await this.#redis.tgTake(keys.length, ...keys, ...args);
+    return {
+      denied: denied === -2 ? -1 : denied,
+      values: values.map(Number),
+      needsSeed: missing,
+      fresh: fresh === 1,
+    };
   }
 
   async adjust(keys: string[], deltas: number[]): Promise<void> {
     if (keys.length) await this.#redis.tgAdjust(keys.length, ...keys, ...deltas);
+  }
+
+  async forget(keys: string[]): Promise<void> {
+    // One key per call: the keys of different users may live on different cluster slots.
+    for (const key of keys) await this.#redis.del(key);
   }
 
   async close(): Promise<void> {
@@ -127,9 +173,16 @@ export class MemoryCounterStore implements CounterStore {
   readonly #counters = new Map<string, { value: number; expires: number }>();
   #sweeps = 0;
 
-  async take(counters: readonly CounterTake[]): Promise<TakeResult> {
+  async take(counters: readonly CounterTake[], marker?: Marker): Promise<TakeResult> {
     const now = Date.now();
     if (++this.#sweeps % 1000 === 0) this.#sweep(now);
+    let fresh = false;
+    if (marker) {
+      const entry = this.#live(marker.key, now) ?? { value: marker.now, expires: 0 };
+      entry.expires = now + marker.ttlMs;
+      this.#counters.set(marker.key, entry);
+      fresh = marker.now - entry.value < marker.freshMs;
+    }
     const values: number[] = [];
     const needsSeed: number[] = [];
     counters.forEach((c, i) => {
@@ -143,7 +196,7 @@ export class MemoryCounterStore implements CounterStore {
         values.push(0);
       }
     });
-    if (needsSeed.length) return { denied: -1, values, needsSeed };
+    if (needsSeed.length) return { denied: -1, values, needsSeed, fresh };
     const denied = counters.findIndex((c, i) => values[i]! + c.cost > c.cap);
     if (denied === -1) {
       counters.forEach((c, i) => {
@@ -153,7 +206,7 @@ export class MemoryCounterStore implements CounterStore {
         values[i] = entry.value;
       });
     }
-    return { denied, values, needsSeed };
+    return { denied, values, needsSeed, fresh };
   }
 
   async adjust(keys: string[], deltas: number[]): Promise<void> {
@@ -162,6 +215,10 @@ export class MemoryCounterStore implements CounterStore {
       const entry = this.#live(key, now);
       if (entry) entry.value += deltas[i]!;
     });
+  }
+
+  async forget(keys: string[]): Promise<void> {
+    for (const key of keys) this.#counters.delete(key);
   }
 
   async close(): Promise<void> {
