@@ -245,14 +245,16 @@ export class Limits {
    */
   async #take(req: LimitRequest, counters: Counter[]): Promise<TakeResult> {
     if (this.#missed.size) await this.#dropMissed();
-    const marker: Marker | undefined = counters.some((c) => c.spend)
-      ? {
-          key: `${this.#prefix}{${req.project.id}}:alive`,
-          ttlMs: MARKER_TTL_MS,
-          freshMs: MARKER_FRESH_MS,
-          now: Date.now(),
-        }
-      : undefined;
+    // In this process's memory the counters are lost only with the process, and its requests with them.
+    const marker: Marker | undefined =
+      this.store.kind === 'redis' && counters.some((c) => c.spend)
+        ? {
+            key: `${this.#prefix}{${req.project.id}}:alive`,
+            ttlMs: MARKER_TTL_MS,
+            freshMs: MARKER_FRESH_MS,
+            now: Date.now(),
+          }
+        : undefined;
     let result = await this.store.take(counters, marker);
     const fresh = result.fresh;
     for (let round = 0; result.needsSeed.length; round++) {
