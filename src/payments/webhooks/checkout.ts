@@ -134,7 +134,9 @@ function checkoutMismatch(
 
 /**
  * A paid checkout Tollgate did not create for a payment: one naming a payment of this project (kept as
- * an `uncredited` payment of that payment's user, once per checkout), else `keepUnknown`.
+ * an `uncredited` payment of that payment's user, once per checkout), else `keepUnknown`. A payment
+ * created in the last minute whose checkout id is not stored yet may be this very checkout's: the event
+ * fails (500) and the provider delivers it again.
  */
 async function keepNotOurs(scope: WebhookScope, checkout: CheckoutState): Promise<string> {
   const { ctx, project } = scope;
@@ -146,6 +148,10 @@ async function keepNotOurs(scope: WebhookScope, checkout: CheckoutState): Promis
     return 'unknown_payment';
   }
   if (!(checkout.amountMinor > 0)) return 'not_ours';
+  if (named.status === 'pending' && !named.checkout_id && Date.now() - named.created_at.getTime() < 60_000) {
+    // Its checkout is being created (its id is stored right after): the provider retries this event.
+    throw new Error(`payment ${named.id} has no checkout stored yet; retry`);
+  }
   ctx.log.error(
     { projectId: project.id, checkout: checkout.id, paymentId: named.id },
     'a checkout Tollgate did not create names one of its payments: not credited',
