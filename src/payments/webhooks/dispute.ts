@@ -16,9 +16,10 @@ import {
 /**
  * Disputes (chargebacks) of a paid top-up. Opening one debits the disputed amount as a reversal, once
  * (movement key `dispute:<id>`), never more than the payment's amount less its earlier reversals
- * (`reversible`: refunds and other disputes; a dispute larger than its payment takes the payment back); closing it (`dispute_closed:<id>`, once) credits back what was debited
- * when it was won. A dispute won before its opening arrived took nothing, and its late opening takes
- * nothing either.
+ * (`reversible`: refunds and other disputes; a dispute larger than its payment takes the payment back,
+ * no more; its share is kept on the movement as `reversed`). Closing it (`dispute_closed:<id>`, once)
+ * credits back what was debited when it was won, and gives its share back to the payment. A dispute won
+ * before its opening arrived took nothing, and its late opening takes nothing either.
  */
 type DisputeAction = Extract<WebhookAction, { type: 'dispute_opened' | 'dispute_closed' }>;
 
