@@ -18,6 +18,7 @@ import {
 import {
   type CounterStore,
   type CounterTake,
+  type Guard,
   type Marker,
   MemoryCounterStore,
   RedisCounterStore,
@@ -36,8 +37,10 @@ import {
  *   counter is seeded from the ledger's charges of the period, so the cap counts what was already spent,
  *   plus what requests admitted through Postgres reserved; when the store lost its counters lately (the
  *   project's marker is fresh: a FLUSHDB, a Redis restart) or they missed an outage, also the wallet's
- *   open slices, which cover every request in flight whose reservation was lost with them. A cap is then
- *   exceeded by at most one request's worst case.
+ *   open slices, which cover every request in flight whose reservation was lost with them. A counter
+ *   keeps its seed's birth, and the correction of a request counted in an earlier birth applies only when
+ *   it settled after the seed read the ledger (store.ts `Guard`). A cap is then exceeded by at most one
+ *   request's worst case.
  * - Redis unreachable: rate limits fail open (or everything fails closed, LIMITS_FAIL_OPEN=false); spend
  *   caps are checked against Postgres instead (spend.ts `reserveInPostgres`: under the user's advisory
  *   lock, with the request's reservation written in the same transaction), and the counters this pod
@@ -95,6 +98,8 @@ interface Ticket {
   /** A token correction waiting to go with the spend correction (one round trip at the end). */
   tokenDelta: number;
   spendKeys: string[];
+  /** The births of the spend counters it was counted in (for the correction's guard). */
+  spendBirths: string[];
   spendUnits: number;
   /** The reservation made through Postgres (Redis unreachable), ended when the request is. */
   reservationId?: string | undefined;
@@ -169,12 +174,16 @@ export class Limits {
       tokens: rate.tokens ?? 0,
       tokenDelta: 0,
       spendKeys: [],
+      spendBirths: [],
       spendUnits: units,
     };
-    for (const c of counters) {
+    counters.forEach((c, i) => {
       if (c.rate?.limit === 'tokens') ticket.tokenKeys.push(c.key);
-      if (c.spend) ticket.spendKeys.push(c.key);
-    }
+      if (c.spend) {
+        ticket.spendKeys.push(c.key);
+        ticket.spendBirths.push(result.births[i] ?? '');
+      }
+    });
     if (ticket.tokenKeys.length || ticket.spendKeys.length) this.#tickets.set(owner, ticket);
     return { ok: true, headers };
   }
@@ -233,6 +242,7 @@ export class Limits {
         cost: units,
         ttlMs: p.end.getTime() - now + 86_400_000,
         seed: undefined,
+        birth: '-',
         spend: { period, cap, start: p.start, end: p.end },
       });
     }
@@ -261,7 +271,10 @@ export class Limits {
       if (round === 3) throw new Error('spend counters could not be seeded');
       for (const i of result.needsSeed) {
         const c = counters[i]!;
-        c.seed ??= await this.#seed(req, c, fresh || this.#dropped.delete(c.key));
+        if (c.seed === undefined) {
+          c.birth = String(Date.now());
+          c.seed = await this.#seed(req, c, fresh || this.#dropped.delete(c.key));
+        }
       }
       result = await this.store.take(counters, marker);
     }
@@ -314,6 +327,7 @@ export class Limits {
         tokens: 0,
         tokenDelta: 0,
         spendKeys: [],
+        spendBirths: [],
         spendUnits: 0,
         reservationId: decision.reservationId,
       });
@@ -419,24 +433,28 @@ export class Limits {
     const delta = toUnits(amount) - ticket.spendUnits;
     const keys: string[] = [];
     const deltas: number[] = [];
-    for (const key of ticket.spendKeys) {
+    const guards: Array<Guard | undefined> = [];
+    const settledAt = Date.now();
+    ticket.spendKeys.forEach((key, i) => {
       keys.push(key);
       deltas.push(delta);
-    }
+      guards.push({ birth: ticket.spendBirths[i] ?? '', settledAt });
+    });
     if (ticket.tokenDelta !== 0) {
       for (const key of ticket.tokenKeys) {
         keys.push(key);
         deltas.push(ticket.tokenDelta);
+        guards.push(undefined);
       }
     }
     ticket.spendKeys = [];
     ticket.tokenKeys = [];
     const changed = deltas.some((d) => d !== 0);
-    if (changed) this.#adjust(keys, deltas);
+    if (changed) this.#adjust(keys, deltas, guards);
   }
 
-  #adjust(keys: string[], deltas: number[]): void {
-    this.store.adjust(keys, deltas).catch((err) => {
+  #adjust(keys: string[], deltas: number[], guards?: Array<Guard | undefined>): void {
+    this.store.adjust(keys, deltas, guards).catch((err) => {
       this.#ctx.log.warn({ err }, 'a limit counter correction failed');
     });
   }
