@@ -218,7 +218,7 @@ export const configDocs: Record<keyof Config, string> = {
   ROUTING_CIRCUIT_COOLDOWN_MS:
     'How long an open circuit skips its route before one probe request is let through.',
   LIMITS_FAIL_OPEN:
-    'When Redis cannot be reached, rate limits and spend caps let requests through (`true`) or refuse them with 503 (`false`); `tollgate_limits_backend_errors_total` counts these.',
+    'When Redis cannot be reached, rate limits let requests through and spend caps are checked against Postgres (`true`), or every limit refuses with 503 (`false`); `tollgate_limits_backend_errors_total` counts these.',
   TOLLGATE_TRUSTED_PROXIES:
     'Proxies in front of Tollgate whose `X-Forwarded-For`/`X-Forwarded-Proto` are believed: a hop count (`1`: one proxy, e.g. the ingress controller) or comma-separated addresses and CIDRs. Unset: none — the client address is the TCP peer, forwarded headers are ignored (the Helm chart sets `1`, its ingress).',
   SIGNIN_MAX_ATTEMPTS:

@@ -147,6 +147,16 @@ export interface SpendCapsTable {
   updated_at: Timestamp;
 }
 
+/** The hold amounts of requests admitted against spend caps through Postgres (Redis down; 0027). */
+export interface SpendReservationsTable {
+  id: string;
+  project_id: string;
+  external_id: string;
+  amount: Numeric;
+  expires_at: Timestamp;
+  created_at: Timestamp;
+}
+
 // ---- payments (src/payments) ----
 
 /** A project's top-up options (amounts in the project's currency, decimal strings). */
@@ -211,6 +221,8 @@ export interface PaymentsTable {
   save_card: Default<boolean>;
   /** Why a paid payment could not be credited (status `uncredited`); null otherwise. */
   problem: string | null;
+  /** What refunds and disputes took back, in total (at most `amount`; 0027). */
+  reversed: Default<string>;
 }
 
 export interface PaymentCustomersTable {
@@ -251,6 +263,8 @@ export interface PaymentMovementsTable {
   amount: Numeric;
   entry_id: string | null;
   created_at: Timestamp;
+  /** What a refund or dispute took back of its payment (debited and uncollected; 0027). */
+  reversed: Default<string>;
 }
 
 // ---- end users and money (foundation) ----
@@ -538,6 +552,7 @@ export interface DB {
   system_settings: SystemSettingsTable;
   providers: ProvidersTable;
   spend_caps: SpendCapsTable;
+  spend_reservations: SpendReservationsTable;
   payment_connections: PaymentConnectionsTable;
   payments: PaymentsTable;
   payment_movements: PaymentMovementsTable;

@@ -6,10 +6,20 @@ import type { Database } from '../db/index.ts';
 import type { RateLimit } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import type { ProjectContext, SpendCaps } from '../projects/directory.ts';
-import { chargedSince, fromUnits, periodOf, type SpendPeriod, toUnits } from './spend.ts';
+import {
+  endReservation,
+  fromUnits,
+  periodOf,
+  reserveInPostgres,
+  type SpendPeriod,
+  spentAndReserved,
+  toUnits,
+} from './spend.ts';
 import {
   type CounterStore,
   type CounterTake,
+  type Guard,
+  type Marker,
   MemoryCounterStore,
   RedisCounterStore,
   type TakeResult,
@@ -24,7 +34,17 @@ import {
  *   windows. Tokens are the prompt tokens estimated at admission, corrected to input + output at the end.
  * - Spend caps: per end user per UTC day and month. The request's hold amount (the most it can cost) is
  *   reserved atomically at admission; the counter is corrected to the amount charged at the end. A missing
- *   counter is seeded from the ledger's charges of the period, so the cap counts what was already spent.
+ *   counter is seeded from the ledger's charges of the period, so the cap counts what was already spent,
+ *   plus what requests admitted through Postgres reserved; when the store lost its counters lately (the
+ *   project's marker is fresh: a FLUSHDB, a Redis restart) or they missed an outage, also the wallet's
+ *   open slices, which cover every request in flight whose reservation was lost with them. A counter
+ *   keeps its seed's birth, and the correction of a request counted in an earlier birth applies only when
+ *   it settled after the seed read the ledger (store.ts `Guard`). A cap is then exceeded by at most one
+ *   request's worst case.
+ * - Redis unreachable: rate limits fail open (or everything fails closed, LIMITS_FAIL_OPEN=false); spend
+ *   caps are checked against Postgres instead (spend.ts `reserveInPostgres`: under the user's advisory
+ *   lock, with the request's reservation written in the same transaction), and the counters this pod
+ *   could not update are dropped once Redis answers again, to be seeded afresh.
  *
  * A project without limits pays nothing: no counter, no header, no round trip.
  */
@@ -78,8 +98,16 @@ interface Ticket {
   /** A token correction waiting to go with the spend correction (one round trip at the end). */
   tokenDelta: number;
   spendKeys: string[];
+  /** The births of the spend counters it was counted in (for the correction's guard). */
+  spendBirths: string[];
   spendUnits: number;
+  /** The reservation made through Postgres (Redis unreachable), ended when the request is. */
+  reservationId?: string | undefined;
 }
+
+/** How long a project's marker lives without a take, and how long after its making seeds are cautious. */
+const MARKER_TTL_MS = 40 * 86_400_000;
+const MARKER_FRESH_MS = 5 * 60_000;
 
 /** What the limits use of the app (the composition root passes its context). */
 export interface LimitsContext {
@@ -95,6 +123,10 @@ export class Limits {
   readonly store: CounterStore;
   readonly #prefix: string;
   readonly #tickets = new WeakMap<object, Ticket>();
+  /** Spend counters this pod checked through Postgres: dropped from Redis once it answers again. */
+  readonly #missed = new Set<string>();
+  /** Spend counters dropped so: their next seed counts the open slices. */
+  readonly #dropped = new Set<string>();
 
   constructor(ctx: LimitsContext) {
     this.#ctx = ctx;
@@ -131,8 +163,9 @@ export class Limits {
     try {
       result = await this.#take(req, counters);
     } catch (err) {
-      this.#unavailable(req.project, err);
-      return { ok: true, headers: {} };
+      const spend = counters.filter((c) => c.spend);
+      this.#unavailable(req.project, err, spend.length > 0);
+      return this.#checkInPostgres(owner, req, spend, amount);
     }
     const headers = rateHeaders(counters, result.values, resetMs);
     if (result.denied >= 0) return this.#refusal(req, counters, result, headers, resetMs, amount);
@@ -141,12 +174,16 @@ export class Limits {
       tokens: rate.tokens ?? 0,
       tokenDelta: 0,
       spendKeys: [],
+      spendBirths: [],
       spendUnits: units,
     };
-    for (const c of counters) {
+    counters.forEach((c, i) => {
       if (c.rate?.limit === 'tokens') ticket.tokenKeys.push(c.key);
-      if (c.spend) ticket.spendKeys.push(c.key);
-    }
+      if (c.spend) {
+        ticket.spendKeys.push(c.key);
+        ticket.spendBirths.push(result.births[i] ?? '');
+      }
+    });
     if (ticket.tokenKeys.length || ticket.spendKeys.length) this.#tickets.set(owner, ticket);
     return { ok: true, headers };
   }
@@ -205,6 +242,7 @@ export class Limits {
         cost: units,
         ttlMs: p.end.getTime() - now + 86_400_000,
         seed: undefined,
+        birth: '-',
         spend: { period, cap, start: p.start, end: p.end },
       });
     }
@@ -212,19 +250,102 @@ export class Limits {
 
   /**
    * Takes every counter in one atomic step. A spend counter's first request of the period (or Redis lost
-   * it): seeded from the ledger's charges of the period, where the key is still missing, and taken again.
+   * it): seeded where the key is still missing (`#seed`), and taken again. Counters this pod checked
+   * through Postgres while Redis was unreachable are dropped first.
    */
   async #take(req: LimitRequest, counters: Counter[]): Promise<TakeResult> {
-    let result = await this.store.take(counters);
+    if (this.#missed.size) await this.#dropMissed();
+    // In this process's memory the counters are lost only with the process, and its requests with them.
+    const marker: Marker | undefined =
+      this.store.kind === 'redis' && counters.some((c) => c.spend)
+        ? {
+            key: `${this.#prefix}{${req.project.id}}:alive`,
+            ttlMs: MARKER_TTL_MS,
+            freshMs: MARKER_FRESH_MS,
+            now: Date.now(),
+          }
+        : undefined;
+    let result = await this.store.take(counters, marker);
+    const fresh = result.fresh;
     for (let round = 0; result.needsSeed.length; round++) {
       if (round === 3) throw new Error('spend counters could not be seeded');
       for (const i of result.needsSeed) {
         const c = counters[i]!;
-        c.seed ??= toUnits(await chargedSince(this.#ctx.db, req.project.id, req.externalId, c.spend!.start));
+        if (c.seed === undefined) {
+          c.birth = String(Date.now());
+          c.seed = await this.#seed(req, c, fresh || this.#dropped.delete(c.key));
+        }
       }
-      result = await this.store.take(counters);
+      result = await this.store.take(counters, marker);
     }
     return result;
+  }
+
+  /**
+   * A spend counter's seed: the ledger's charges of the period and the reservations made through
+   * Postgres; with `cautious` (its counters were lost lately) also the wallet's open slices, which cover
+   * the requests in flight whose reservations were lost (their corrections subtract them when they end).
+   */
+  async #seed(req: LimitRequest, c: Counter, cautious: boolean): Promise<number> {
+    const used = await spentAndReserved(this.#ctx.db, req.project.id, req.externalId, c.spend!.start, {
+      slices: cautious,
+    });
+    return toUnits(new Money(used.charged).plus(used.reserved).plus(used.held).toFixed());
+  }
+
+  /** Redis answers again: the spend counters that missed what was reserved through Postgres are dropped. */
+  async #dropMissed(): Promise<void> {
+    const keys = [...this.#missed];
+    await this.store.forget(keys);
+    for (const key of keys) {
+      this.#missed.delete(key);
+      this.#dropped.add(key);
+    }
+  }
+
+  /**
+   * Redis unreachable: the spend caps checked against Postgres (slower, as strict), the request's
+   * reservation written there; rate limits are not counted (fail open).
+   */
+  async #checkInPostgres(
+    owner: object,
+    req: LimitRequest,
+    spend: Counter[],
+    amount: string,
+  ): Promise<LimitDecision> {
+    if (!spend.length) return { ok: true, headers: {} };
+    for (const c of spend) this.#missed.add(c.key);
+    const decision = await reserveInPostgres(this.#ctx.db, {
+      projectId: req.project.id,
+      externalId: req.externalId,
+      amount,
+      caps: spend.map((c) => ({ period: c.spend!.period, cap: c.spend!.cap, start: c.spend!.start })),
+    });
+    if (decision.ok) {
+      this.#tickets.set(owner, {
+        tokenKeys: [],
+        tokens: 0,
+        tokenDelta: 0,
+        spendKeys: [],
+        spendBirths: [],
+        spendUnits: 0,
+        reservationId: decision.reservationId,
+      });
+      return { ok: true, headers: {} };
+    }
+    const c = spend.find((s) => s.spend!.period === decision.period)!;
+    this.#ctx.metrics.spendCapped.inc({ project: req.project.id, period: decision.period });
+    return {
+      ok: false,
+      headers: {},
+      spend: {
+        period: decision.period,
+        cap: decision.cap,
+        spent: decision.spent,
+        required: amount,
+        resetsAt: c.spend!.end,
+      },
+    };
   }
 
   /** The decision of a request a counter refused: over a rate limit (a 429) or at a spend cap. */
@@ -300,36 +421,52 @@ export class Limits {
   /** The request ended: its reservation becomes what was charged (`0` when it was released). */
   charged(owner: object, amount: string): void {
     const ticket = this.#tickets.get(owner);
+    if (ticket?.reservationId) {
+      // Its charge is in the ledger now (or nothing was): the reservation counts no more.
+      const id = ticket.reservationId;
+      ticket.reservationId = undefined;
+      endReservation(this.#ctx.db, id).catch((err) => {
+        this.#ctx.log.warn({ err }, 'a spend reservation could not be ended; it expires');
+      });
+    }
     if (!ticket?.spendKeys.length) return;
     const delta = toUnits(amount) - ticket.spendUnits;
     const keys: string[] = [];
     const deltas: number[] = [];
-    for (const key of ticket.spendKeys) {
+    const guards: Array<Guard | undefined> = [];
+    const settledAt = Date.now();
+    ticket.spendKeys.forEach((key, i) => {
       keys.push(key);
       deltas.push(delta);
-    }
+      guards.push({ birth: ticket.spendBirths[i] ?? '', settledAt });
+    });
     if (ticket.tokenDelta !== 0) {
       for (const key of ticket.tokenKeys) {
         keys.push(key);
         deltas.push(ticket.tokenDelta);
+        guards.push(undefined);
       }
     }
     ticket.spendKeys = [];
     ticket.tokenKeys = [];
     const changed = deltas.some((d) => d !== 0);
-    if (changed) this.#adjust(keys, deltas);
+    if (changed) this.#adjust(keys, deltas, guards);
   }
 
-  #adjust(keys: string[], deltas: number[]): void {
-    this.store.adjust(keys, deltas).catch((err) => {
+  #adjust(keys: string[], deltas: number[], guards?: Array<Guard | undefined>): void {
+    this.store.adjust(keys, deltas, guards).catch((err) => {
       this.#ctx.log.warn({ err }, 'a limit counter correction failed');
     });
   }
 
-  /** Redis could not be reached: fail open (counted) or closed (503), as LIMITS_FAIL_OPEN says. */
-  #unavailable(project: ProjectContext, err: unknown): void {
+  /**
+   * Redis could not be reached: fail open (rate limits not counted; spend caps checked against Postgres:
+   * outcome `postgres`) or closed (503), as LIMITS_FAIL_OPEN says.
+   */
+  #unavailable(project: ProjectContext, err: unknown, spend: boolean): void {
     const open = this.#ctx.config.LIMITS_FAIL_OPEN;
-    this.#ctx.metrics.limitsBackendErrors.inc({ project: project.id, outcome: open ? 'allowed' : 'refused' });
+    const outcome = !open ? 'refused' : spend ? 'postgres' : 'allowed';
+    this.#ctx.metrics.limitsBackendErrors.inc({ project: project.id, outcome });
     this.#ctx.log.warn({ err }, `limits: Redis unreachable, failing ${open ? 'open' : 'closed'}`);
     if (!open) {
       throw new ApiError(

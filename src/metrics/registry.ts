@@ -56,7 +56,7 @@ export class Metrics {
   // ---- routing and limits (src/routing, src/limits) ----
   readonly rateLimited = this.#counter('tollgate_rate_limited_total', 'Metered requests refused with 429 by a rate limit, by scope (project, key, user) and limit (requests, tokens).', ['project', 'scope', 'limit']);
   readonly spendCapped = this.#counter('tollgate_spend_capped_total', 'Metered requests refused because the end user reached a spend cap, by period (day, month).', ['project', 'period']);
-  readonly limitsBackendErrors = this.#counter('tollgate_limits_backend_errors_total', 'Rate limit or spend cap checks that could not reach Redis, by what happened to the request (allowed: fail open, refused: fail closed).', ['project', 'outcome']);
+  readonly limitsBackendErrors = this.#counter('tollgate_limits_backend_errors_total', 'Rate limit or spend cap checks that could not reach Redis, by what happened to the request (allowed: fail open, postgres: spend caps checked there, refused: fail closed).', ['project', 'outcome']);
   readonly usageAnomalies = this.#counter('tollgate_usage_anomalies_total', 'Metered requests whose reported usage exceeded their bounds (output above the bound sent, input above the context window), by which (input, output).', ['project', 'model', 'kind']);
   readonly anomalousTokens = this.#counter('tollgate_usage_anomalous_tokens_total', 'Tokens reported above the bounds and not charged, by kind (input, output).', ['project', 'model', 'kind']);
   readonly upstreamErrors = this.#counter('tollgate_upstream_errors_total', 'Failed upstream requests by reason (status, timeout, connection, malformed, internal).', ['project', 'model', 'reason']);

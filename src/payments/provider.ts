@@ -140,12 +140,15 @@ export type WebhookAction =
       amountMinor: number;
       currency: string;
       chargeId: string | null;
+      /** The customer charged (a recharge charges the saved card's customer). */
+      customerId: string | null;
       reference: PaymentReference;
     }
   | {
       type: 'intent_failed';
       eventId: string;
       paymentIntentId: string;
+      customerId: string | null;
       /** The provider's code (`card_declined`, `authentication_required`, …). */
       code: string | null;
       message: string;

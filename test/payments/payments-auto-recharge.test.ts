@@ -242,6 +242,51 @@ describe('auto-recharge', () => {
     expect(await chat(f.client, 'hank')).not.toMatch(LINK);
   });
 
+  it('only the recharge’s own PaymentIntent credits it: another naming it is kept uncredited', async () => {
+    const card = await saveCard('vera', '1.00');
+    stand.holdIntentEvents(true);
+    let real: (typeof stand.events)[number];
+    try {
+      await f.ctx.billing.charge({
+        project: f.project,
+        externalId: 'vera',
+        amount: '0.99',
+        source: 'api',
+        trigger,
+      });
+      await quiet(f.server);
+      const [pending] = await rechargesOf(f.ctx, 'vera');
+      expect(pending).toMatchObject({ status: 'pending' });
+      real = stand.events
+        .filter((e) => e.type === 'payment_intent.succeeded' && e.data.object.customer === card.customer_id)
+        .at(-1)!;
+      // A PaymentIntent of the same customer, naming the recharge, that Tollgate did not make: 50.00.
+      const forged = structuredClone(real);
+      forged.id = `${real.id}forged`;
+      Object.assign(forged.data.object, {
+        id: `${real.data.object.id}forged`,
+        amount: 5000,
+        amount_received: 5000,
+      });
+      expect((await stand.deliver(forged)).every((s) => s === 200)).toBe(true);
+      expect((await f.wallet('vera'))!.balance).toBe('0.01');
+      const kept = await f.ctx.db
+        .selectFrom('payments')
+        .selectAll()
+        .where('payment_intent_id', '=', forged.data.object.id)
+        .executeTakeFirstOrThrow();
+      expect(kept.status).toBe('uncredited');
+      expect(kept.problem).toContain(`names payment ${pending!.id} but is not the one Tollgate created`);
+    } finally {
+      stand.holdIntentEvents(false);
+      await stand.releaseIntentEvents();
+    }
+    expect((await f.wallet('vera'))!.balance).toBe('1.01');
+    await stand.deliver(real);
+    expect((await f.wallet('vera'))!.balance).toBe('1.01');
+    expect((await rechargesOf(f.ctx, 'vera')).map((r) => r.status)).toEqual(['succeeded']);
+  });
+
   it('a recharge whose webhook never comes and whose payment failed at Stripe is failed by the job', async () => {
     const card = await saveCard('lena', '1.00');
     stand.holdIntentEvents(true);

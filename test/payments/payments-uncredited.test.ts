@@ -69,7 +69,7 @@ async function listed(projectId: string) {
 }
 
 describe('a paid checkout that cannot be credited', () => {
-  it('paid in another currency: acknowledged, nothing credited, listed as uncredited with the reason', async () => {
+  it('a session naming a pending payment, paid in another currency: acknowledged, nothing credited, kept as uncredited with the reason', async () => {
     const { projectId, apiKey } = await connectedProject('Shop USD');
     // The user opens the top-up page and presses Pay: a pending payment in the project's currency.
     const link = await api(server, apiKey, 'POST', '/v1/user/topup', { user: 'erin' });
@@ -98,16 +98,27 @@ describe('a paid checkout that cannot be credited', () => {
     expect(statuses.every((s) => s === 200)).toBe(true);
 
     expect(await depositsOf(projectId)).toEqual([]);
+    // Not the session Tollgate created for the payment: the payment stays pending, the checkout is kept
+    // once, beside it, as uncredited.
     const row = await server.ctx.db
       .selectFrom('payments')
       .selectAll()
       .where('id', '=', pending.id)
       .executeTakeFirstOrThrow();
-    expect(row).toMatchObject({ status: 'uncredited', checkout_id: session.id });
-    expect(row.problem).toMatch(/10\.00 EUR/);
-    const shown = (await listed(projectId)).find((p) => p.id === pending.id);
+    expect(row).toMatchObject({ status: 'pending' });
+    const kept = await server.ctx.db
+      .selectFrom('payments')
+      .selectAll()
+      .where('checkout_id', '=', session.id)
+      .execute();
+    expect(kept).toHaveLength(1);
+    expect(kept[0]).toMatchObject({ status: 'uncredited', external_id: 'erin', currency: 'eur' });
+    expect(kept[0]!.problem).toMatch(/10\.00 EUR/);
+    const shown = (await listed(projectId)).find((p) => p.id === kept[0]!.id);
     expect(shown).toMatchObject({ status: 'uncredited', user: 'erin', checkoutId: session.id });
-    expect(shown?.problem).toMatch(/not credited/);
+    expect(shown?.problem).toMatch(
+      new RegExp(`names payment ${pending.id} but is not the one Tollgate created`),
+    );
   });
 
   it('for a payment and a user Tollgate does not know: kept once, without a wallet; a foreign checkout is not kept', async () => {

@@ -22,6 +22,7 @@ import * as ledgerWalletKey from './0022_ledger_wallet_key.ts';
 import * as uncreditedPayments from './0023_uncredited_payments.ts';
 import * as visibleHeld from './0024_visible_held.ts';
 import * as bounds from './0025_bounds.ts';
+import * as moneyTrust from './0027_money_trust.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -51,4 +52,5 @@ export const migrations: Record<string, Migration> = {
   '0023_uncredited_payments': uncreditedPayments,
   '0024_visible_held': visibleHeld,
   '0025_bounds': bounds,
+  '0027_money_trust': moneyTrust,
 };

@@ -336,6 +336,7 @@ export class StripeProvider implements PaymentProvider {
           amountMinor: intent.amount_received || intent.amount,
           currency: intent.currency,
           chargeId: idOf(intent.latest_charge),
+          customerId: idOf(intent.customer),
           reference: reference(intent.metadata),
         };
       }
@@ -346,6 +347,7 @@ export class StripeProvider implements PaymentProvider {
           type: 'intent_failed',
           eventId,
           paymentIntentId: intent.id,
+          customerId: idOf(intent.customer),
           code: error?.code ?? error?.decline_code ?? null,
           message: error?.message ?? 'The payment failed.',
           reference: reference(intent.metadata),

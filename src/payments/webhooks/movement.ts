@@ -1,5 +1,6 @@
 import { sql, type Transaction, type UpdateObject } from 'kysely';
 import type { LedgerProject, Trigger } from '../../billing/ledger.ts';
+import { Money } from '../../core/money.ts';
 import type { DB } from '../../db/schema.ts';
 import type { EventType } from '../../events/catalog.ts';
 import type { PaymentsContext } from '../connection.ts';
@@ -43,6 +44,8 @@ export interface MovementStep {
   kind: 'deposit' | 'refund' | 'dispute' | 'dispute_won';
   /** The amount the key records (replaced by what was debited, for a reversal). */
   amount: string;
+  /** What a reversal takes back of its payment (debited and uncollected), kept on the movement. */
+  reversed?: string;
   /** The ledger entry; none: the key, the row and the event only. */
   ledger?: {
     type: 'deposit' | 'reverse';
@@ -65,8 +68,8 @@ export function reversal(
   amount: string,
   description: string,
   refs: Record<string, unknown>,
-): Pick<MovementStep, 'key' | 'kind' | 'amount' | 'ledger'> {
-  return { key, kind, amount, ledger: { type: 'reverse', amount, description, refs } };
+): Pick<MovementStep, 'key' | 'kind' | 'amount' | 'reversed' | 'ledger'> {
+  return { key, kind, amount, reversed: amount, ledger: { type: 'reverse', amount, description, refs } };
 }
 
 /** Inserts a movement key; false when it was taken (the movement happened already). */
@@ -74,7 +77,7 @@ export async function claimMovement(
   scope: WebhookScope,
   tx: Transaction<DB>,
   payment: Pick<PaymentRow, 'id'>,
-  step: Pick<MovementStep, 'key' | 'kind' | 'amount'>,
+  step: Pick<MovementStep, 'key' | 'kind' | 'amount' | 'reversed'>,
 ): Promise<boolean> {
   const inserted = await tx
     .insertInto('payment_movements')
@@ -84,6 +87,7 @@ export async function claimMovement(
       payment_id: payment.id,
       kind: step.kind,
       amount: step.amount,
+      ...(step.reversed ? { reversed: step.reversed } : {}),
     })
     .onConflict((oc) => oc.columns(['project_id', 'key']).doNothing())
     .returning('key')
@@ -153,6 +157,11 @@ export async function applyMovement(
   if (step.also) await step.also(tx, moved);
   if (step.event) ctx.billing.afterCommit(tx, () => ctx.events.wake());
   return moved;
+}
+
+/** What refunds and disputes may still take back of a payment: its amount less earlier reversals. */
+export function reversible(payment: Pick<PaymentRow, 'amount' | 'reversed'>): Money {
+  return Money.max(new Money(payment.amount).minus(payment.reversed), 0);
 }
 
 /** The payment's row, locked for the movement (refund totals are compared under it). */
