@@ -76,6 +76,8 @@ export interface ModelsTable {
   output_per_million: Numeric | null;
   /** Price of cached input tokens per 1M (per_token; null: the input price). */
   cached_input_per_million: Numeric | null;
+  cache_write_per_million: Numeric | null;
+  cache_write_1h_per_million: Numeric | null;
   /** Multiplier of the prompt estimate in per-token holds (null: the tokenizer family's default). */
   hold_margin: Numeric | null;
   /** The APIs the model serves: `chat`, `responses`, `embeddings`. */

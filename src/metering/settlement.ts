@@ -20,11 +20,14 @@ export function usageOf<B extends MeteredBody>(
   produced: number,
 ): TokenUsage {
   const input = usage?.input ?? x.inputCount ?? x.api.countInput(x.body);
+  const cachedInput = Math.min(usage?.cachedInput ?? 0, input);
+  const cacheWrite = Math.min(usage?.cacheWrite ?? 0, input - cachedInput);
   return {
     input,
-    cachedInput: Math.min(usage?.cachedInput ?? 0, input),
+    cachedInput,
     output: usage?.output ?? produced,
     reasoning: usage?.reasoning ?? 0,
+    ...(cacheWrite > 0 ? { cacheWrite, cacheWrite1h: Math.min(usage?.cacheWrite1h ?? 0, cacheWrite) } : {}),
   };
 }
 
@@ -64,12 +67,15 @@ export function settleInput(
       api: x.api.name,
       inputTokens: usage.input,
       cachedInputTokens: usage.cachedInput,
+      ...(usage.cacheWrite
+        ? { cacheWriteTokens: usage.cacheWrite, cacheWrite1hTokens: usage.cacheWrite1h ?? 0 }
+        : {}),
       outputTokens: usage.output,
       reasoningTokens: usage.reasoning,
       usageSource: source,
       outcome: end.outcome,
     },
-    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
+    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached${usage.cacheWrite ? `, ${usage.cacheWrite} written to the cache${usage.cacheWrite1h ? `, ${usage.cacheWrite1h} for 1 h` : ''}` : ''}) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
     ...(completed ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
   };
 }

@@ -6,6 +6,7 @@ import { countText } from '../tokens/count.ts';
 import { countResponsesInput } from '../tokens/inputs.ts';
 import { textResponse } from '../upstream/text-response.ts';
 import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
+import { outputWithReasoning } from '../upstream/usage.ts';
 import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
 /**
@@ -19,17 +20,23 @@ import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 interface ResponsesUsage {
   input_tokens?: number;
   output_tokens?: number;
+  total_tokens?: number;
   input_tokens_details?: { cached_tokens?: number | null } | null;
   output_tokens_details?: { reasoning_tokens?: number | null } | null;
 }
 
+/**
+ * Responses usage in Tollgate's terms; reasoning tokens beside `output_tokens` (total = input + output
+ * + reasoning) are added to the output, as for chat (src/upstream/usage.ts).
+ */
 export function responsesUsage(usage: ResponsesUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
+  const reasoning = usage.output_tokens_details?.reasoning_tokens;
   return reportedUsage({
     input: usage.input_tokens,
-    output: usage.output_tokens,
+    output: outputWithReasoning(usage.input_tokens, usage.output_tokens, reasoning, usage.total_tokens),
     cachedInput: usage.input_tokens_details?.cached_tokens,
-    reasoning: usage.output_tokens_details?.reasoning_tokens,
+    reasoning,
   });
 }
 
