@@ -530,6 +530,34 @@ export interface DB {
   payment_movements: PaymentMovementsTable;
   payment_customers: PaymentCustomersTable;
   recharges: RechargesTable;
+  background_responses: BackgroundResponsesTable;
+}
+
+/**
+ * A Responses `background` response the provider is still working on (migration 0026): charged its
+ * hold (`held`) when accepted; `settled` once its real cost (`charged`, the usage in `usage`) is known
+ * and the rest of the hold went back; `expired` when it was never seen finished (the hold stays charged).
+ */
+export interface BackgroundResponsesTable {
+  project_id: string;
+  response_id: string;
+  user_id: string;
+  external_id: string;
+  model_id: string;
+  request_id: string;
+  held: Numeric;
+  /** The per-token prices when it was accepted (cost.ts's MeteredPricing, as decimal strings). */
+  pricing: ColumnType<Record<string, unknown>, string, string>;
+  input_count: Default<number>;
+  status: Default<'pending' | 'settled' | 'expired'>;
+  charged: Numeric | null;
+  /** Cost above the hold, not charged (an anomaly: the hold covers the bound sent). */
+  excess: Numeric | null;
+  usage: ColumnType<Record<string, unknown> | null, string | null, string | null>;
+  attempts: Default<number>;
+  next_check_at: Timestamp;
+  created_at: Timestamp;
+  settled_at: Date | null;
 }
 
 export type Project = Selectable<ProjectsTable>;

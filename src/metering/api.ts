@@ -91,6 +91,8 @@ export interface AnswerReading {
   /** Output tokens counted by Tollgate from the answer (when the usage has none). */
   produced: number;
   finishReason: string | null;
+  /** The id of an answer the provider is still working on (see Ending.pending). */
+  pending?: string | undefined;
 }
 
 export type RefusalReply = { kind: 'json'; status: number; body: unknown } | { kind: 'stream'; body: string };

@@ -18,6 +18,7 @@ import { holdInputTokens } from '../tokens/count.ts';
 import type { Span } from '../tracing/index.ts';
 import {
   isAbort,
+  type PassthroughAnswer,
   type Provider,
   type SseMessage,
   type UpstreamCall,
@@ -283,7 +284,7 @@ export class MeteredFlow {
   }
 
   /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider as received. */
-  async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
+  async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string, observe = same) {
     if (!request.project.upstream) {
       throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
         code: 'no_upstream',
@@ -297,7 +298,7 @@ export class MeteredFlow {
         body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
         signal: watch.abort.signal,
       });
-      return sendPassthrough(reply, answer);
+      return sendPassthrough(reply, observe(answer));
     } catch (err) {
       if (watch.gone) return abandon(reply);
       logUnreachable(this.#ctx.log, err, request.project.id);
@@ -336,6 +337,7 @@ export class MeteredFlow {
       produced: reading.produced,
       finishReason: reading.finishReason,
       charge: true,
+      pending: reading.pending,
     });
     for (const o of this.#observers) o.responded?.(x, upstreamMs);
     sendJsonText(reply, text);
@@ -528,8 +530,20 @@ export class MeteredFlow {
       ? this.#parts.tracing.settle(x, () => billing.settle(input))
       : billing.settle(input));
     for (const o of this.#observers) o.settled?.(x, charged);
+    if (end.pending && charged !== '0') await this.onPending?.(x, end.pending, charged);
+  }
+
+  /** Records an answer still in the works, charged its hold (src/responses/background.ts). */
+  onPending: ((x: Exchange, id: string, charged: string) => Promise<void>) | undefined;
+
+  /** A GET of a provider path for the project, unmetered (background responses' poller). */
+  retrieve(project: ProjectContext, path: string, signal: AbortSignal): Promise<PassthroughAnswer> {
+    return this.#parts.router.passthrough(project, { method: 'GET', path, body: undefined, signal });
   }
 }
+
+/** A passthrough answer as is (`passthrough` may be given an observer of the answer instead). */
+const same = (answer: PassthroughAnswer) => answer;
 
 /** What the flow uses of the app (the composition root passes its context). */
 export interface MeteringContext {

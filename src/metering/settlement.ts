@@ -52,10 +52,12 @@ export function settleInput(
   completed: ((amount: string) => Record<string, unknown>) | undefined,
 ): SettleInput {
   const source = usageSourceOf(end.usage);
+  // An answer still in the works (a background response) is charged its hold until its cost is known.
+  const pending = end.pending;
   return {
     project: x.project,
     hold,
-    cost: requestCost(x.pricing, usage),
+    cost: pending ? hold.amount : requestCost(x.pricing, usage),
     source: x.api.name,
     model: x.model.id,
     trigger: x.trigger,
@@ -74,8 +76,11 @@ export function settleInput(
       reasoningTokens: usage.reasoning,
       usageSource: source,
       outcome: end.outcome,
+      ...(pending ? { backgroundResponseId: pending } : {}),
     },
-    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached${usage.cacheWrite ? `, ${usage.cacheWrite} written to the cache${usage.cacheWrite1h ? `, ${usage.cacheWrite1h} for 1 h` : ''}` : ''}) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
+    description: pending
+      ? `${x.api.name} ${x.model.id}: background response ${pending}, charged its hold until it completes (the rest goes back then)`
+      : `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached${usage.cacheWrite ? `, ${usage.cacheWrite} written to the cache${usage.cacheWrite1h ? `, ${usage.cacheWrite1h} for 1 h` : ''}` : ''}) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}`,
     ...(completed ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
   };
 }

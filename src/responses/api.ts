@@ -40,8 +40,26 @@ export function responsesUsage(usage: ResponsesUsage | null | undefined): Report
   });
 }
 
+/** Statuses of a Response the provider is still working on. */
+const WORKING = new Set(['queued', 'in_progress']);
+
+/**
+ * The id of a `background` Response the provider is still working on (its output, and usage, come
+ * later through `GET /v1/responses/{id}`): the request is charged its hold until then
+ * (./background.ts).
+ */
+export function backgroundPending(json: Record<string, unknown>): string | undefined {
+  if (json.background !== true || typeof json.id !== 'string') return undefined;
+  return typeof json.status === 'string' && WORKING.has(json.status) ? json.id : undefined;
+}
+
+/** A Response's usage in Tollgate's terms, from the Response itself (for background settles). */
+export function usageOfResponse(json: Record<string, unknown>): ReportedUsage | undefined {
+  return responsesUsage(json.usage as ResponsesUsage | null | undefined);
+}
+
 /** Text a response produced: output text, refusals, function call arguments, reasoning summaries. */
-function outputText(output: unknown): string {
+export function outputText(output: unknown): string {
   if (!Array.isArray(output)) return '';
   let text = '';
   for (const item of output as Array<Record<string, unknown>>) {
@@ -81,6 +99,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
       usage,
       produced: usage?.output === undefined ? countText(outputText(json.output)) : 0,
       finishReason: typeof json.status === 'string' ? json.status : null,
+      pending: backgroundPending(json),
     };
   },
 

@@ -1,5 +1,3 @@
-import http from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,73 +8,13 @@ import { upsertProvider } from '../../src/routing/providers.ts';
 import { countPromptTokens } from '../../src/tokens/inputs.ts';
 import { messagesToChat } from '../../src/upstream/anthropic/messages-over-chat.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
+import { json, type ScriptedProvider, sse, startScripted } from '../helpers/scripted-provider.ts';
 
 /**
  * Everything the provider bills is charged: a loopback provider whose reported usage each test writes
  * (chat, Responses and Anthropic's Messages shapes, streamed or not, broken off where the test says),
  * the official `openai` and `@anthropic-ai/sdk` clients against a real Tollgate, exact charges.
  */
-
-type Handler = (body: any, res: http.ServerResponse, req: http.IncomingMessage) => void;
-
-/** A provider answering each upstream model name with the handler a test set for it. */
-async function startScripted() {
-  const handlers = new Map<string, Handler>();
-  const sockets = new Set<Socket>();
-  const server = http.createServer((req, res) => {
-    let raw = '';
-    req.on('data', (c) => {
-      raw += c;
-    });
-    req.on('end', () => {
-      const body = raw ? JSON.parse(raw) : {};
-      const handler = handlers.get(String(body.model));
-      if (!handler) {
-        res.writeHead(404, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ error: { message: `no script for ${body.model}` } }));
-        return;
-      }
-      handler(body, res, req);
-    });
-  });
-  server.on('connection', (s) => {
-    sockets.add(s);
-    s.on('close', () => sockets.delete(s));
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as AddressInfo).port;
-  return {
-    url: `http://127.0.0.1:${port}`,
-    handlers,
-    close: () =>
-      new Promise<void>((resolve) => {
-        for (const s of sockets) s.destroy();
-        server.close(() => resolve());
-      }),
-  };
-}
-
-const json = (res: http.ServerResponse, body: unknown) => {
-  res.writeHead(200, { 'content-type': 'application/json' });
-  res.end(JSON.stringify(body));
-};
-
-/** Writes SSE events (`[name, data]`, name undefined for chat chunks), then ends, stalls or resets. */
-function sse(
-  res: http.ServerResponse,
-  events: Array<[string | undefined, unknown]>,
-  then: 'end' | 'stall' | 'reset',
-): void {
-  res.writeHead(200, { 'content-type': 'text/event-stream' });
-  for (const [name, data] of events) {
-    res.write(
-      `${name ? `event: ${name}\n` : ''}data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`,
-    );
-  }
-  if (then === 'end') res.end();
-  // (stall: the response stays open until the client goes; reset: the connection is cut mid-stream)
-  else if (then === 'reset') setTimeout(() => res.socket?.destroy(), 50);
-}
 
 const chatCompletion = (usage: unknown) => ({
   id: 'chatcmpl-1',
@@ -105,7 +43,7 @@ const anthropicMessage = (usage: unknown) => ({
 });
 
 let f: ChatFixture;
-let scripted: Awaited<ReturnType<typeof startScripted>>;
+let scripted: ScriptedProvider;
 
 /** 1 000 per million in, 2 000 per million out: 10 prompt tokens are 0.01, 5 output tokens 0.01. */
 const REASONING = { mode: 'per_token' as const, inputPerMillion: '1000', outputPerMillion: '2000' };

@@ -20,7 +20,7 @@ import * as auditLog from './0020_audit_log.ts';
 import * as escrow from './0021_escrow.ts';
 import * as ledgerWalletKey from './0022_ledger_wallet_key.ts';
 import * as uncreditedPayments from './0023_uncredited_payments.ts';
-import * as cacheWritePrices from './0026_cache_write_prices.ts';
+import * as providerBilled from './0026_provider_billed.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -48,5 +48,5 @@ export const migrations: Record<string, Migration> = {
   '0021_escrow': escrow,
   '0022_ledger_wallet_key': ledgerWalletKey,
   '0023_uncredited_payments': uncreditedPayments,
-  '0026_cache_write_prices': cacheWritePrices,
+  '0026_provider_billed': providerBilled,
 };
