@@ -9,6 +9,7 @@ import { countPromptTokens } from '../../src/tokens/inputs.ts';
 import { messagesToChat } from '../../src/upstream/anthropic/messages-over-chat.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
 import { json, type ScriptedProvider, sse, startScripted } from '../helpers/scripted-provider.ts';
+import { api } from '../helpers/server.ts';
 
 /**
  * Everything the provider bills is charged: a loopback provider whose reported usage each test writes
@@ -44,6 +45,7 @@ const anthropicMessage = (usage: unknown) => ({
 
 let f: ChatFixture;
 let scripted: ScriptedProvider;
+const ROOT = 'root-admin-token-billed-usage-0123456789';
 
 /** 1 000 per million in, 2 000 per million out: 10 prompt tokens are 0.01, 5 output tokens 0.01. */
 const REASONING = { mode: 'per_token' as const, inputPerMillion: '1000', outputPerMillion: '2000' };
@@ -54,6 +56,7 @@ const CACHE = { mode: 'per_token' as const, inputPerMillion: '10', outputPerMill
 beforeAll(async () => {
   scripted = await startScripted();
   f = await startChatFixture({
+    env: { TOLLGATE_ADMIN_TOKEN: ROOT },
     familyMargins: true,
     models: [
       { id: 'reasoner', pricing: REASONING, routes: [{ provider: 'scripted', model: 'reasoner' }] },
@@ -473,5 +476,18 @@ describe('cache writes at their own prices', () => {
       .executeTakeFirstOrThrow()) as { metadata: any; description: string };
     expect(entry.metadata).toMatchObject({ cacheWriteTokens: 1_000_000, cacheWrite1hTokens: 500_000 });
     expect(entry.description).toContain('1000000 written to the cache, 500000 for 1 h');
+  });
+
+  it('the admin API lists and takes the cache write prices; a bad one is a 400 naming the field', async () => {
+    const path = `/admin/v1/projects/${f.project.id}/models`;
+    const listed = await api(f.server, ROOT, 'GET', path);
+    const priced = listed.body.models.find((m: any) => m.id === 'priced-cache');
+    expect(priced.pricing).toMatchObject({ cacheWritePerMillion: '11', cacheWrite1hPerMillion: '15' });
+    const bad = await api(f.server, ROOT, 'PUT', path, {
+      ...listed.body,
+      models: [{ id: 'x', pricing: { ...CACHE, cacheWritePerMillion: '-1' } }],
+    });
+    expect(bad.status).toBe(400);
+    expect(JSON.stringify(bad.body)).toContain('cacheWritePerMillion');
   });
 });
