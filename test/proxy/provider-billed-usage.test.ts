@@ -294,7 +294,9 @@ describe('translated streams', () => {
     });
     await upstreamClosed; // Tollgate saw the client go and stopped the provider's stream
     // The client sees Tollgate's count of the translated prompt in message_start, not 0.
-    expect(startInput).toBe(countPromptTokens(messagesToChat({ ...body, model: 'gpt-stalls' }) as never));
+    // (an estimate: exact up to 16 KiB, the same ratio beyond)
+    const translated = countPromptTokens(messagesToChat({ ...body, model: 'gpt-stalls' }) as never);
+    expect(Math.abs(startInput! / translated - 1)).toBeLessThan(0.03);
     const input = countMessagesInput(body);
     expect(input).toBeGreaterThan(8000);
     const expected = tokenCost(

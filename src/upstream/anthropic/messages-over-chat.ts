@@ -385,12 +385,15 @@ export async function* chatStreamToMessages(
   }
 }
 
-/** Tollgate's estimate of a translated request's prompt tokens (0 without the request). */
+/** Text counted exactly for the estimate a translated `message_start` shows (a few ms at most). */
+const DISPLAY_BUDGET_BYTES = 16 * 1024;
+
+/** Tollgate's estimate of a translated request's prompt tokens (0 without the request), for display. */
 function estimatedInput(sent: UpstreamCall | undefined): number {
   const messages = sent?.body.messages;
   if (!Array.isArray(messages)) return 0;
   try {
-    return countPromptTokens(sent!.body as ChatPrompt, estimatingCounter());
+    return countPromptTokens(sent!.body as ChatPrompt, estimatingCounter(DISPLAY_BUDGET_BYTES));
   } catch {
     return 0; // an estimate for the client's display only
   }
