@@ -137,6 +137,8 @@ export interface StreamReader {
   readonly finished: boolean;
   /** Whether a stream can be stopped at the bound and still end validly. */
   readonly canCut: boolean;
+  /** The id of an answer the provider goes on with after the stream broke off (see Ending.pending). */
+  readonly pending?: string | undefined;
   /** SSE text that ends the relayed stream; `cut` when Tollgate stopped it at the bound. */
   tail(cut: boolean, counted: TokenUsage): string;
 }

@@ -411,6 +411,7 @@ export class MeteredFlow {
         produced,
         finishReason: reader.finishReason,
         charge: forwarded > 0,
+        pending: reader.pending,
       });
       return reply;
     }
@@ -468,6 +469,7 @@ export class MeteredFlow {
       produced,
       finishReason: reader.finishReason,
       charge: true,
+      pending: reader.pending,
     });
     return this.#failure(x, err, false);
   }

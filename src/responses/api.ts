@@ -132,6 +132,12 @@ class ResponsesStreamReader implements StreamReader {
   usage: ReportedUsage | undefined;
   finishReason: string | null = null;
   finished = false;
+  /** The Response of a `background` stream: it goes on at the provider if the stream breaks off. */
+  #background: string | undefined;
+
+  get pending(): string | undefined {
+    return this.finished ? undefined : this.#background;
+  }
 
   next(message: SseMessage): StreamStep {
     if (message.data === '[DONE]') {
@@ -141,9 +147,12 @@ class ResponsesStreamReader implements StreamReader {
     const event = streamEventJson<{
       type?: unknown;
       delta?: unknown;
-      response?: { status?: unknown; usage?: ResponsesUsage };
+      response?: { id?: unknown; status?: unknown; background?: unknown; usage?: ResponsesUsage };
     }>(message.data);
     const type = typeof event.type === 'string' ? event.type : message.event;
+    if (type === 'response.created' && event.response?.background === true) {
+      this.#background = typeof event.response.id === 'string' ? event.response.id : undefined;
+    }
     if (type === 'error') {
       throw streamError(message.data);
     }

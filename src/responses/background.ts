@@ -17,7 +17,8 @@ import { outputText, usageOfResponse } from './api.ts';
  * afterwards; the output and its usage come through `GET /v1/responses/{id}`, which Tollgate passes
  * through unmetered. So that the work is charged, exactly:
  *
- * 1. When accepted, the request's hold is settled at its full amount — the most the request can cost
+ * 1. When accepted (or when a background stream breaks off before its final event: the response goes
+ *    on at the provider), the request's hold is settled at its full amount — the most the request can cost
  *    (its input estimate × margin plus the output bound it was sent with) — and the response is
  *    recorded in `background_responses` with what was charged and the model's prices at that moment.
  *    The money is taken (not left reserved): a reservation is a pod's memory, and a background

@@ -4,7 +4,7 @@ import { Money } from '../../src/core/money.ts';
 import { BACKGROUND_GIVE_UP_MS, BackgroundResponses } from '../../src/responses/background.ts';
 import { upsertProvider } from '../../src/routing/providers.ts';
 import { type ChatFixture, chargedTotal, startChatFixture } from '../helpers/chat-fixture.ts';
-import { json, type ScriptedProvider, startScripted } from '../helpers/scripted-provider.ts';
+import { json, type ScriptedProvider, sse, startScripted } from '../helpers/scripted-provider.ts';
 
 /**
  * Responses `background: true` is charged what the provider bills: the hold is charged when the
@@ -191,6 +191,53 @@ describe('background responses', () => {
     const row = await record('resp_over');
     expect(row).toMatchObject({ status: 'settled', charged: new Money(held).toFixed() });
     expect(new Money(row.excess!).plus(held).toFixed()).toBe('2000.01');
+  });
+
+  it('a background stream the client leaves goes on at the provider: charged its hold, then settled', async () => {
+    await f.fund('bg-stream', '5.00');
+    let upstreamClosed!: Promise<void>;
+    scripted.handlers.set('bg-model', (_b, res) => {
+      upstreamClosed = new Promise((resolve) => res.on('close', () => resolve()));
+      const created = response('resp_stream', 'in_progress', null);
+      sse(
+        res,
+        [
+          ['response.created', { type: 'response.created', sequence_number: 0, response: created }],
+          [
+            'response.output_text.delta',
+            {
+              type: 'response.output_text.delta',
+              sequence_number: 1,
+              item_id: 'msg_1',
+              output_index: 0,
+              content_index: 0,
+              delta: 'Hello',
+            },
+          ],
+        ],
+        'stall',
+      );
+    });
+    const stream = await client('bg-stream').responses.create({
+      model: 'bg',
+      background: true,
+      stream: true,
+      max_output_tokens: 1000,
+      input: 'Think hard about it.',
+    });
+    for await (const event of stream) {
+      if (event.type === 'response.output_text.delta') break; // the client goes away
+    }
+    await upstreamClosed;
+    await f.settled();
+    const [hold] = await f.holds('bg-stream');
+    expect(await record('resp_stream')).toMatchObject({ status: 'pending', held: hold!.amount });
+    expect(await balance('bg-stream')).toBe(new Money('5').minus(hold!.amount).toFixed());
+    scripted.handlers.set('GET /v1/responses/resp_stream', (_b, res) =>
+      json(res, response('resp_stream', 'completed', USAGE, 'Hello there')),
+    );
+    await background.poll(50, new Date(Date.now() + 60_000));
+    expect(await balance('bg-stream')).toBe('3.98');
   });
 
   it('never seen finished: expired after the give-up bound (the provider forgot it: 404 too), the hold stays charged', async () => {
