@@ -60,6 +60,8 @@ beforeAll(async () => {
     familyMargins: true,
     models: [
       { id: 'reasoner', pricing: REASONING, routes: [{ provider: 'scripted', model: 'reasoner' }] },
+      // A Messages client on the same provider (translated to Chat Completions).
+      { id: 'reasoner-messages', pricing: REASONING, routes: [{ provider: 'scripted', model: 'reasoner' }] },
       {
         id: 'reasoner-inside',
         pricing: REASONING,
@@ -161,6 +163,28 @@ describe('reasoning tokens beside completion_tokens are charged as output', () =
     });
     expect(answer.usage?.completion_tokens).toBe(5); // the provider's answer, untouched
     expect(await charged('r-beside', 'chat')).toBe('1.02');
+  });
+
+  it('Messages client on that chat provider: output_tokens 505, charged 1.02', async () => {
+    scripted.handlers.set('reasoner', (_b, res) =>
+      json(
+        res,
+        chatCompletion({
+          prompt_tokens: 10,
+          completion_tokens: 5,
+          total_tokens: 515,
+          completion_tokens_details: { reasoning_tokens: 500 },
+        }),
+      ),
+    );
+    await f.fund('r-messages', '5.00');
+    const message = await claudeFor('r-messages').messages.create({
+      model: 'reasoner-messages',
+      max_tokens: 1000,
+      messages: [{ role: 'user', content: 'Think' }],
+    });
+    expect(message.usage).toMatchObject({ input_tokens: 10, output_tokens: 505 });
+    expect(await charged('r-messages', 'messages')).toBe('1.02');
   });
 
   it('chat: total = prompt + completion → reasoning is inside (OpenAI): 505 output tokens, 1.02 again', async () => {

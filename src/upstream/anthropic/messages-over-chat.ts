@@ -4,6 +4,7 @@ import { estimatingCounter } from '../../tokens/count.ts';
 import { type ChatPrompt, countPromptTokens } from '../../tokens/inputs.ts';
 import type { ChatUsage, Provider, SseMessage, UpstreamCall } from '../types.ts';
 import { streamError, streamEventJson, UpstreamError } from '../types.ts';
+import { outputWithReasoning } from '../usage.ts';
 import { noAnthropicUsage } from './provider.ts';
 import { TranslatingProvider } from './translating-provider.ts';
 
@@ -240,14 +241,25 @@ const STOP_REASONS: Record<string, string> = {
 const stopReason = (finish: unknown) =>
   typeof finish === 'string' ? (STOP_REASONS[finish] ?? 'end_turn') : 'end_turn';
 
-/** Chat usage as Anthropic's. */
+/**
+ * Chat usage as Anthropic's: reasoning tokens reported beside `completion_tokens` join the output
+ * (../usage.ts); cache writes a provider reports (`cache_creation_input_tokens`) stay cache writes.
+ */
 export function anthropicUsage(usage: ChatUsage | null | undefined) {
   const cached = usage?.prompt_tokens_details?.cached_tokens ?? 0;
+  const written = usage?.cache_creation_input_tokens ?? 0;
   return {
-    input_tokens: Math.max(0, (usage?.prompt_tokens ?? 0) - cached),
-    output_tokens: usage?.completion_tokens ?? 0,
-    cache_creation_input_tokens: 0,
+    input_tokens: Math.max(0, (usage?.prompt_tokens ?? 0) - cached - written),
+    output_tokens:
+      outputWithReasoning(
+        usage?.prompt_tokens,
+        usage?.completion_tokens,
+        usage?.completion_tokens_details?.reasoning_tokens,
+        usage?.total_tokens,
+      ) ?? 0,
+    cache_creation_input_tokens: written,
     cache_read_input_tokens: cached,
+    ...(usage?.cache_creation ? { cache_creation: usage.cache_creation } : {}),
   };
 }
 
