@@ -86,7 +86,7 @@ describe('the prompt estimate', () => {
     }
   });
 
-  it('counts no more than the budget: a 4 MB prompt is estimated several times faster than counted', () => {
+  it('counts no more than the budget: a 4 MB prompt is estimated several times faster than counted (3× at least)', () => {
     const body = agentRequest(4_000_000);
     const time = (fn: () => void) => {
       const start = performance.now();
@@ -97,7 +97,7 @@ describe('the prompt estimate', () => {
     const exact = time(() => countMessagesInput(body));
     const estimated = time(() => holdInputTokens(countMessagesInput, body, '1.3'));
     console.log(`4 MB prompt: counted in ${exact.toFixed(0)} ms, estimated in ${estimated.toFixed(0)} ms`);
-    expect(estimated * 5).toBeLessThan(exact);
+    expect(estimated * 3).toBeLessThan(exact);
   });
 
   it('a single piece longer than the budget (no ratio to trust) is bounded by its bytes', () => {
