@@ -6,6 +6,7 @@ import { DONE, sseEvent } from '../metering/relay.ts';
 import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText } from '../tokens/count.ts';
 import { countPromptTokens, producedText } from '../tokens/inputs.ts';
+import { cacheWritesOf } from '../upstream/anthropic/provider.ts';
 import {
   type ChatUsage,
   type SseMessage,
@@ -13,6 +14,7 @@ import {
   streamEventJson,
   UpstreamError,
 } from '../upstream/types.ts';
+import { outputWithReasoning } from '../upstream/usage.ts';
 import { type ChatRequest, chatRequestSchema } from './schema.ts';
 import { type ChunkMeta, chunkJson, chunkMeta, messageStream, usageChunkJson } from './sse.ts';
 
@@ -95,14 +97,23 @@ export function linkCompletion(meta: ChunkMeta, link: LinkReply) {
   };
 }
 
-/** Chat usage in Tollgate's terms. */
+/**
+ * Chat usage in Tollgate's terms. Reasoning tokens are part of `completion_tokens` (OpenAI, and most
+ * providers) unless `total_tokens` says they are beside it (total = prompt + completion + reasoning, as
+ * some OpenAI-compatible servers report): then the output is completion + reasoning. Cache writes are
+ * read where a translated Anthropic answer (or LiteLLM) puts them: `cache_creation_input_tokens`.
+ */
 export function chatUsage(usage: ChatUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
+  const reasoning = usage.completion_tokens_details?.reasoning_tokens;
+  const writes = cacheWritesOf(usage);
   return reportedUsage({
     input: usage.prompt_tokens,
-    output: usage.completion_tokens,
+    output: outputWithReasoning(usage.prompt_tokens, usage.completion_tokens, reasoning, usage.total_tokens),
     cachedInput: usage.prompt_tokens_details?.cached_tokens,
-    reasoning: usage.completion_tokens_details?.reasoning_tokens,
+    reasoning,
+    cacheWrite: writes?.write,
+    cacheWrite1h: writes?.write1h,
   });
 }
 
@@ -137,6 +148,9 @@ class ChatStreamReader implements StreamReader {
 
   next(message: SseMessage): StreamStep {
     const data = message.data;
+    // The provider's usage as a translation learnt it (src/upstream/anthropic/chat-over-messages.ts).
+    if (message.usage) this.usage = chatUsage(message.usage);
+    if (data === '') return { action: 'skip' };
     if (data === '[DONE]') {
       this.#done = true;
       return { action: 'end' };

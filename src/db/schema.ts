@@ -78,6 +78,8 @@ export interface ModelsTable {
   output_per_million: Numeric | null;
   /** Price of cached input tokens per 1M (per_token; null: the input price). */
   cached_input_per_million: Numeric | null;
+  cache_write_per_million: Numeric | null;
+  cache_write_1h_per_million: Numeric | null;
   /** Multiplier of the prompt estimate in per-token holds (null: the tokenizer family's default). */
   hold_margin: Numeric | null;
   /** Output and context limits (null: the upstream model family's, src/models/output-limits.ts). */
@@ -559,6 +561,7 @@ export interface DB {
   payment_customers: PaymentCustomersTable;
   recharges: RechargesTable;
   response_chains: ResponseChainsTable;
+  background_responses: BackgroundResponsesTable;
 }
 
 /** A Responses answer Tollgate settled: the tokens charged, for the hold of a request continuing it. */
@@ -568,6 +571,33 @@ export interface ResponseChainsTable {
   conversation_id: string | null;
   tokens: ColumnType<string, number | string, number | string>;
   created_at: Timestamp;
+}
+
+/**
+ * A Responses `background` response the provider is still working on (migration 0026): charged its
+ * hold (`held`) when accepted; `settled` once its real cost (`charged`, the usage in `usage`) is known
+ * and the rest of the hold went back; `expired` when it was never seen finished (the hold stays charged).
+ */
+export interface BackgroundResponsesTable {
+  project_id: string;
+  response_id: string;
+  user_id: string;
+  external_id: string;
+  model_id: string;
+  request_id: string;
+  held: Numeric;
+  /** The per-token prices when it was accepted (cost.ts's MeteredPricing, as decimal strings). */
+  pricing: ColumnType<Record<string, unknown>, string, string>;
+  input_count: Default<number>;
+  status: Default<'pending' | 'settled' | 'expired'>;
+  charged: Numeric | null;
+  /** Cost above the hold, not charged (an anomaly: the hold covers the bound sent). */
+  excess: Numeric | null;
+  usage: ColumnType<Record<string, unknown> | null, string | null, string | null>;
+  attempts: Default<number>;
+  next_check_at: Timestamp;
+  created_at: Timestamp;
+  settled_at: Date | null;
 }
 
 export type Project = Selectable<ProjectsTable>;

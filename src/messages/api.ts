@@ -8,7 +8,7 @@ import { sseEvent } from '../metering/relay.ts';
 import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText, type TextCounter } from '../tokens/count.ts';
 import { partTokens } from '../tokens/inputs.ts';
-import { type AnthropicUsage, noAnthropicUsage } from '../upstream/anthropic/provider.ts';
+import { type AnthropicUsage, cacheWritesOf, noAnthropicUsage } from '../upstream/anthropic/provider.ts';
 import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
 import type { ContentBlock, CountTokensRequest, MessagesRequest } from './schema.ts';
 import { messagesRequestSchema } from './schema.ts';
@@ -21,20 +21,13 @@ import { messagesRequestSchema } from './schema.ts';
  * (src/upstream/anthropic/messages-over-chat.ts). Usage is read from `usage` of the message, or of the
  * stream's `message_start` and final `message_delta`:
  * `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens` are the input (cache reads
- * priced as cached input, cache writes as input), `output_tokens` the output. Stream events pass through
+ * priced as cached input, cache writes at the cache write prices — `cache_creation.ephemeral_1h_input_tokens`
+ * at the 1-hour one), `output_tokens` the output. Stream events pass through
  * untouched, with their `event:` names.
  */
 
 /** Headers of Anthropic's clients passed on to the provider. */
 export const FORWARDED_HEADERS = ['anthropic-version', 'anthropic-beta'] as const;
-
-/**
- * The hold counts the prompt with o200k times this factor (besides the flow's own 1.1): Claude's
- * tokenizer yields more tokens than o200k for the same text, markedly so for code (Anthropic's legacy
- * published tokenizer: prose 1.04×, TypeScript 1.12×, JSON 1.02× of o200k; the Claude 3+ tokenizers are
- * not published and count more). The charge is always the provider's reported usage.
- */
-export const CLAUDE_INPUT_MARGIN = 1.3;
 
 const str = (value: unknown): string => (typeof value === 'string' ? value : '');
 
@@ -85,17 +78,23 @@ export function countMessagesInput(body: CountTokensRequest, count: TextCounter 
   return tokens;
 }
 
-/** Anthropic's usage in Tollgate's terms: every input token (cache writes and reads included) is input. */
+/**
+ * Anthropic's usage in Tollgate's terms: every input token (cache writes and reads included) is input;
+ * reads are its cached part, writes its written part.
+ */
 export function messagesUsage(usage: AnthropicUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
   const parts = [usage.input_tokens, usage.cache_creation_input_tokens, usage.cache_read_input_tokens];
   const input = parts.some((n) => typeof n === 'number')
     ? parts.reduce<number>((sum, n) => sum + (typeof n === 'number' ? n : 0), 0)
     : undefined;
+  const writes = cacheWritesOf(usage);
   return reportedUsage({
     input,
     output: usage.output_tokens,
     cachedInput: usage.cache_read_input_tokens ?? (input === undefined ? undefined : 0),
+    cacheWrite: writes?.write,
+    cacheWrite1h: writes?.write1h,
   });
 }
 
@@ -110,6 +109,22 @@ function producedText(content: unknown): string {
   return text;
 }
 
+/** The longest cache write a request asks for: `cache_control` at the top, on tools, system or content blocks. */
+function cacheWriteOf(body: MessagesRequest): '5m' | '1h' | undefined {
+  let found: '5m' | '1h' | undefined;
+  const see = (part: unknown): void => {
+    const control = (part as { cache_control?: { ttl?: unknown } | null } | null)?.cache_control;
+    if (control) found = control.ttl === '1h' ? '1h' : (found ?? '5m');
+  };
+  see(body);
+  for (const tool of body.tools ?? []) see(tool);
+  if (Array.isArray(body.system)) for (const block of body.system) see(block);
+  for (const message of body.messages) {
+    if (Array.isArray(message.content)) for (const block of message.content) see(block);
+  }
+  return found;
+}
+
 export const messagesApi: MeteredApi<MessagesRequest> = {
   name: 'messages',
   endpoint: 'chat',
@@ -118,8 +133,8 @@ export const messagesApi: MeteredApi<MessagesRequest> = {
   schema: messagesRequestSchema,
   countInput: countMessagesInput,
   requestedBound: (body) => body.max_tokens,
+  cacheWrite: cacheWriteOf,
   choices: () => 1,
-  inputMargin: CLAUDE_INPUT_MARGIN,
 
   upstreamBody(body, model, bound) {
     const out: Record<string, unknown> = { ...body, model: model.upstream_model };
@@ -240,11 +255,12 @@ class MessagesStreamReader implements StreamReader {
         throw streamError(message.data, event.error?.type === 'overloaded_error');
       case 'message_start':
         // its output_tokens is a placeholder (1): the output is final only in message_delta, and a
-        // stream that breaks off before it is charged Tollgate's count of what was forwarded
-        this.#merge(event.message?.usage, ['output_tokens']);
+        // stream that breaks off before it is charged Tollgate's count of what was forwarded. A
+        // translated stream's start carries no provider usage at all (Tollgate's estimate): not recorded.
+        if (!message.placeholderUsage) this.#merge(event.message?.usage, ['output_tokens']);
         return { action: 'forward', tokens: 0 };
       case 'message_delta':
-        this.#merge(event.usage);
+        if (!message.placeholderUsage) this.#merge(event.usage);
         if (typeof event.delta?.stop_reason === 'string') this.finishReason = event.delta.stop_reason;
         return { action: 'forward', tokens: 0 };
       case 'message_stop':
@@ -268,6 +284,9 @@ class MessagesStreamReader implements StreamReader {
         (this.#usage as Record<string, number>)[name] = value;
         this.#seenUsage = true;
       }
+    }
+    if (usage.cache_creation && typeof usage.cache_creation === 'object') {
+      this.#usage.cache_creation = { ...this.#usage.cache_creation, ...usage.cache_creation };
     }
   }
 

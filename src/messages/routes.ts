@@ -1,11 +1,13 @@
 import { ApiError, notFound } from '../core/errors.ts';
 import { routeModule } from '../core/plugins.ts';
+import { estimatingCounter } from '../tokens/count.ts';
 import { anthropicError, countMessagesInput, messagesApi } from './api.ts';
 import { countTokensRequestSchema } from './schema.ts';
 
 /**
  * `POST /v1/messages` (Anthropic's Messages API: metered, paywalled) and `POST /v1/messages/count_tokens`
- * (unmetered: Tollgate's own estimate, see countMessagesInput). Every error of these routes —
+ * (unmetered: Tollgate's own estimate, see countMessagesInput — the hold's: exact up to 128 KiB of text,
+ * the same ratio beyond, so a huge body never stalls the pod). Every error of these routes —
  * authentication, validation, limits, provider failures — is answered in Anthropic's error shape
  * (`{"type":"error","error":{"type","message"}}`), so Anthropic's SDKs raise their own error classes.
  */
@@ -24,7 +26,7 @@ export const messagesRoutes = routeModule((app) => {
     if (!request.project.models.has(body.model)) {
       throw notFound(`The model '${body.model}' does not exist`, 'model_not_found', 'model');
     }
-    return { input_tokens: countMessagesInput(body) };
+    return { input_tokens: countMessagesInput(body, estimatingCounter()) };
   });
 });
 

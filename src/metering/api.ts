@@ -65,6 +65,11 @@ export interface MeteredApi<B extends MeteredBody = MeteredBody> {
   chain?(body: B): ChainRef | undefined;
   /** The input is a batch of independent inputs (embeddings): the context window bounds each, not the sum. */
   readonly batched?: boolean;
+  /**
+   * The longest cache write the body asks for (`cache_control` on the Messages API: '1h' when any asks
+   * for `ttl: "1h"`): the worst case prices every input token as such a write.
+   */
+  cacheWrite?(body: B): '5m' | '1h' | undefined;
   /** The hold counts the prompt times this factor (a provider whose tokenizer counts more than o200k). */
   readonly inputMargin?: number;
   /** An error inside a stream (or before its first event) in this API's shape; OpenAI's otherwise. */
@@ -125,6 +130,8 @@ export interface AnswerReading {
   /** Output tokens counted by Tollgate from the answer (when the usage has none). */
   produced: number;
   finishReason: string | null;
+  /** The id of an answer the provider is still working on (see Ending.pending). */
+  pending?: string | undefined;
 }
 
 export type RefusalReply = { kind: 'json'; status: number; body: unknown } | { kind: 'stream'; body: string };
@@ -175,6 +182,8 @@ export interface StreamReader {
   readonly finished: boolean;
   /** Whether a stream can be stopped at the bound and still end validly. */
   readonly canCut: boolean;
+  /** The id of an answer the provider goes on with after the stream broke off (see Ending.pending). */
+  readonly pending?: string | undefined;
   /** SSE text that ends the relayed stream; `cut` when Tollgate stopped it at the bound. */
   tail(cut: boolean, counted: TokenUsage): string;
 }

@@ -1,19 +1,28 @@
 import { formatAmount, Money } from '../core/money.ts';
 import type { ModelRow } from '../db/schema.ts';
-import { periodSeconds } from '../models/pricing.ts';
+import { cacheWritePrices, periodSeconds } from '../models/pricing.ts';
 
 /**
  * What a metered request costs, exactly (decimal.js, never floats):
  * - per request: the model's price;
- * - per token: (input − cached) × inputPerMillion / 1e6 + cached × cachedInputPerMillion / 1e6
- *   + output × outputPerMillion / 1e6 — `cachedInputPerMillion` defaults to the input price, and
- *   reasoning tokens are part of the output (providers count them in `completion_tokens` /
- *   `output_tokens`);
+ * - per token: (input − cached − cache writes) × inputPerMillion / 1e6 + cached × cachedInputPerMillion
+ *   / 1e6 + 5-minute cache writes × cacheWritePerMillion / 1e6 + 1-hour cache writes ×
+ *   cacheWrite1hPerMillion / 1e6 + output × outputPerMillion / 1e6 — `cachedInputPerMillion` defaults to
+ *   the input price, the cache write prices to 1.25× / 2× the input price on Claude-family models (the
+ *   input price elsewhere), and reasoning tokens are part of the output (the API readers add those a
+ *   provider reports beside `completion_tokens` / `output_tokens`);
  * - subscription: nothing per request (the period fee is charged when a period starts).
  */
 export type MeteredPricing =
   | { mode: 'per_request'; perRequest: Money }
-  | { mode: 'per_token'; inputPerMillion: Money; outputPerMillion: Money; cachedInputPerMillion: Money }
+  | {
+      mode: 'per_token';
+      inputPerMillion: Money;
+      outputPerMillion: Money;
+      cachedInputPerMillion: Money;
+      cacheWritePerMillion: Money;
+      cacheWrite1hPerMillion: Money;
+    }
   | { mode: 'subscription'; fee: string; periodSeconds: number };
 /** @deprecated the name from when only chat was metered */
 export type ChatPricing = MeteredPricing;
@@ -28,6 +37,10 @@ export interface TokenUsage {
   output: number;
   /** The part of `output` spent on reasoning (recorded, priced as output). */
   reasoning: number;
+  /** The part of `input` the provider wrote to its cache (Anthropic's `cache_creation_input_tokens`). */
+  cacheWrite?: number;
+  /** The part of `cacheWrite` written for one hour (`cache_creation.ephemeral_1h_input_tokens`). */
+  cacheWrite1h?: number;
 }
 
 const MILLION = new Money(1_000_000);
@@ -50,6 +63,7 @@ export function meteredPricing(model: ModelRow): MeteredPricing {
         outputPerMillion: new Money(model.output_per_million ?? '0'),
         cachedInputPerMillion:
           model.cached_input_per_million != null ? new Money(model.cached_input_per_million) : input,
+        ...cacheWritePrices(model, input),
       };
       break;
     }
@@ -66,38 +80,88 @@ export function meteredPricing(model: ModelRow): MeteredPricing {
 }
 export const chatPricing = meteredPricing;
 
-/** Exact cost of a per-token request, as a canonical decimal string. */
+/** The prices of a per-token cost; those left out are the input price. */
+export interface TokenPrices {
+  inputPerMillion: Money;
+  outputPerMillion: Money;
+  cachedInputPerMillion?: Money;
+  cacheWritePerMillion?: Money;
+  cacheWrite1hPerMillion?: Money;
+}
+
+/**
+ * Exact cost of a per-token request, as a canonical decimal string. `cache` splits the input: the
+ * cached part, and the part written to the cache (of which `write1h` for one hour); each is at most
+ * what is left of the input.
+ */
 export function tokenCost(
-  pricing: { inputPerMillion: Money; outputPerMillion: Money; cachedInputPerMillion?: Money },
+  pricing: TokenPrices,
   inputTokens: number,
   outputTokens: number,
   cachedInputTokens = 0,
+  cacheWrite: { write: number; write1h: number } = NO_WRITES,
 ): string {
   const cached = Math.min(cachedInputTokens, inputTokens);
+  const written = Math.min(cacheWrite.write, inputTokens - cached);
+  const written1h = Math.min(cacheWrite.write1h, written);
+  const input = pricing.inputPerMillion;
+  if (written === 0) {
+    return costOf(
+      input,
+      inputTokens - cached,
+      pricing.cachedInputPerMillion ?? input,
+      cached,
+      pricing.outputPerMillion,
+      outputTokens,
+    );
+  }
   return costOf(
-    pricing.inputPerMillion,
-    inputTokens - cached,
-    pricing.cachedInputPerMillion ?? pricing.inputPerMillion,
+    input,
+    inputTokens - cached - written,
+    pricing.cachedInputPerMillion ?? input,
     cached,
     pricing.outputPerMillion,
     outputTokens,
+    [
+      [pricing.cacheWritePerMillion ?? input, written - written1h],
+      [pricing.cacheWrite1hPerMillion ?? input, written1h],
+    ],
   );
 }
 
-/** The most a per-token request can cost: cached input is never assumed (nor priced above input). */
+const NO_WRITES = { write: 0, write1h: 0 };
+
+/**
+ * The most a per-token request can cost: cached input is never assumed (nor priced above input), and a
+ * request asking for cache writes (`cacheWrite`) may have every input token written at that price.
+ */
 export function tokenHold(
-  pricing: { inputPerMillion: Money; outputPerMillion: Money; cachedInputPerMillion: Money },
+  pricing: {
+    inputPerMillion: Money;
+    outputPerMillion: Money;
+    cachedInputPerMillion: Money;
+    cacheWritePerMillion?: Money;
+    cacheWrite1hPerMillion?: Money;
+  },
   inputTokens: number,
   outputTokens: number,
+  cacheWrite?: '5m' | '1h',
 ): string {
-  // (The larger of the two prices themselves, not a copy: their integer units are cached per price.)
-  const input = pricing.cachedInputPerMillion.gt(pricing.inputPerMillion)
+  // (The largest of the prices themselves, not a copy: their integer units are cached per price.)
+  let input = pricing.cachedInputPerMillion.gt(pricing.inputPerMillion)
     ? pricing.cachedInputPerMillion
     : pricing.inputPerMillion;
+  const write =
+    cacheWrite === '1h'
+      ? pricing.cacheWrite1hPerMillion
+      : cacheWrite
+        ? pricing.cacheWritePerMillion
+        : undefined;
+  if (write?.gt(input)) input = write;
   return costOf(input, inputTokens, input, 0, pricing.outputPerMillion, outputTokens);
 }
 
-/** (uncached × input + cached × cachedInput + output × outputPrice) / 1e6, canonical. */
+/** (uncached × input + cached × cachedInput + output × outputPrice + Σ more) / 1e6, canonical. */
 function costOf(
   inputPrice: Money,
   uncached: number,
@@ -105,12 +169,13 @@ function costOf(
   cached: number,
   outputPrice: Money,
   output: number,
+  more: ReadonlyArray<readonly [Money, number]> = [],
 ): string {
-  const fast = integerCost(inputPrice, uncached, cachedPrice, cached, outputPrice, output);
+  const fast = integerCost(inputPrice, uncached, cachedPrice, cached, outputPrice, output, more);
   if (fast !== undefined) return fast;
-  return formatAmount(
-    inputPrice.times(uncached).plus(cachedPrice.times(cached)).plus(outputPrice.times(output)).div(MILLION),
-  );
+  let sum = inputPrice.times(uncached).plus(cachedPrice.times(cached)).plus(outputPrice.times(output));
+  for (const [price, tokens] of more) sum = sum.plus(price.times(tokens));
+  return formatAmount(sum.div(MILLION));
 }
 
 /** A price per million as an integer count of 10^-decimals units (prices are plain, non-negative). */
@@ -151,13 +216,22 @@ function integerCost(
   bTokens: number,
   c: Money,
   cTokens: number,
+  more: ReadonlyArray<readonly [Money, number]> = [],
 ): string | undefined {
   const ua = unitsOf(a);
   const ub = unitsOf(b);
   const uc = unitsOf(c);
   if (!ua || !ub || !uc) return undefined;
-  const decimals = Math.max(ua.decimals, ub.decimals, uc.decimals);
-  const total = term(aTokens, ua, decimals) + term(bTokens, ub, decimals) + term(cTokens, uc, decimals);
+  let decimals = Math.max(ua.decimals, ub.decimals, uc.decimals);
+  const extra: PriceUnits[] = [];
+  for (const [price] of more) {
+    const u = unitsOf(price);
+    if (!u) return undefined;
+    extra.push(u);
+    if (u.decimals > decimals) decimals = u.decimals;
+  }
+  let total = term(aTokens, ua, decimals) + term(bTokens, ub, decimals) + term(cTokens, uc, decimals);
+  for (let i = 0; i < extra.length; i++) total += term(more[i]![1], extra[i]!, decimals);
   if (!Number.isSafeInteger(total)) return undefined;
   return scaledToDecimal(total, decimals + 6);
 }
@@ -178,7 +252,10 @@ export function requestCost(pricing: MeteredPricing, usage: TokenUsage): string 
     case 'per_request':
       return formatAmount(pricing.perRequest);
     case 'per_token':
-      return tokenCost(pricing, usage.input, usage.output, usage.cachedInput);
+      return tokenCost(pricing, usage.input, usage.output, usage.cachedInput, {
+        write: usage.cacheWrite ?? 0,
+        write1h: usage.cacheWrite1h ?? 0,
+      });
     case 'subscription':
       return '0';
   }

@@ -15,6 +15,7 @@ import type { Router } from '../routing/router.ts';
 import type { Span } from '../tracing/index.ts';
 import {
   isAbort,
+  type PassthroughAnswer,
   type Provider,
   type SseMessage,
   type UpstreamCall,
@@ -269,7 +270,7 @@ export class MeteredFlow {
   }
 
   /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider as received. */
-  async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
+  async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string, observe = same) {
     if (!request.project.upstream) {
       throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
         code: 'no_upstream',
@@ -283,7 +284,7 @@ export class MeteredFlow {
         body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
         signal: watch.abort.signal,
       });
-      return sendPassthrough(reply, answer);
+      return sendPassthrough(reply, observe(answer));
     } catch (err) {
       if (watch.gone) return abandon(reply);
       logUnreachable(this.#ctx.log, err, request.project.id);
@@ -323,6 +324,7 @@ export class MeteredFlow {
       produced: reading.produced,
       finishReason: reading.finishReason,
       charge: true,
+      pending: reading.pending,
     });
     for (const o of this.#observers) o.responded?.(x, upstreamMs);
     sendJsonText(reply, text);
@@ -397,6 +399,7 @@ export class MeteredFlow {
         produced,
         finishReason: reader.finishReason,
         charge: forwarded > 0,
+        pending: reader.pending,
       });
       return reply;
     }
@@ -454,6 +457,7 @@ export class MeteredFlow {
       produced,
       finishReason: reader.finishReason,
       charge: true,
+      pending: reader.pending,
     });
     return this.#failure(x, err, false);
   }
@@ -531,8 +535,20 @@ export class MeteredFlow {
         x,
         'chain',
       );
+    if (end.pending && charged !== '0') await this.onPending?.(x, end.pending, charged);
+  }
+
+  /** Records an answer still in the works, charged its hold (src/responses/background.ts). */
+  onPending: ((x: Exchange, id: string, charged: string) => Promise<void>) | undefined;
+
+  /** A GET of a provider path for the project, unmetered (background responses' poller). */
+  retrieve(project: ProjectContext, path: string, signal: AbortSignal): Promise<PassthroughAnswer> {
+    return this.#parts.router.passthrough(project, { method: 'GET', path, body: undefined, signal });
   }
 }
+
+/** A passthrough answer as is (`passthrough` may be given an observer of the answer instead). */
+const same = (answer: PassthroughAnswer) => answer;
 
 /** What the flow uses of the app (the composition root passes its context). */
 export interface MeteringContext {

@@ -65,4 +65,9 @@ export interface Ending {
   finishReason: string | null;
   /** False when nothing reached the client: the hold is released. */
   charge: boolean;
+  /**
+   * The id of an answer the provider is still working on (a Responses `background` response): the
+   * request is charged its hold, and settled when the answer completes (src/responses/background.ts).
+   */
+  pending?: string | undefined;
 }

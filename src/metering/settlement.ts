@@ -20,11 +20,14 @@ export function usageOf<B extends MeteredBody>(
   produced: number,
 ): TokenUsage {
   const input = usage?.input ?? x.inputCount ?? x.api.countInput(x.body);
+  const cachedInput = Math.min(usage?.cachedInput ?? 0, input);
+  const cacheWrite = Math.min(usage?.cacheWrite ?? 0, input - cachedInput);
   return {
     input,
-    cachedInput: Math.min(usage?.cachedInput ?? 0, input),
+    cachedInput,
     output: usage?.output ?? produced,
     reasoning: usage?.reasoning ?? 0,
+    ...(cacheWrite > 0 ? { cacheWrite, cacheWrite1h: Math.min(usage?.cacheWrite1h ?? 0, cacheWrite) } : {}),
   };
 }
 
@@ -85,10 +88,12 @@ export function settleInput(
   anomaly?: UsageAnomaly,
 ): SettleInput {
   const source = usageSourceOf(end.usage);
+  // An answer still in the works (a background response) is charged its hold until its cost is known.
+  const pending = end.pending;
   return {
     project: x.project,
     hold,
-    cost: requestCost(x.pricing, usage),
+    cost: pending ? hold.amount : requestCost(x.pricing, usage),
     source: x.api.name,
     model: x.model.id,
     trigger: x.trigger,
@@ -100,6 +105,9 @@ export function settleInput(
       api: x.api.name,
       inputTokens: usage.input,
       cachedInputTokens: usage.cachedInput,
+      ...(usage.cacheWrite
+        ? { cacheWriteTokens: usage.cacheWrite, cacheWrite1hTokens: usage.cacheWrite1h ?? 0 }
+        : {}),
       outputTokens: usage.output,
       reasoningTokens: usage.reasoning,
       usageSource: source,
@@ -107,8 +115,11 @@ export function settleInput(
       ...(anomaly
         ? { anomalousInputTokens: anomaly.excessInput, anomalousOutputTokens: anomaly.excessOutput }
         : {}),
+      ...(pending ? { backgroundResponseId: pending } : {}),
     },
-    description: `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}${anomaly ? ` (reported above the bounds, not charged: ${anomaly.excessInput} input, ${anomaly.excessOutput} output tokens)` : ''}`,
+    description: pending
+      ? `${x.api.name} ${x.model.id}: background response ${pending}, charged its hold until it completes (the rest goes back then)`
+      : `${x.api.name} ${x.model.id}: ${usage.input} input (${usage.cachedInput} cached${usage.cacheWrite ? `, ${usage.cacheWrite} written to the cache${usage.cacheWrite1h ? `, ${usage.cacheWrite1h} for 1 h` : ''}` : ''}) + ${usage.output} output tokens${source === 'provider' ? '' : source === 'tollgate' ? ' (counted by Tollgate: the provider reported no usage)' : ' (partly counted by Tollgate)'}${anomaly ? ` (reported above the bounds, not charged: ${anomaly.excessInput} input, ${anomaly.excessOutput} output tokens)` : ''}`,
     ...(completed ? { completed: { type: 'proxy.request.completed' as const, data: completed } } : {}),
   };
 }

@@ -12,8 +12,8 @@ import { tokenHold } from './cost.ts';
  * The worst case of a request — the most it can be charged, known before anything is forwarded — which
  * is what it holds (and what the spend caps reserve):
  * - per request: the price;
- * - per token: input × the larger of the input and cached-input prices + bound × choices × the output
- *   price, where
+ * - per token: input × the largest of the input and cached-input prices (and the cache write price
+ *   the body asks for) + bound × choices × the output price, where
  *   - input = ceil(Tollgate's count of the body × the hold margin × the API's margin) + the chain's
  *     recorded size (Responses `previous_response_id` / `conversation`; an unknown chain: the context
  *     window), at most the model's context window (batched inputs — embeddings — are not capped);
@@ -42,7 +42,12 @@ export function worstCase(
   x.inputBound = x.api.batched ? undefined : limits.contextWindow;
   const counted = Math.ceil(input.bound * (x.api.inputMargin ?? 1));
   const held = chain === 'unknown' ? limits.contextWindow : counted + (chain ?? 0);
-  return tokenHold(pricing, Math.min(held, x.inputBound ?? held), x.bound * x.choices);
+  return tokenHold(
+    pricing,
+    Math.min(held, x.inputBound ?? held),
+    x.bound * x.choices,
+    x.api.cacheWrite?.(x.body),
+  );
 }
 
 /**

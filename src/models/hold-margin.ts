@@ -10,7 +10,10 @@ import type { ModelRow } from '../db/schema.ts';
  * The defaults are measured (`npm run bench:tokenizers`, docs/benchmarks.md): each family's largest
  * tokens(family) / tokens(o200k) ratio over a fixed corpus of prose in six languages, JSON and code,
  * rounded up to the next 0.05, and never below 1.1 (what Tollgate approximates for every provider: tool
- * definitions as JSON text, images, audio and files by rule).
+ * definitions as JSON text, images, audio and files by rule). Claude's is the exception: Anthropic
+ * publishes no tokenizer for Claude 3 and later, and its `count_tokens` gives 1.16× (English) to 1.30×
+ * (Python) o200k's count; the margin is 1.3, so the hold of every API — the Messages API's included,
+ * with no margin of its own — is within 1.3× of what `count_tokens` says.
  */
 export const TOKENIZER_FAMILIES = [
   'o200k',
@@ -28,8 +31,12 @@ export const DEFAULT_HOLD_MARGINS: Record<TokenizerFamily, string> = {
   o200k: '1.1',
   /** GPT-4, GPT-3.5 and OpenAI's embeddings (text-embedding-3-*, ada-002): max 1.691 (Russian). */
   cl100k: '1.7',
-  /** @anthropic-ai/tokenizer (Claude 1/2's; none published for Claude 3+): max 1.853 (Russian). */
-  claude: '1.9',
+  /**
+   * Claude 3+: `count_tokens` against o200k, 1.16 (English) to 1.30 (Python); the legacy published
+   * tokenizer (Claude 1/2) measured up to 1.853 on Russian, which this margin under-holds (the charge is
+   * the provider's usage whatever the hold).
+   */
+  claude: '1.3',
   /** llama3-tokenizer-js (Llama 3.x): max 1.204 (German). */
   llama3: '1.25',
   /** mistral-tokenizer-js (the 32k SentencePiece vocabulary): max 1.429 (Russian). */

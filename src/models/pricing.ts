@@ -1,8 +1,8 @@
 import { z } from 'zod';
-import { currencySchema, priceSchema } from '../core/money.ts';
+import { currencySchema, Money, priceSchema } from '../core/money.ts';
 import { isPlainText } from '../core/validation.ts';
 import type { ModelEndpoint, ModelRow, PricingMode } from '../db/schema.ts';
-import { holdMarginSchema } from './hold-margin.ts';
+import { holdMarginSchema, tokenizerFamily, upstreamNamesOf } from './hold-margin.ts';
 import { tokenLimitSchema } from './output-limits.ts';
 
 /**
@@ -30,6 +30,13 @@ export const pricingSchema = z.discriminatedUnion('mode', [
     outputPerMillion: priceSchema.optional(),
     /** Optional: the price of input tokens the provider reports as cached; the input price when omitted. */
     cachedInputPerMillion: priceSchema.optional(),
+    /**
+     * Optional: the prices of input tokens the provider writes to its cache (Anthropic's
+     * `cache_creation_input_tokens`), for 5 minutes and for one hour; when omitted, 1.25× and 2× the
+     * input price on a Claude-family model (Anthropic's multipliers), the input price otherwise.
+     */
+    cacheWritePerMillion: priceSchema.optional(),
+    cacheWrite1hPerMillion: priceSchema.optional(),
     /**
      * Optional: the multiplier of Tollgate's prompt estimate in the hold (1 to 10); the default of the
      * upstream model's tokenizer family when omitted (src/models/hold-margin.ts).
@@ -122,6 +129,10 @@ export function pricingOf(row: ModelRow): Pricing {
         ...(row.cached_input_per_million != null
           ? { cachedInputPerMillion: row.cached_input_per_million }
           : {}),
+        ...(row.cache_write_per_million != null ? { cacheWritePerMillion: row.cache_write_per_million } : {}),
+        ...(row.cache_write_1h_per_million != null
+          ? { cacheWrite1hPerMillion: row.cache_write_1h_per_million }
+          : {}),
         ...(row.hold_margin != null ? { holdMargin: row.hold_margin } : {}),
       };
     case 'subscription':
@@ -137,6 +148,9 @@ export function pricingColumns(pricing: Pricing) {
     input_per_million: pricing.mode === 'per_token' ? pricing.inputPerMillion : null,
     output_per_million: pricing.mode === 'per_token' ? (pricing.outputPerMillion ?? '0') : null,
     cached_input_per_million: pricing.mode === 'per_token' ? (pricing.cachedInputPerMillion ?? null) : null,
+    cache_write_per_million: pricing.mode === 'per_token' ? (pricing.cacheWritePerMillion ?? null) : null,
+    cache_write_1h_per_million:
+      pricing.mode === 'per_token' ? (pricing.cacheWrite1hPerMillion ?? null) : null,
     hold_margin: pricing.mode === 'per_token' ? (pricing.holdMargin ?? null) : null,
     fee: pricing.mode === 'subscription' ? pricing.fee : null,
     period: pricing.mode === 'subscription' ? pricing.period : null,
@@ -167,4 +181,29 @@ export function limitsOfRow(row: ModelRow): Pick<ModelSpec, 'maxOutputTokens' | 
 /** The APIs a model row serves. */
 export function endpointsOf(row: ModelRow): ModelEndpoint[] {
   return row.endpoints?.length ? row.endpoints : DEFAULT_ENDPOINTS;
+}
+
+/** Anthropic's cache write multipliers of the input price: 5-minute and 1-hour writes. */
+export const CLAUDE_CACHE_WRITE = { fiveMinutes: '1.25', oneHour: '2' } as const;
+
+/**
+ * The cache write prices of a per-token model: as set, else 1.25× / 2× the input price when any of its
+ * upstream names is a Claude model, else the input price.
+ */
+export function cacheWritePrices(
+  row: Pick<ModelRow, 'cache_write_per_million' | 'cache_write_1h_per_million' | 'upstream_model' | 'routes'>,
+  input: Money,
+): { cacheWritePerMillion: Money; cacheWrite1hPerMillion: Money } {
+  const claude = upstreamNamesOf(row).some((name) => tokenizerFamily(name) === 'claude');
+  const fallback = (times: string) => (claude ? new Money(input.times(times).toFixed()) : input);
+  return {
+    cacheWritePerMillion:
+      row.cache_write_per_million != null
+        ? new Money(row.cache_write_per_million)
+        : fallback(CLAUDE_CACHE_WRITE.fiveMinutes),
+    cacheWrite1hPerMillion:
+      row.cache_write_1h_per_million != null
+        ? new Money(row.cache_write_1h_per_million)
+        : fallback(CLAUDE_CACHE_WRITE.oneHour),
+  };
 }

@@ -129,10 +129,19 @@ export function pricingSummary(p: Pricing, separator = ', '): string {
     case 'per_token':
       return `${p.inputPerMillion} in / ${p.outputPerMillion ?? '0'} out per 1M tokens${
         p.cachedInputPerMillion ? ` (${p.cachedInputPerMillion} cached)` : ''
-      }${p.holdMargin ? `${separator}prompt estimate held × ${p.holdMargin}` : ''}`;
+      }${cacheWriteSummary(p)}${p.holdMargin ? `${separator}prompt estimate held × ${p.holdMargin}` : ''}`;
     case 'subscription':
       return `${p.fee} every ${p.period}`;
   }
+}
+
+/** The cache write prices a per-token price sets, in words ('' when it sets none). */
+function cacheWriteSummary(p: Extract<Pricing, { mode: 'per_token' }>): string {
+  const parts = [
+    p.cacheWritePerMillion ? `${p.cacheWritePerMillion} cache write` : '',
+    p.cacheWrite1hPerMillion ? `${p.cacheWrite1hPerMillion} 1 h cache write` : '',
+  ].filter(Boolean);
+  return parts.length ? ` (${parts.join(', ')})` : '';
 }
 
 /**

@@ -6,6 +6,7 @@ import { countText } from '../tokens/count.ts';
 import { countResponsesInput } from '../tokens/inputs.ts';
 import { textResponse } from '../upstream/text-response.ts';
 import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
+import { outputWithReasoning } from '../upstream/usage.ts';
 import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 
 /**
@@ -21,22 +22,46 @@ import { type ResponsesRequest, responsesRequestSchema } from './schema.ts';
 interface ResponsesUsage {
   input_tokens?: number;
   output_tokens?: number;
+  total_tokens?: number;
   input_tokens_details?: { cached_tokens?: number | null } | null;
   output_tokens_details?: { reasoning_tokens?: number | null } | null;
 }
 
+/**
+ * Responses usage in Tollgate's terms; reasoning tokens beside `output_tokens` (total = input + output
+ * + reasoning) are added to the output, as for chat (src/upstream/usage.ts).
+ */
 export function responsesUsage(usage: ResponsesUsage | null | undefined): ReportedUsage | undefined {
   if (!usage) return undefined;
+  const reasoning = usage.output_tokens_details?.reasoning_tokens;
   return reportedUsage({
     input: usage.input_tokens,
-    output: usage.output_tokens,
+    output: outputWithReasoning(usage.input_tokens, usage.output_tokens, reasoning, usage.total_tokens),
     cachedInput: usage.input_tokens_details?.cached_tokens,
-    reasoning: usage.output_tokens_details?.reasoning_tokens,
+    reasoning,
   });
 }
 
+/** Statuses of a Response the provider is still working on. */
+const WORKING = new Set(['queued', 'in_progress']);
+
+/**
+ * The id of a `background` Response the provider is still working on (its output, and usage, come
+ * later through `GET /v1/responses/{id}`): the request is charged its hold until then
+ * (./background.ts).
+ */
+export function backgroundPending(json: Record<string, unknown>): string | undefined {
+  if (json.background !== true || typeof json.id !== 'string') return undefined;
+  return typeof json.status === 'string' && WORKING.has(json.status) ? json.id : undefined;
+}
+
+/** A Response's usage in Tollgate's terms, from the Response itself (for background settles). */
+export function usageOfResponse(json: Record<string, unknown>): ReportedUsage | undefined {
+  return responsesUsage(json.usage as ResponsesUsage | null | undefined);
+}
+
 /** Text a response produced: output text, refusals, function call arguments, reasoning summaries. */
-function outputText(output: unknown): string {
+export function outputText(output: unknown): string {
   if (!Array.isArray(output)) return '';
   let text = '';
   for (const item of output as Array<Record<string, unknown>>) {
@@ -85,6 +110,7 @@ export const responsesApi: MeteredApi<ResponsesRequest> = {
       ids: answerIds(json),
       produced: usage?.output === undefined ? countText(outputText(json.output)) : 0,
       finishReason: typeof json.status === 'string' ? json.status : null,
+      pending: backgroundPending(json),
     };
   },
 
@@ -129,6 +155,12 @@ class ResponsesStreamReader implements StreamReader {
   finishReason: string | null = null;
   finished = false;
   ids: AnswerIds | undefined;
+  /** The Response of a `background` stream: it goes on at the provider if the stream breaks off. */
+  #background: string | undefined;
+
+  get pending(): string | undefined {
+    return this.finished ? undefined : this.#background;
+  }
 
   next(message: SseMessage): StreamStep {
     if (message.data === '[DONE]') {
@@ -138,10 +170,19 @@ class ResponsesStreamReader implements StreamReader {
     const event = streamEventJson<{
       type?: unknown;
       delta?: unknown;
-      response?: { id?: unknown; conversation?: unknown; status?: unknown; usage?: ResponsesUsage };
+      response?: {
+        id?: unknown;
+        conversation?: unknown;
+        status?: unknown;
+        background?: unknown;
+        usage?: ResponsesUsage;
+      };
     }>(message.data);
     const type = typeof event.type === 'string' ? event.type : message.event;
     if (event.response) this.ids = answerIds(event.response) ?? this.ids;
+    if (type === 'response.created' && event.response?.background === true) {
+      this.#background = typeof event.response.id === 'string' ? event.response.id : undefined;
+    }
     if (type === 'error') {
       throw streamError(message.data);
     }

@@ -25,6 +25,17 @@ export interface UpstreamAnswer {
 export interface SseMessage {
   event: string | undefined;
   data: string;
+  /**
+   * Set by a translation (./anthropic/) whose event carries usage Tollgate wrote, not the provider's
+   * (a translated `message_start` has no provider usage yet): the reader must not record it as reported.
+   */
+  placeholderUsage?: true;
+  /**
+   * Set by a translation to a client API that carries usage only at its end (Chat Completions): the
+   * provider's usage as reported so far, so a stream that breaks off is charged from it. A message with
+   * empty `data` carries only this and is not relayed.
+   */
+  usage?: ChatUsage;
 }
 
 /** A request passed through unmetered (e.g. `GET /responses/{id}`). */
@@ -56,6 +67,18 @@ export interface ChatUsage {
   total_tokens?: number;
   prompt_tokens_details?: { cached_tokens?: number | null } | null;
   completion_tokens_details?: { reasoning_tokens?: number | null } | null;
+  /**
+   * Cache writes, part of `prompt_tokens`, as Anthropic reports them: the chat usage of a translated
+   * Anthropic answer carries them (as LiteLLM's does), so they are priced as cache writes.
+   */
+  cache_creation_input_tokens?: number | null;
+  cache_creation?: CacheCreation | null;
+}
+
+/** Anthropic's split of cache writes by lifetime. */
+export interface CacheCreation {
+  ephemeral_5m_input_tokens?: number | null;
+  ephemeral_1h_input_tokens?: number | null;
 }
 
 export type UpstreamFailure = 'status' | 'timeout' | 'connection' | 'malformed';

@@ -57,7 +57,7 @@ describe('tokenizer family defaults', () => {
     expect(DEFAULT_HOLD_MARGINS).toEqual({
       o200k: '1.1',
       cl100k: '1.7',
-      claude: '1.9',
+      claude: '1.3',
       llama3: '1.25',
       mistral: '1.45',
       gemini: '1.2',
@@ -135,7 +135,7 @@ describe('holds through the server', () => {
   it('chat: the hold is the prompt estimate × the margin × the price, plus the completion bound', async () => {
     for (const [model, margin] of [
       ['explicit', '1.25'],
-      ['claude', '1.9'],
+      ['claude', '1.3'],
       ['unknown', '1.9'],
     ] as const) {
       const user = `chat-${model}`;
@@ -182,7 +182,7 @@ describe('holds through the server', () => {
     const sent = f.mock.requests[0]!.body;
     const input = countResponsesInput(responsesRequestSchema.parse(sent));
     expect((await f.holds('resp'))[0]!.amount).toBe(
-      tokenCost(price, promptTokensUpperBound(input, '1.9'), 30),
+      tokenCost(price, promptTokensUpperBound(input, '1.3'), 30),
     );
   });
 
@@ -203,7 +203,7 @@ describe('holds through the server', () => {
     const listed = await api(f.server, ROOT, 'GET', `/admin/v1/projects/${f.project.id}/models`);
     expect(listed.status).toBe(200);
     const byId = Object.fromEntries(listed.body.models.map((m: any) => [m.id, m.pricing.holdMargin]));
-    expect(byId).toEqual({ claude: '1.9', embed: '2.5', explicit: '1.25', unknown: '1.9' });
+    expect(byId).toEqual({ claude: '1.3', embed: '2.5', explicit: '1.25', unknown: '1.9' });
     const models = await f.client.models.list();
     const v1 = Object.fromEntries(models.data.map((m: any) => [m.id, m.pricing.holdMargin]));
     expect(v1).toEqual(byId);
@@ -220,10 +220,10 @@ describe('holds through the server', () => {
         },
       );
     const json = JSON.parse((await run('--json')).stdout);
-    expect(json.models.find((m: any) => m.id === 'claude').pricing.holdMargin).toBe('1.9');
+    expect(json.models.find((m: any) => m.id === 'claude').pricing.holdMargin).toBe('1.3');
     const text = (await run()).stdout;
     expect(text).toContain(
-      'claude  claude-3-5-sonnet-20241022  0.15 in / 0.6 out per 1M tokens, prompt estimate held × 1.9  [chat, responses]',
+      'claude  claude-3-5-sonnet-20241022  0.15 in / 0.6 out per 1M tokens, prompt estimate held × 1.3  [chat, responses]',
     );
   }, 60_000);
 

@@ -104,6 +104,46 @@ describe('amounts on the request path', () => {
     );
   });
 
+  it('tokenCost with cache writes (5-minute and 1-hour prices) is exact, as with decimal.js', () => {
+    const split = fc.tuple(tokens, tokens, tokens, tokens, tokens);
+    fc.assert(
+      fc.property(price, price, price, price, price, split, (input, output, cached, write, write1h, t) => {
+        const [i, o, c, w, w1h] = t;
+        const p = {
+          inputPerMillion: new Money(input),
+          outputPerMillion: new Money(output),
+          cachedInputPerMillion: new Money(cached),
+          cacheWritePerMillion: new Money(write),
+          cacheWrite1hPerMillion: new Money(write1h),
+        };
+        const read = Math.min(c, i);
+        const written = Math.min(w, i - read);
+        const hour = Math.min(w1h, written);
+        const expected = referenceFormat(
+          p.inputPerMillion
+            .times(i - read - written)
+            .plus(p.cachedInputPerMillion.times(read))
+            .plus(p.cacheWritePerMillion.times(written - hour))
+            .plus(p.cacheWrite1hPerMillion.times(hour))
+            .plus(p.outputPerMillion.times(o))
+            .div(MILLION),
+        );
+        expect(tokenCost(p, i, o, c, { write: w, write1h: w1h })).toBe(expected);
+      }),
+      { numRuns: 5000 },
+    );
+    // Anthropic's published case: 200 000 input, 1 000 000 written, 1 000 output at 10 / 110 per million.
+    const claude = { inputPerMillion: new Money('10'), outputPerMillion: new Money('110') };
+    const prices = {
+      ...claude,
+      cacheWritePerMillion: new Money('12.5'),
+      cacheWrite1hPerMillion: new Money('20'),
+    };
+    expect(tokenCost(claude, 1_200_000, 1000)).toBe('12.11');
+    expect(tokenCost(prices, 1_200_000, 1000, 0, { write: 1_000_000, write1h: 0 })).toBe('14.61');
+    expect(tokenCost(prices, 1_200_000, 1000, 0, { write: 1_000_000, write1h: 1_000_000 })).toBe('22.11');
+  });
+
   it('the prompt bound is ceil(count × margin), as with decimal.js', () => {
     const margins = ['1', '1.1', '1.25', '1.7', '1.9', '10', '1.001', '9.999', '01.5'];
     fc.assert(

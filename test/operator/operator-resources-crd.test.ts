@@ -113,6 +113,7 @@ describe('the price rules', () => {
     { mode: 'per_request', perRequest: '0.01' },
     { mode: 'per_token', inputPerMillion: '0.15' },
     { mode: 'per_token', inputPerMillion: '0.15', outputPerMillion: '0.6', cachedInputPerMillion: '0.05' },
+    { mode: 'per_token', inputPerMillion: '3', cacheWritePerMillion: '3.75', cacheWrite1hPerMillion: '6' },
     { mode: 'subscription', fee: '10', period: '30d' },
   ])('accepts the fields of its mode: %j', (self) => {
     expect(passes(self)).toBe(true);
@@ -125,6 +126,8 @@ describe('the price rules', () => {
     { mode: 'per_request', perRequest: '1', fee: '1' },
     { mode: 'per_token', inputPerMillion: '1', perRequest: '1' },
     { mode: 'subscription', fee: '1', period: '1d', inputPerMillion: '1' },
+    { mode: 'per_request', perRequest: '1', cacheWritePerMillion: '1' },
+    { mode: 'subscription', fee: '1', period: '1d', cacheWrite1hPerMillion: '1' },
   ])('refuses fields missing or of another mode: %j', (self) => {
     expect(passes(self)).toBe(false);
   });

@@ -111,16 +111,20 @@ describe('dashboard pages', () => {
       model: 'sonnet',
       upstreamModel: 'claude-sonnet-4-5',
       ...perToken,
+      cacheWritePerMillion: '3.75',
+      cacheWrite1hPerMillion: '6',
     });
     expect(priced.location).toBe(`${path}/pricing?done=price_saved`);
-    await post(`${path}/pricing`, { model: 'own', upstreamModel: 'gpt-4o', ...perToken, holdMargin: '1.3' });
+    await post(`${path}/pricing`, { model: 'own', upstreamModel: 'gpt-4o', ...perToken, holdMargin: '1.25' });
     // A bad margin is a 400 page naming the field; nothing changes.
     const refused = await post(`${path}/pricing`, { model: 'own', ...perToken, holdMargin: '0.8' });
     expect(refused.status).toBe(400);
     expect(refused.text).toMatch(/holdMargin[\s\S]*at least 1/);
     const pricingPage = await get(`${path}/pricing`);
-    expect(pricingPage.text).toContain('3 in / 15 out per 1M tokens; prompt estimate held × 1.9');
-    expect(pricingPage.text).toContain('3 in / 15 out per 1M tokens; prompt estimate held × 1.3');
+    expect(pricingPage.text).toContain(
+      '3 in / 15 out per 1M tokens (3.75 cache write, 6 1 h cache write); prompt estimate held × 1.3',
+    );
+    expect(pricingPage.text).toContain('3 in / 15 out per 1M tokens; prompt estimate held × 1.25');
 
     // Settings: saved through the same checks as the API.
     const saved = await post(`${path}/settings`, {

@@ -29,6 +29,11 @@ const { price, perToken } = tokenPrices('3', '15', '0.3');
 /** One served turn of the mock: 12 input tokens, 5 output tokens (' hello' × 5). */
 const TURN = tokenCost(price, 12, 5);
 const TEXT = ' hello'.repeat(5);
+/** The cache model's turn: 20 input tokens (6 read from the cache, 4 written to it at 1.25×), 5 output. */
+const CACHED_TURN = tokenCost({ ...price, cacheWritePerMillion: new Money('3.75') }, 20, 5, 6, {
+  write: 4,
+  write1h: 0,
+});
 const connectLink = /http:\/\/\S+\/connect\/[A-Za-z0-9_.-]+/;
 const topupLink = /http:\/\/\S+\/topup\/[A-Za-z0-9_.-]+/;
 const weather = { name: 'get_weather', arguments: '{"city":"Paris"}' };
@@ -161,7 +166,7 @@ describe('POST /v1/messages to an Anthropic provider (native)', () => {
     await expectCharged('m-stream', TURN);
   });
 
-  it('cache writes are priced as input, cache reads as cached input', async () => {
+  it('cache writes are priced at 1.25× input (a Claude model), cache reads as cached input', async () => {
     await f.fund('m-cache', '1.00');
     const message = await clientFor('m-cache').messages.create({
       model: 'claude-cache',
@@ -169,8 +174,8 @@ describe('POST /v1/messages to an Anthropic provider (native)', () => {
       messages: [{ role: 'user', content: 'Hello' }],
     });
     expect(message.usage.cache_read_input_tokens).toBe(6);
-    // 10 + 4 (cache write) + 6 (cache read) input tokens, 6 of them cached.
-    await expectCharged('m-cache', tokenCost(price, 20, 5, 6));
+    // 10 + 4 (cache write) + 6 (cache read) input tokens, 6 of them cached, 4 written.
+    await expectCharged('m-cache', CACHED_TURN);
   });
 
   it('a two-turn tool use conversation with an image block, streaming and not', async () => {
@@ -442,7 +447,7 @@ describe('Chat Completions to an Anthropic provider (translated)', () => {
     await expectChatCharged('c-create', TURN);
   });
 
-  it('streaming with usage, cache reads priced as cached input', async () => {
+  it('streaming with usage, cache reads priced as cached input, cache writes as writes', async () => {
     await f.fund('c-stream', '1.00');
     const stream = await f.client.chat.completions.create({
       model: 'claude-cache',
@@ -467,7 +472,7 @@ describe('Chat Completions to an Anthropic provider (translated)', () => {
       completion_tokens: 5,
       prompt_tokens_details: { cached_tokens: 6 },
     });
-    await expectChatCharged('c-stream', tokenCost(price, 20, 5, 6));
+    await expectChatCharged('c-stream', CACHED_TURN);
   });
 
   it('a two-turn tool conversation: tool_use ⇄ tool_calls, tool messages → tool_result', async () => {

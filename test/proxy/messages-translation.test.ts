@@ -395,7 +395,10 @@ describe('Chat Completions → Messages (chatToMessages)', () => {
 
 async function collect(events: AsyncIterable<SseMessage>): Promise<Array<Record<string, unknown> | string>> {
   const out: Array<Record<string, unknown> | string> = [];
-  for await (const e of events) out.push(e.data === '[DONE]' ? '[DONE]' : JSON.parse(e.data));
+  for await (const e of events) {
+    if (e.data === '') continue; // usage only, for the metering: not relayed
+    out.push(e.data === '[DONE]' ? '[DONE]' : JSON.parse(e.data));
+  }
   return out;
 }
 
@@ -493,5 +496,64 @@ describe('streams', () => {
       usage: { prompt_tokens: 7, completion_tokens: 6, prompt_tokens_details: { cached_tokens: 2 } },
     });
     expect(chunks.at(-1)).toBe('[DONE]');
+  });
+
+  it('Anthropic usage reaches the metering as it arrives (message_start input, message_delta output)', async () => {
+    const messages: SseMessage[] = [];
+    for await (const m of messagesStreamToChat(
+      of([
+        {
+          type: 'message_start',
+          message: {
+            id: 'msg_9',
+            usage: { input_tokens: 5, cache_creation_input_tokens: 3, output_tokens: 1 },
+          },
+        },
+        { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } },
+        { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Hi' } },
+        { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 6 } },
+      ]),
+      'm',
+    )) {
+      messages.push(m);
+    }
+    // the role chunk carries the input (no output: message_start's is a placeholder)
+    expect(messages[0]!.usage).toEqual({
+      prompt_tokens: 8,
+      prompt_tokens_details: { cached_tokens: 0 },
+      cache_creation_input_tokens: 3,
+    });
+    // message_delta: a usage-only message, not relayed, with the whole usage so far
+    expect(messages.at(-1)).toEqual({
+      event: undefined,
+      data: '',
+      usage: {
+        prompt_tokens: 8,
+        completion_tokens: 6,
+        total_tokens: 14,
+        prompt_tokens_details: { cached_tokens: 0 },
+        cache_creation_input_tokens: 3,
+      },
+    });
+  });
+
+  it('a translated message_start carries Tollgate’s estimate, flagged as no provider usage', async () => {
+    const sent = {
+      path: '/chat/completions',
+      body: { messages: [{ role: 'user', content: 'Hello there' }] },
+    };
+    const events: SseMessage[] = [];
+    for await (const e of chatStreamToMessages(
+      of([{ id: 'c', choices: [{ index: 0, delta: { content: 'Hi' } }] }, '[DONE]']),
+      'm',
+      sent as never,
+    )) {
+      events.push(e);
+    }
+    const start = events[0]!;
+    expect(start.placeholderUsage).toBe(true);
+    expect(JSON.parse(start.data).message.usage.input_tokens).toBe(3 + 4 + 2); // 'Hello there': 2 tokens
+    // no usage chunk from the provider: the message_delta's zeros are no usage either
+    expect(events.find((e) => e.event === 'message_delta')!.placeholderUsage).toBe(true);
   });
 });

@@ -28,6 +28,8 @@ const priceForm = formBody({
   perRequest: field,
   inputPerMillion: field,
   outputPerMillion: field,
+  cacheWritePerMillion: field,
+  cacheWrite1hPerMillion: field,
   holdMargin: field,
   fee: field,
   period: field,
@@ -99,6 +101,8 @@ ${
 <div><label for="perRequest">Per request</label><input id="perRequest" name="perRequest" inputmode="decimal" placeholder="0.01"></div>
 <div><label for="inputPerMillion">Input per 1M tokens</label><input id="inputPerMillion" name="inputPerMillion" inputmode="decimal" placeholder="0.15"></div>
 <div><label for="outputPerMillion">Output per 1M tokens</label><input id="outputPerMillion" name="outputPerMillion" inputmode="decimal" placeholder="0.60"></div>
+<div><label for="cacheWritePerMillion">Cache writes per 1M, 5 min (optional)</label><input id="cacheWritePerMillion" name="cacheWritePerMillion" inputmode="decimal" placeholder="Claude: 1.25 × input"></div>
+<div><label for="cacheWrite1hPerMillion">Cache writes per 1M, 1 h (optional)</label><input id="cacheWrite1hPerMillion" name="cacheWrite1hPerMillion" inputmode="decimal" placeholder="Claude: 2 × input"></div>
 <div><label for="holdMargin">Hold margin (optional)</label><input id="holdMargin" name="holdMargin" inputmode="decimal" placeholder="from the provider model"></div>
 <div><label for="fee">Subscription fee</label><input id="fee" name="fee" inputmode="decimal" placeholder="10.00"></div>
 <div><label for="period">Period</label><input id="period" name="period" placeholder="30d"></div>
@@ -134,6 +138,8 @@ ${
               mode: 'per_token',
               inputPerMillion: v('inputPerMillion'),
               outputPerMillion: v('outputPerMillion'),
+              cacheWritePerMillion: v('cacheWritePerMillion'),
+              cacheWrite1hPerMillion: v('cacheWrite1hPerMillion'),
               holdMargin: v('holdMargin'),
             }
           : f.mode === 'subscription'

@@ -22,6 +22,7 @@ import * as ledgerWalletKey from './0022_ledger_wallet_key.ts';
 import * as uncreditedPayments from './0023_uncredited_payments.ts';
 import * as visibleHeld from './0024_visible_held.ts';
 import * as bounds from './0025_bounds.ts';
+import * as providerBilled from './0026_provider_billed.ts';
 import * as moneyTrust from './0027_money_trust.ts';
 
 /**
@@ -52,5 +53,6 @@ export const migrations: Record<string, Migration> = {
   '0023_uncredited_payments': uncreditedPayments,
   '0024_visible_held': visibleHeld,
   '0025_bounds': bounds,
+  '0026_provider_billed': providerBilled,
   '0027_money_trust': moneyTrust,
 };

@@ -1,7 +1,7 @@
 import { badRequest } from '../../core/errors.ts';
-import type { Provider, SseMessage, UpstreamCall } from '../types.ts';
+import type { ChatUsage, Provider, SseMessage, UpstreamCall } from '../types.ts';
 import { streamError, streamEventJson, UpstreamError } from '../types.ts';
-import type { AnthropicUsage } from './provider.ts';
+import { type AnthropicUsage, cacheWritesOf } from './provider.ts';
 import { TranslatingProvider } from './translating-provider.ts';
 
 /**
@@ -203,17 +203,30 @@ const FINISH: Record<string, string> = {
 };
 const finishReason = (stop: unknown) => (typeof stop === 'string' ? (FINISH[stop] ?? 'stop') : 'stop');
 
-/** Anthropic usage as Chat Completions'. */
-export function chatUsageOf(usage: AnthropicUsage | undefined) {
+/**
+ * Anthropic usage as Chat Completions': cache writes stay visible beside it, as
+ * `cache_creation_input_tokens` (and `cache_creation`), so they are priced as writes.
+ */
+export function chatUsageOf(usage: AnthropicUsage | undefined): ChatUsage & { prompt_tokens: number } {
   const cached = usage?.cache_read_input_tokens ?? 0;
-  const prompt = (usage?.input_tokens ?? 0) + (usage?.cache_creation_input_tokens ?? 0) + cached;
+  const writes = cacheWritesOf(usage);
+  const prompt = (usage?.input_tokens ?? 0) + (writes?.write ?? 0) + cached;
   const completion = usage?.output_tokens ?? 0;
   return {
     prompt_tokens: prompt,
     completion_tokens: completion,
     total_tokens: prompt + completion,
     prompt_tokens_details: { cached_tokens: cached },
+    ...(writes ? { cache_creation_input_tokens: writes.write } : {}),
+    ...(usage?.cache_creation ? { cache_creation: usage.cache_creation } : {}),
   };
+}
+
+/** The input part of an Anthropic usage as chat usage (no output known yet: `message_start`). */
+function inputUsageOf(usage: AnthropicUsage): ChatUsage | undefined {
+  if (typeof usage.input_tokens !== 'number') return undefined;
+  const { completion_tokens: _c, total_tokens: _t, ...input } = chatUsageOf(usage);
+  return input;
 }
 
 const chatId = (id: unknown) => `chatcmpl-${String(id ?? '').replace(/^msg_/, '')}`;
@@ -263,7 +276,9 @@ export function messageToChat(json: Json, model: string): Json {
 /**
  * Anthropic's events as chat chunks: the role at `message_start`, `text_delta` → `content`,
  * `thinking_delta` → `reasoning_content`, each `tool_use` block a tool call (its `input_json_delta`s the
- * arguments), at `message_stop` the finish reason, a usage chunk and `[DONE]`.
+ * arguments), at `message_stop` the finish reason, a usage chunk and `[DONE]`. The usage Anthropic
+ * reports before its end (the input at `message_start`, the output at `message_delta`) goes along as
+ * the messages' `usage`, so a stream that breaks off after it is charged from it.
  */
 export async function* messagesStreamToChat(
   events: AsyncIterable<SseMessage>,
@@ -289,7 +304,9 @@ export async function* messagesStreamToChat(
         const started = (event.message ?? {}) as Json;
         id = chatId(started.id);
         Object.assign(usage, numbers(started.usage));
-        yield chunk({ role: 'assistant', content: '' });
+        delete usage.output_tokens; // a placeholder until message_delta
+        const input = inputUsageOf(usage);
+        yield { ...chunk({ role: 'assistant', content: '' }), ...(input ? { usage: input } : {}) };
         break;
       }
       case 'content_block_start': {
@@ -320,6 +337,8 @@ export async function* messagesStreamToChat(
       case 'message_delta':
         Object.assign(usage, numbers(event.usage));
         stop = (event.delta as Json | undefined)?.stop_reason ?? stop;
+        if (typeof usage.output_tokens === 'number')
+          yield { event: undefined, data: '', usage: chatUsageOf(usage) };
         break;
       case 'message_stop':
         yield chunk({}, finishReason(stop));
@@ -331,11 +350,13 @@ export async function* messagesStreamToChat(
 }
 
 function numbers(value: unknown): AnthropicUsage {
-  const out: Record<string, number> = {};
+  const out: Record<string, unknown> = {};
   if (value && typeof value === 'object') {
-    for (const [name, n] of Object.entries(value)) if (typeof n === 'number') out[name] = n;
+    for (const [name, n] of Object.entries(value)) {
+      if (typeof n === 'number' || (name === 'cache_creation' && n && typeof n === 'object')) out[name] = n;
+    }
   }
-  return out;
+  return out as AnthropicUsage;
 }
 
 /**

@@ -1,7 +1,10 @@
 import { badRequest } from '../../core/errors.ts';
 import { newId } from '../../core/ids.ts';
+import { estimatingCounter } from '../../tokens/count.ts';
+import { type ChatPrompt, countPromptTokens } from '../../tokens/inputs.ts';
 import type { ChatUsage, Provider, SseMessage, UpstreamCall } from '../types.ts';
 import { streamError, streamEventJson, UpstreamError } from '../types.ts';
+import { outputWithReasoning } from '../usage.ts';
 import { noAnthropicUsage } from './provider.ts';
 import { TranslatingProvider } from './translating-provider.ts';
 
@@ -238,14 +241,25 @@ const STOP_REASONS: Record<string, string> = {
 const stopReason = (finish: unknown) =>
   typeof finish === 'string' ? (STOP_REASONS[finish] ?? 'end_turn') : 'end_turn';
 
-/** Chat usage as Anthropic's. */
+/**
+ * Chat usage as Anthropic's: reasoning tokens reported beside `completion_tokens` join the output
+ * (../usage.ts); cache writes a provider reports (`cache_creation_input_tokens`) stay cache writes.
+ */
 export function anthropicUsage(usage: ChatUsage | null | undefined) {
   const cached = usage?.prompt_tokens_details?.cached_tokens ?? 0;
+  const written = usage?.cache_creation_input_tokens ?? 0;
   return {
-    input_tokens: Math.max(0, (usage?.prompt_tokens ?? 0) - cached),
-    output_tokens: usage?.completion_tokens ?? 0,
-    cache_creation_input_tokens: 0,
+    input_tokens: Math.max(0, (usage?.prompt_tokens ?? 0) - cached - written),
+    output_tokens:
+      outputWithReasoning(
+        usage?.prompt_tokens,
+        usage?.completion_tokens,
+        usage?.completion_tokens_details?.reasoning_tokens,
+        usage?.total_tokens,
+      ) ?? 0,
+    cache_creation_input_tokens: written,
     cache_read_input_tokens: cached,
+    ...(usage?.cache_creation ? { cache_creation: usage.cache_creation } : {}),
   };
 }
 
@@ -293,10 +307,16 @@ const event = (type: string, data: Json): SseMessage => ({
  * stopped when the next starts, then at `[DONE]` `message_delta` (stop reason and the usage of the
  * provider's usage chunk) and `message_stop`. A stream that ends without `[DONE]` ends without them
  * (the flow then reports it truncated).
+ *
+ * The provider's usage comes only at the end, so `message_start` carries Tollgate's estimate of the
+ * input (o200k count of the Chat Completions prompt, so clients that read it there see no 0) and is
+ * flagged `placeholderUsage`: the metering never takes it for the provider's usage (nor a
+ * `message_delta` whose provider sent no usage chunk).
  */
 export async function* chatStreamToMessages(
   chunks: AsyncIterable<SseMessage>,
   model: string,
+  sent?: UpstreamCall,
 ): AsyncGenerator<SseMessage> {
   let started = false;
   let index = -1;
@@ -308,10 +328,11 @@ export async function* chatStreamToMessages(
     if (message.data === '[DONE]') {
       if (!started) break;
       if (open) yield event('content_block_stop', { index });
-      yield event('message_delta', {
+      const delta = event('message_delta', {
         delta: { stop_reason: stopReason(finish), stop_sequence: null },
         usage: anthropicUsage(usage),
       });
+      yield usage ? delta : { ...delta, placeholderUsage: true };
       yield event('message_stop', {});
       return;
     }
@@ -319,7 +340,7 @@ export async function* chatStreamToMessages(
     if (chunk.error) throw streamError(message.data);
     if (!started) {
       started = true;
-      yield event('message_start', {
+      const start = event('message_start', {
         message: {
           id: `msg_${String(chunk.id ?? newId('msg')).replace(/^chatcmpl[-_]?/, '')}`,
           type: 'message',
@@ -328,9 +349,10 @@ export async function* chatStreamToMessages(
           content: [],
           stop_reason: null,
           stop_sequence: null,
-          usage: noAnthropicUsage(),
+          usage: { ...noAnthropicUsage(), input_tokens: estimatedInput(sent) },
         },
       });
+      yield { ...start, placeholderUsage: true };
     }
     if (chunk.usage) usage = chunk.usage as ChatUsage;
     const choice = (chunk.choices as Json[] | undefined)?.[0];
@@ -372,6 +394,20 @@ export async function* chatStreamToMessages(
       }
     }
     if (choice.finish_reason) finish = choice.finish_reason;
+  }
+}
+
+/** Text counted exactly for the estimate a translated `message_start` shows (a few ms at most). */
+const DISPLAY_BUDGET_BYTES = 16 * 1024;
+
+/** Tollgate's estimate of a translated request's prompt tokens (0 without the request), for display. */
+function estimatedInput(sent: UpstreamCall | undefined): number {
+  const messages = sent?.body.messages;
+  if (!Array.isArray(messages)) return 0;
+  try {
+    return countPromptTokens(sent!.body as ChatPrompt, estimatingCounter(DISPLAY_BUDGET_BYTES));
+  } catch {
+    return 0; // an estimate for the client's display only
   }
 }
 

@@ -1,5 +1,6 @@
 import type { Dispatcher } from 'undici';
 import { OpenAICompatibleProvider } from '../openai-compatible.ts';
+import type { CacheCreation } from '../types.ts';
 
 /**
  * The client of Anthropic's Messages API: the same HTTP client as an OpenAI-compatible provider, with
@@ -35,7 +36,25 @@ export interface AnthropicUsage {
   output_tokens?: number | null;
   cache_creation_input_tokens?: number | null;
   cache_read_input_tokens?: number | null;
+  /** The cache writes by lifetime (5 minutes, 1 hour); their sum is `cache_creation_input_tokens`. */
+  cache_creation?: CacheCreation | null;
 }
+
+/** Cache writes of an Anthropic usage: all of them, and the 1-hour part (undefined: none reported). */
+export function cacheWritesOf(
+  usage: Pick<AnthropicUsage, 'cache_creation_input_tokens' | 'cache_creation'> | null | undefined,
+): { write: number; write1h: number } | undefined {
+  const split = usage?.cache_creation;
+  const hour = num(split?.ephemeral_1h_input_tokens);
+  const five = num(split?.ephemeral_5m_input_tokens);
+  const total = num(usage?.cache_creation_input_tokens);
+  if (total === undefined && hour === undefined && five === undefined) return undefined;
+  const write = total ?? (five ?? 0) + (hour ?? 0);
+  return { write, write1h: Math.min(hour ?? 0, write) };
+}
+
+const num = (value: unknown): number | undefined =>
+  typeof value === 'number' && Number.isFinite(value) && value >= 0 ? value : undefined;
 
 /** The usage of a message that cost nothing (Tollgate's own replies; a translated stream's start). */
 export function noAnthropicUsage() {

@@ -23,8 +23,8 @@ export interface Translation {
   call(call: UpstreamCall): UpstreamCall;
   /** The wrapped provider's JSON answer in the client's API. */
   answer(json: Json, model: string): Json;
-  /** The wrapped provider's stream in the client's API. */
-  stream(events: AsyncIterable<SseMessage>, model: string): AsyncIterable<SseMessage>;
+  /** The wrapped provider's stream in the client's API (`sent`: the translated call). */
+  stream(events: AsyncIterable<SseMessage>, model: string, sent: UpstreamCall): AsyncIterable<SseMessage>;
 }
 
 export class TranslatingProvider implements Provider {
@@ -47,8 +47,9 @@ export class TranslatingProvider implements Provider {
   async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
     const t = this.#translation;
     if (t.passes(call.path)) return this.#inner.stream(call);
-    const events = await this.#inner.stream(t.call(call));
-    return t.stream(events, String(call.body.model));
+    const sent = t.call(call);
+    const events = await this.#inner.stream(sent);
+    return t.stream(events, String(call.body.model), sent);
   }
 
   passthrough(call: PassthroughCall): Promise<PassthroughAnswer> {
