@@ -528,10 +528,12 @@ export class MeteredFlow {
       ? this.#parts.tracing.settle(x, () => billing.settle(input))
       : billing.settle(input));
     for (const o of this.#observers) o.settled?.(x, charged);
-    // the chain's size for a request continuing it (chains.ts): after the charge, off the response path
+    // the chain's size for a request continuing it (chains.ts): after the charge, off the response path;
+    // a background response's output is not known yet: its bound stands for it
+    const output = end.pending ? (x.bound ?? 0) * x.choices : usage.output;
     if (x.ids && x.pricing.mode === 'per_token')
       this.#parts.pending.track(
-        this.#parts.chains.record(x.project.id, x.ids, usage.input + usage.output),
+        this.#parts.chains.record(x.project.id, x.ids, usage.input + output),
         x,
         'chain',
       );
