@@ -42,7 +42,7 @@ import {
 } from './relay.ts';
 import { settleInput, usageOf, withinBounds } from './settlement.ts';
 import type { TracingObserver } from './tracing-observer.ts';
-import { toClientError, unsupportedEndpoint } from './upstream-errors.ts';
+import { logUnreachable, toClientError, unsupportedEndpoint } from './upstream-errors.ts';
 import { chainSize, worstCase } from './worst-case.ts';
 
 /**
@@ -587,14 +587,4 @@ export interface PassthroughRequest {
   readonly project: ProjectContext;
   readonly method: string;
   readonly body: unknown;
-}
-
-/**
- * The client sees one fixed message when a provider cannot be reached (no port scanning); the pod's log
- * keeps the cause (ECONNREFUSED, EPRIVATEADDRESS, a parser error…) for the operator.
- */
-function logUnreachable(log: Logger, err: unknown, projectId: string): void {
-  if (!(err instanceof UpstreamError) || err.kind !== 'connection' || err.cause === undefined) return;
-  const cause = err.cause as { code?: string; message?: string };
-  log.warn({ project: projectId, cause: cause.code ?? cause.message }, err.message);
 }

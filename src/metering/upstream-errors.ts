@@ -1,3 +1,4 @@
+import type { Logger } from 'pino';
 import { ApiError } from '../core/errors.ts';
 import { UpstreamError } from '../upstream/types.ts';
 
@@ -94,4 +95,14 @@ export function unsupportedEndpoint(err: unknown, title: string, path: string): 
     `The model provider of this project does not serve the ${title} API (POST ${path} answered 404${detail ? `: ${detail}` : ''}). Use /v1/chat/completions with this provider.`,
     { code: 'unsupported_endpoint', param: 'model' },
   );
+}
+
+/**
+ * The client sees one fixed message when a provider cannot be reached (no port scanning); the pod's log
+ * keeps the cause (ECONNREFUSED, EPRIVATEADDRESS, a parser error…) for the operator.
+ */
+export function logUnreachable(log: Logger, err: unknown, projectId: string): void {
+  if (!(err instanceof UpstreamError) || err.kind !== 'connection' || err.cause === undefined) return;
+  const cause = err.cause as { code?: string; message?: string };
+  log.warn({ project: projectId, cause: cause.code ?? cause.message }, err.message);
 }

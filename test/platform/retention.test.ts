@@ -108,6 +108,9 @@ async function delivery(
   return id;
 }
 
+/** The wallet's entries so far (each ledger entry takes the next number). */
+let entries = 0;
+
 async function hold(status: 'open' | 'settled' | 'released', closedAt: string | null) {
   const id = idAt('hold', Date.parse(closedAt ?? ago(40 * DAY)));
   await insertRow('holds', {
@@ -131,6 +134,7 @@ async function hold(status: 'open' | 'settled' | 'released', closedAt: string | 
     held_after: '1',
     hold_id: id,
     source: 'test',
+    seq: ++entries,
   });
   return id;
 }
