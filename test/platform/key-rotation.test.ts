@@ -230,5 +230,5 @@ describe('`tollgate keys rotate` on the embedded database', () => {
     );
     expect((refused as { code: number }).code).not.toBe(0);
     expect((refused as { stderr: string }).stderr).toContain('not the key this database was set up with');
-  });
+  }, 90_000); // CLI processes in turn, each opening the embedded database: ~13 s on a quiet machine
 });
