@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Runs a command with Node 22+ on PATH and the project's dependencies installed.
-# When the Node found is older than 22, Node 24 LTS is installed from the npm registry into ~/.node24.
+# Runs a command with Node 22.18+ on PATH and the project's dependencies installed.
+# When the Node found is older than 22.18 (the first 22 that runs .ts files as they are), Node 24 LTS is
+# installed from the npm registry into ~/.node24.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-node_major() { node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0; }
+# The floor, in one place: package.json's `engines` and the README say the same (a test checks).
+NODE_FLOOR=22.18
+# 1 when the Node on PATH is at least the floor, else 0 (no Node: 0).
+node_ok() {
+  node -e 'const [a, b] = process.versions.node.split(".").map(Number); const [x, y] = process.argv[1].split(".").map(Number); process.stdout.write(a > x || (a === x && b >= y) ? "1" : "0")' "$NODE_FLOOR" 2>/dev/null || echo 0
+}
 
-if [ "$(node_major)" -lt 22 ]; then
+if [ "$(node_ok)" != 1 ]; then
   export PATH="$HOME/.node24/node_modules/.bin:$PATH"
-  if [ "$(node_major)" -lt 22 ]; then
+  if [ "$(node_ok)" != 1 ]; then
     echo "with-node: installing Node 24 LTS into ~/.node24 (found $(node --version 2>/dev/null || echo none))" >&2
     npm install --prefix "$HOME/.node24" --no-save --loglevel=error node@24 >&2
   fi
