@@ -33,6 +33,7 @@ import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
 import { installJsonParser } from './json.ts';
 import { requestLogger } from './request-logger.ts';
+import { familyOf } from './route-families.ts';
 
 type CompilersFactory = NonNullable<
   NonNullable<FastifyServerOptions['schemaController']>['compilersFactory']
@@ -133,6 +134,14 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     });
   }
 
+  // Every route belongs to a family of paths the chart's ingress knows (route-families.ts).
+  app.addHook('onRoute', (route) => {
+    if (!familyOf(route.url)) {
+      throw new Error(
+        `The route ${route.url} belongs to no family of paths: add it to src/http/route-families.json.`,
+      );
+    }
+  });
   await registerAll(app, [metricsRoutes, healthRoutes, pageRoutes, paymentWebhookRoutes, homeRoutes]);
   // One set of sign-in and sign-up limits for the admin API and the dashboard.
   await app.register(accountLimits);

@@ -4,6 +4,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
+import { type FamilyPath, pathMatches, ROUTE_FAMILIES } from '../../src/http/route-families.ts';
+import { webhookUrl } from '../../src/payments/connection.ts';
+import { linkUrl } from '../../src/users/links.ts';
 
 /**
  * What the Helm chart renders, with the real helm binary (scripts/fetch-k8s-tools.sh puts it in
@@ -46,6 +49,12 @@ const DB = [
   '--set',
   `secrets.encryptionKey=${KEY}`,
 ];
+
+/** The paths an ingress routes for a host, as `{ path, pathType }`. */
+function routed(ingress: Obj, host: string): FamilyPath[] {
+  const rule = (ingress.spec.rules as Obj[]).find((r) => r.host === host);
+  return (rule?.http.paths ?? []).map((p: Obj) => ({ path: p.path, pathType: p.pathType }));
+}
 
 describe.skipIf(!available)('the Helm chart', () => {
   it('ships the CRDs of the top-level crds/ unchanged', () => {
@@ -266,15 +275,60 @@ describe.skipIf(!available)('the Helm chart', () => {
     expect(env).toEqual(expect.arrayContaining(['WEBHOOK_MAX_ATTEMPTS', 'WEBHOOK_ALLOW_HTTP']));
   });
 
-  it('renders a streaming-friendly ingress without /metrics', () => {
+  it('renders a streaming-friendly ingress routing every public path family, never /metrics', () => {
     const docs = render([...DB, '--set', 'ingress.enabled=true']);
     const ingress = find(docs, 'Ingress', 'tg-tollgate-proxy');
     expect(ingress.metadata.annotations).toMatchObject({
       'nginx.ingress.kubernetes.io/proxy-buffering': 'off',
       'nginx.ingress.kubernetes.io/proxy-read-timeout': '3600',
     });
-    const paths = ingress.spec.rules[0].http.paths.map((p: Obj) => p.path);
-    expect(paths).toEqual(['/v1', '/connect', '/topup', '/dashboard', '/admin/v1']);
+    // the server's own list, every entry with its path type
+    expect(routed(ingress, 'tollgate.example.com')).toEqual(ROUTE_FAMILIES.public);
+    const base = 'https://tollgate.example.com';
+    const reached = (url: string, host = 'tollgate.example.com') =>
+      routed(ingress, host).some((entry) => pathMatches(entry, new URL(url).pathname));
+    for (const url of [
+      webhookUrl({ publicBaseUrl: base }, 'stripe', 'proj_01JABCDEF'),
+      `${base}/payments/done/cGF5XzAx.c2lnbmF0dXJl`,
+      linkUrl(base, 'portal', 'eyJ1Ijoi.c2ln'),
+      linkUrl(base, 'connect', 'eyJ1Ijoi.c2ln'),
+      linkUrl(base, 'topup', 'eyJ1Ijoi.c2ln'),
+      `${base}/v1/chat/completions`,
+      `${base}/v1/messages?beta=true`,
+      `${base}/`,
+      `${base}/docs`,
+    ]) {
+      expect([url, reached(url)]).toEqual([url, true]);
+    }
+    // the dashboard and the admin API only when the values say so; probes and metrics never
+    for (const url of [
+      `${base}/dashboard`,
+      `${base}/admin/v1/projects`,
+      `${base}/metrics`,
+      `${base}/healthz`,
+    ]) {
+      expect([url, reached(url)]).toEqual([url, false]);
+    }
+    const exposed = find(
+      render([
+        ...DB,
+        '--set',
+        'ingress.enabled=true',
+        '--set',
+        'ingress.dashboard.enabled=true',
+        '--set',
+        'ingress.dashboard.host=dash.example.com',
+        '--set',
+        'ingress.admin.enabled=true',
+      ]),
+      'Ingress',
+      'tg-tollgate-proxy',
+    );
+    expect(routed(exposed, 'dash.example.com')).toEqual(ROUTE_FAMILIES.dashboard);
+    expect(routed(exposed, 'tollgate.example.com')).toEqual([
+      ...ROUTE_FAMILIES.public,
+      ...ROUTE_FAMILIES.admin,
+    ]);
   });
 
   it('renders alerting rules scoped to the release namespace', () => {
