@@ -92,6 +92,7 @@ export const configSchema = z.object({
   TOLLGATE_ENCRYPTION_KEYS: encryptionKeys.optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(4 * 1024 * 1024),
+  REQUEST_TIMEOUT_MS: int(1000, 600_000).default(30_000),
   JSON_MAX_DEPTH: int(2, 1000).default(64),
   LINK_TOKEN_TTL_SECONDS: int(60, 30 * 24 * 3600).default(24 * 3600),
   HOLD_TTL_SECONDS: int(10, 24 * 3600).default(60),
@@ -193,6 +194,8 @@ export const configDocs: Record<keyof Config, string> = {
     'A key ring for online key rotation: keys separated by commas, the active one first; replaces `TOLLGATE_ENCRYPTION_KEY`. New secrets and links use the first; every key still opens and verifies what it sealed and signed. See [Rotating the encryption key](#rotating-the-encryption-key).',
   LOG_LEVEL: 'fatal, error, warn, info, debug, trace or silent.',
   BODY_LIMIT_BYTES: 'Largest request body accepted; larger bodies get 413.',
+  REQUEST_TIMEOUT_MS:
+    'Longest time to receive a whole request, headers and body: a connection trickling its request is answered 408 and closed within 1.5× this.',
   JSON_MAX_DEPTH:
     'Deepest nesting of objects and arrays accepted in a JSON body (the body itself is level 1); deeper bodies get 400 `json_too_deep` before any work.',
   LINK_TOKEN_TTL_SECONDS: 'Lifetime of connect and top-up links.',

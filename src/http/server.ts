@@ -68,6 +68,15 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     // `request.log` is made when a line is first written at an enabled level, not for every request.
     childLoggerFactory: (logger, bindings, options) => requestLogger(logger, bindings, options),
     bodyLimit: ctx.config.BODY_LIMIT_BYTES,
+    // The whole request (headers and body) within REQUEST_TIMEOUT_MS on every route, else 408 and the
+    // connection closed: Node checks every `connectionsCheckingInterval`, so a trickling client is cut
+    // within 1.5× the time-out (fastify applies both only when it creates the server, here).
+    requestTimeout: ctx.config.REQUEST_TIMEOUT_MS,
+    // (Node enforces the request time-out only when the headers' time-out is no longer than it.)
+    http: {
+      headersTimeout: ctx.config.REQUEST_TIMEOUT_MS,
+      connectionsCheckingInterval: Math.max(500, Math.floor(ctx.config.REQUEST_TIMEOUT_MS / 2)),
+    },
     // X-Forwarded-* are believed only from TOLLGATE_TRUSTED_PROXIES (hops or addresses); unset: none.
     trustProxy: trustProxyOf(ctx.config.TOLLGATE_TRUSTED_PROXIES),
     return503OnClosing: true,
