@@ -229,7 +229,10 @@ export async function checkProvider(ctx: AdminServices, input: ProviderInput): P
   try {
     await checkDestination(new URL(url), allowPrivate);
   } catch (err) {
-    if (err instanceof DestinationError) throw providerCheckFailed(`${err.message}`);
+    if (err instanceof DestinationError) {
+      ctx.log.warn({ host: new URL(url).host, reason: err.message }, 'a provider base URL was refused');
+      throw providerCheckFailed(err.publicMessage);
+    }
     throw err;
   }
   const timeoutMs = Math.min(ctx.config.UPSTREAM_CONNECT_TIMEOUT_MS * 2, 30_000);

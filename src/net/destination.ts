@@ -59,8 +59,18 @@ export function isPrivateAddress(address: string): boolean {
   return !(v6.range() === 'unicast' && v6.match(GLOBAL_UNICAST));
 }
 
+/**
+ * What a developer is told of any refused destination (private, local, unresolvable alike): telling
+ * them apart would let anyone map the names the server resolves inside its network. The detail is in
+ * the error's `message`, for the server log only.
+ */
+export const REFUSED_DESTINATION =
+  'its host is not a public address Tollgate may reach (private, local and unresolvable names are refused alike)';
+
 export class DestinationError extends Error {
   readonly code: 'private_address' | 'unresolvable' | 'invalid_url';
+  /** The one message for developers (REFUSED_DESTINATION); `message` has the detail, for the log. */
+  readonly publicMessage = REFUSED_DESTINATION;
   constructor(code: DestinationError['code'], message: string) {
     super(message);
     this.code = code;
@@ -137,10 +147,8 @@ export function guardedLookup(
     const addresses = result as unknown as LookupAddress[];
     const bad = addresses.find((a) => isPrivateAddress(a.address));
     if (bad || addresses.length === 0) {
-      const why = bad
-        ? `${hostname} resolves to ${bad.address}, a private, loopback or reserved address`
-        : `${hostname} has no address`;
-      return callback(refused(why), '');
+      // (what the name resolves to is not said: this message reaches delivery logs developers read)
+      return callback(refused(`${hostname} is not a public address`), '');
     }
     if (options?.all) return callback(null, addresses);
     const first = addresses[0]!;

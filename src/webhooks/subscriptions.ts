@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { sql, type UpdateObject } from 'kysely';
+import type { Logger } from 'pino';
 import { z } from 'zod';
 import { type Actor, CLI_ACTOR, operatorActor, recordAudit } from '../audit/index.ts';
 import type { Bus } from '../bus/index.ts';
@@ -26,6 +27,8 @@ export interface SubscriptionStore {
   sealer: Sealer;
   bus: Bus;
   config: Pick<Config, 'WEBHOOK_ALLOW_HTTP' | 'WEBHOOK_ALLOW_PRIVATE_NETWORKS'>;
+  /** Where a refused destination's detail goes (developers see one message for every refusal). */
+  log?: Logger;
   /** This process's event filter, refreshed at once when a project's subscriptions change. */
   events: { filter: EventFilter };
 }
@@ -206,7 +209,7 @@ export function generateSecret(): string {
 const suffixOf = (secret: string) => secret.slice(-4);
 
 /** Checks the scheme and destination of a URL already shaped by the schema; 400 on `url`. */
-async function checkUrl(ctx: Pick<SubscriptionStore, 'config'>, raw: string): Promise<void> {
+async function checkUrl(ctx: Pick<SubscriptionStore, 'config' | 'log'>, raw: string): Promise<void> {
   const url = new URL(raw);
   if (url.protocol === 'http:' && !ctx.config.WEBHOOK_ALLOW_HTTP)
     throw badRequest(
@@ -217,8 +220,10 @@ async function checkUrl(ctx: Pick<SubscriptionStore, 'config'>, raw: string): Pr
   try {
     await checkDestination(url, ctx.config.WEBHOOK_ALLOW_PRIVATE_NETWORKS);
   } catch (err) {
-    if (err instanceof DestinationError)
-      throw badRequest(`Invalid 'url': ${err.message}.`, 'url', 'invalid_url');
+    if (err instanceof DestinationError) {
+      ctx.log?.warn({ host: url.host, reason: err.message }, 'a webhook URL was refused');
+      throw badRequest(`Invalid 'url': ${err.publicMessage}.`, 'url', 'invalid_url');
+    }
     throw err;
   }
 }

@@ -3,6 +3,7 @@ import { createServer as createTcpServer, type Socket, type Server as TcpServer 
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config/index.ts';
+import { REFUSED_DESTINATION } from '../../src/net/destination.ts';
 import { createUpstreamAgent } from '../../src/upstream/openai-compatible.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { api, seedProject, signUpAndIn, startTestServer, type TestServer } from '../helpers/server.ts';
@@ -81,6 +82,7 @@ describe('provider URLs with private providers refused (production)', () => {
       `http://0.0.0.0:${metadataPort}/v1`,
       `http://169.254.169.254/latest/meta-data`,
     ];
+    const messages = new Set<string>();
     for (const baseUrl of urls) {
       const res = await api(strict, token, 'PUT', `/admin/v1/projects/${projectId}/provider`, {
         baseUrl,
@@ -89,7 +91,10 @@ describe('provider URLs with private providers refused (production)', () => {
       expect(res.status, baseUrl).toBe(400);
       expect(res.body.error, baseUrl).toMatchObject({ code: 'provider_check_failed', param: 'baseUrl' });
       expect(JSON.stringify(res.body)).not.toContain('SecretAccessKey');
+      messages.add(res.body.error.message);
     }
+    // one message for every refusal, naming no address (what a name resolves to is no one's business)
+    expect([...messages]).toEqual([`Provider check failed: ${REFUSED_DESTINATION}.`]);
     expect(metadataHits).toBe(before);
     const project = await api(strict, token, 'GET', `/admin/v1/projects/${projectId}`);
     expect(project.body.provider.connected).toBe(false);
