@@ -47,15 +47,27 @@ export interface AuditEntry {
 
 const SECRET_KEY =
   /(secret|password|passwd|sealed|token_hash|private|^(api_?)?key$|^upstream_?key$|^key_?value$|^authorization$|^token$|^restricted_?key$|^stripe_?key$)/i;
-/** Values that are secrets whatever key they sit under: Stripe, OpenAI-style, webhook and Tollgate keys. */
-const SECRET_VALUE = /^(sk|rk|pk|whsec|tgk|tga|tgs|sk-ant|sk-proj)[-_][A-Za-z0-9_-]{6,}/;
+/**
+ * Secrets by their shape, anywhere in a string (a key pasted into a description, a grant's metadata or a
+ * connect message): bearer credentials, Tollgate's keys and tokens (`tg_` project keys, `tgu_` end-user
+ * keys, `tga_` admin, `tgs_` session, `tgi_` invites, any `tg…_`), Stripe's (`sk_`/`rk_`/`pk_`, live and
+ * test; `whsec_` signing secrets), and OpenAI/Anthropic-style `sk-…` keys. Each match becomes
+ * `[redacted]`; the rest of the text stays.
+ */
+const SECRET_SHAPES =
+  /\bBearer\s+[A-Za-z0-9._~+/=-]{8,}|\b(?:tg[a-z]{0,3}|sk|rk|pk|whsec)_[A-Za-z0-9_-]{6,}|\bsk-[A-Za-z0-9_-]{8,}/g;
 export const REDACTED = '[redacted]';
+
+/** A string with every secret-shaped part replaced by `[redacted]`. */
+export function redactText(text: string): string {
+  return text.replace(SECRET_SHAPES, REDACTED);
+}
 
 /** A copy with every secret replaced by `[redacted]` (keys that name a secret, values that look like one). */
 export function redact(value: unknown, depth = 0): unknown {
   if (value === null || value === undefined) return value ?? null;
   if (depth > 12) return REDACTED;
-  if (typeof value === 'string') return SECRET_VALUE.test(value) ? REDACTED : value;
+  if (typeof value === 'string') return redactText(value);
   if (typeof value !== 'object') return value;
   if (value instanceof Date) return value.toISOString();
   if (Array.isArray(value)) return value.map((v) => redact(v, depth + 1));

@@ -1,6 +1,7 @@
 import { execFile } from 'node:child_process';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { redact } from '../../src/audit/index.ts';
 import { ECHO_UPSTREAM } from '../../src/projects/service.ts';
 import { realPostgres, TEST_ENCRYPTION_KEY } from '../helpers/context.ts';
 import { api, signUpAndIn, startTestServer, type TestServer } from '../helpers/server.ts';
@@ -471,5 +472,29 @@ describe('the audit log', () => {
     // another developer's project does not exist for Bob
     const bobs = await fetch(`${server.url}${path}`, { headers: { cookie: `tollgate_session=${bob}` } });
     expect(bobs.status).toBe(404);
+  });
+});
+
+describe('secrets in free text', () => {
+  it('are redacted by their shape wherever they sit in a string, the rest of the text kept', () => {
+    const key = `tg_${'A1b2'.repeat(10)}`;
+    const written = redact({
+      description: 'Bearer tg_abcdefgh12345678 in the grant note',
+      metadata: { note: `connect with sk_live_51Habcdefghijkl then ${key}`, count: 3 },
+      message: 'the secret is whsec_0123456789abcdef, the test key rk_test_abcdefgh123',
+      others: [
+        'sk-proj-abcdefghijklmnop',
+        'an end-user key tgu_abcdefghijkl',
+        'tga_abcdefgh1234 and tgs_abcdefgh1234',
+      ],
+      plain: 'a task_id of risk_level_3 stays, and so does tg_ alone',
+    });
+    expect(written).toEqual({
+      description: '[redacted] in the grant note',
+      metadata: { note: 'connect with [redacted] then [redacted]', count: 3 },
+      message: 'the secret is [redacted], the test key [redacted]',
+      others: ['[redacted]', 'an end-user key [redacted]', '[redacted] and [redacted]'],
+      plain: 'a task_id of risk_level_3 stays, and so does tg_ alone',
+    });
   });
 });
