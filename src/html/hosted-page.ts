@@ -37,7 +37,12 @@ ${body}
 /** Headers of every hosted-page answer. The token in the URL must not leak to the pages the user goes to next. */
 export const PRIVATE_HEADERS = { 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' } as const;
 
+/** HSTS, as the dashboard sends it (helmet's default), on a page served over https. */
+const HSTS = { 'strict-transport-security': 'max-age=31536000; includeSubDomains' } as const;
+
 export function sendPage(reply: FastifyReply, status: number, title: string, body: Raw) {
+  // (https as the client reached it: behind TOLLGATE_TRUSTED_PROXIES, X-Forwarded-Proto)
+  if (reply.request.protocol === 'https') reply.headers(HSTS);
   return reply
     .status(status)
     .headers({
