@@ -1,6 +1,5 @@
 import type { FastifyReply } from 'fastify';
 import { findWallet } from '../billing/ledger.ts';
-import { safeEqual } from '../core/crypto.ts';
 import { amountSchema, currencyDecimals, formatForCurrency, Money } from '../core/money.ts';
 import { routeModule } from '../core/plugins.ts';
 import type { PaymentSettings } from '../db/schema.ts';
@@ -34,10 +33,34 @@ import {
  * - `GET /payments/done/{token}` — where the provider returns after paying
  */
 
-/** `{payment id}.{signature}`: the done page's token (a payment id is not a secret, the pairing is). */
-function doneToken(ctx: Ctx, paymentId: string): string {
-  const body = Buffer.from(paymentId).toString('base64url');
+/**
+ * The done page's token: `base64url({"p": payment id, "exp": seconds}).{signature}` — it expires like
+ * the other links (LINK_TOKEN_TTL_SECONDS) and is verified under every key of the ring.
+ */
+function doneToken(ctx: Ctx, paymentId: string, now = Date.now()): string {
+  const exp = Math.floor(now / 1000) + ctx.config.LINK_TOKEN_TTL_SECONDS;
+  const body = Buffer.from(JSON.stringify({ p: paymentId, exp })).toString('base64url');
   return `${body}.${ctx.sealer.sign(`payment-done:${body}`)}`;
+}
+
+/** The payment a done token names, or why it cannot be used (one made before it expired is `expired`). */
+function openDoneToken(
+  ctx: Ctx,
+  token: string,
+): { paymentId: string } | { problem: 'malformed' | 'forged' | 'expired' } {
+  if (!TOKEN_SHAPE.test(token)) return { problem: 'malformed' };
+  const [body, signature] = token.split('.') as [string, string];
+  if (!ctx.sealer.verify(`payment-done:${body}`, signature)) return { problem: 'forged' };
+  let payload: { p?: unknown; exp?: unknown };
+  try {
+    payload = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as typeof payload;
+  } catch {
+    // a done token from before they expired (the payment id alone): expired now
+    return { problem: 'expired' };
+  }
+  if (typeof payload?.p !== 'string' || typeof payload.exp !== 'number') return { problem: 'expired' };
+  if (payload.exp * 1000 <= Date.now()) return { problem: 'expired' };
+  return { paymentId: payload.p };
 }
 
 function formProof(ctx: Ctx, token: string): string {
@@ -242,11 +265,9 @@ export const topupPageRoutes = routeModule((app, ctx) => {
   });
 
   app.get('/payments/done/*', async (request, reply) => {
-    const token = tokenParam(request);
-    if (!TOKEN_SHAPE.test(token)) return problemPage(reply, 'malformed');
-    const [body, signature] = token.split('.') as [string, string];
-    if (!safeEqual(ctx.sealer.sign(`payment-done:${body}`), signature)) return problemPage(reply, 'forged');
-    const paymentId = Buffer.from(body, 'base64url').toString('utf8');
+    const opened = openDoneToken(ctx, tokenParam(request));
+    if ('problem' in opened) return problemPage(reply, opened.problem);
+    const { paymentId } = opened;
     const payment = await ctx.db
       .selectFrom('payments')
       .selectAll()

@@ -236,6 +236,23 @@ describe('checkout from the top-up link', () => {
     expect(created.body.client_reference_id).toMatch(/^pay_/);
     expect(created.body.success_url).toContain('/payments/done/');
     expect(created.body.cancel_url).toContain('?cancelled=1');
+    // The done page opens while its token lives, and expires like the other links.
+    const done = await fetch(created.body.success_url);
+    expect(done.status).toBe(200);
+    expect(await done.text()).toContain('Thank you');
+    const paymentId = created.body.client_reference_id as string;
+    const signed = (payload: unknown) => {
+      const body = Buffer.from(typeof payload === 'string' ? payload : JSON.stringify(payload)).toString(
+        'base64url',
+      );
+      return `${f.server.url}/payments/done/${body}.${f.ctx.sealer.sign(`payment-done:${body}`)}`;
+    };
+    const past = Math.floor(Date.now() / 1000) - 1;
+    for (const stale of [signed({ p: paymentId, exp: past }), signed(paymentId)]) {
+      const res = await fetch(stale);
+      expect(res.status).toBe(410);
+      expect(await res.text()).toContain('This link has expired');
+    }
 
     // A custom amount outside the project's range is refused on the page; nothing is created.
     const count = stand.sessions.size;
