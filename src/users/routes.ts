@@ -1,10 +1,10 @@
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Transaction } from 'kysely';
 import type { Actor } from '../audit/index.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import type { BillingService } from '../billing/service.ts';
 import { amountSchema } from '../core/money.ts';
-import { routeModule } from '../core/plugins.ts';
+import { type RouteApp, routeModule } from '../core/plugins.ts';
 import { parseInput } from '../core/validation.ts';
 import type { DB } from '../db/index.ts';
 import {
@@ -173,19 +173,7 @@ export const userRoutes = routeModule((app, ctx) => {
     return listActivity(ctx.db, request.project, query.user, query);
   });
 
-  app.post('/user/keys', { schema: { body: userKeyBody } }, async (request, reply) => {
-    const input = userKeyInput(request.project.currency, request.body);
-    const created = await issueUserKey(ctx, request.project.id, input, actorOf(request));
-    return reply.status(201).send(created);
-  });
-
-  app.get('/user/keys', { schema: { querystring: userQuery } }, async (request) =>
-    userKeys(ctx.db, request.project.id, request.query.user),
-  );
-
-  app.delete('/user/keys/:id', { schema: { params: userKeyParams } }, async (request) =>
-    revokeUserKey(ctx, request.project.id, request.params.id, actorOf(request)),
-  );
+  keyRoutes(app, ctx);
 
   app.post('/user/connect', { schema: { body: connectBody } }, async (request) => {
     const { user, keyName } = request.body;
@@ -211,3 +199,20 @@ export const userRoutes = routeModule((app, ctx) => {
     return { ...balanceView(request.project, user, wallet), changed };
   });
 });
+
+/** `/v1/user/keys`: an end user's keys (./keys.ts), with the project key. */
+function keyRoutes(app: RouteApp, ctx: FastifyInstance['ctx']): void {
+  app.post('/user/keys', { schema: { body: userKeyBody } }, async (request, reply) => {
+    const input = userKeyInput(request.project.currency, request.body);
+    const created = await issueUserKey(ctx, request.project.id, input, actorOf(request));
+    return reply.status(201).send(created);
+  });
+
+  app.get('/user/keys', { schema: { querystring: userQuery } }, async (request) =>
+    userKeys(ctx.db, request.project.id, request.query.user),
+  );
+
+  app.delete('/user/keys/:id', { schema: { params: userKeyParams } }, async (request) =>
+    revokeUserKey(ctx, request.project.id, request.params.id, actorOf(request)),
+  );
+}
