@@ -1,4 +1,4 @@
-import { spawnSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { localAdmin } from '../../src/admin/local.ts';
 import { api, seedProject, type TestServer, withRecordingServer } from '../helpers/server.ts';
@@ -18,20 +18,29 @@ withRecordingServer(
   { TOLLGATE_ADMIN_TOKEN: ROOT },
 );
 
-function tollgate(...args: string[]) {
-  const run = spawnSync(process.execPath, ['cmd/tollgate.ts', ...args], {
-    env: { ...process.env, TOLLGATE_URL: server.url, TOLLGATE_ADMIN_TOKEN: ROOT, LOG_LEVEL: 'error' },
-    encoding: 'utf8',
-    timeout: 60_000,
+/** The CLI as a child process (asynchronous: the server it calls runs in this process). */
+async function tollgate(...args: string[]) {
+  const run = await new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
+    execFile(
+      process.execPath,
+      ['cmd/tollgate.ts', ...args],
+      {
+        env: { ...process.env, TOLLGATE_URL: server.url, TOLLGATE_ADMIN_TOKEN: ROOT, LOG_LEVEL: 'error' },
+        encoding: 'utf8',
+        timeout: 60_000,
+      },
+      (err, stdout, stderr) =>
+        resolve({ status: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr }),
+    );
   });
-  return { status: run.status, stdout: run.stdout, stderr: run.stderr, json: () => JSON.parse(run.stdout) };
+  return { ...run, json: () => JSON.parse(run.stdout) };
 }
 
 describe('tollgate users keys', () => {
   it('creates, lists and revokes an end-user key over the admin API', async () => {
     const project = await seedProject(server.ctx);
     const p = project.projectId;
-    const created = tollgate(
+    const created = await tollgate(
       'users',
       'keys',
       'create',
@@ -55,19 +64,19 @@ describe('tollgate users keys', () => {
     const balance = await api(server, key.key, 'GET', '/v1/user/balance');
     expect(balance.body.user).toBe('dora');
 
-    const text = tollgate('users', 'keys', 'list', '--project', p, '--user', 'dora');
+    const text = await tollgate('users', 'keys', 'list', '--project', p, '--user', 'dora');
     expect(text.status, text.stderr).toBe(0);
     expect(text.stdout).toContain(`${key.id}  ${key.prefix}…  laptop  active`);
     expect(text.stdout).not.toContain(key.key);
 
-    const revoked = tollgate('users', 'keys', 'revoke', '--project', p, '--key', key.id);
+    const revoked = await tollgate('users', 'keys', 'revoke', '--project', p, '--key', key.id);
     expect(revoked.status, revoked.stderr).toBe(0);
     expect(revoked.stdout).toContain(`Revoked key ${key.id}`);
     expect((await api(server, key.key, 'GET', '/v1/user/balance')).status).toBe(401);
-    const listed = tollgate('users', 'keys', 'list', '--project', p, '--user', 'dora', '--json');
+    const listed = await tollgate('users', 'keys', 'list', '--project', p, '--user', 'dora', '--json');
     expect(listed.json()).toEqual([expect.objectContaining({ id: key.id, revokedAt: expect.any(String) })]);
 
-    const bad = tollgate(
+    const bad = await tollgate(
       'users',
       'keys',
       'create',
