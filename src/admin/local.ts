@@ -15,6 +15,7 @@ import {
 import { listKeys } from '../projects/keys.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
+import { issueUserKey, revokeUserKey, userKeyInput, userKeys } from '../users/keys.ts';
 import { connectUser, grantFromApi } from '../users/service.ts';
 import { projectOfSubscription, setSubscriptionActive } from '../webhooks/subscriptions.ts';
 import { createInvite, inviteSchema, inviteUrl } from './accounts.ts';
@@ -218,6 +219,15 @@ function userOperations(ctx: LocalAdminServices) {
         grantFromApi(tx, ctx.billing, project, { ...input, amount }, 'cli', cliTrigger, CLI_ACTOR),
       );
     },
+    async createUserKey(projectId, input) {
+      const project = await getProject(ctx.db, projectId);
+      return issueUserKey(ctx, project.id, userKeyInput(project.currency, input), CLI_ACTOR);
+    },
+    async listUserKeys(projectId, user) {
+      const project = await getProject(ctx.db, projectId);
+      return (await userKeys(ctx.db, project.id, user)).data;
+    },
+    revokeUserKey: (projectId, keyId) => revokeUserKey(ctx, projectId, keyId, CLI_ACTOR),
     async setSpendCaps(projectId, user, caps) {
       const set = await setUserSpendCaps(ctx.db, projectId, user, caps, { actor: CLI_ACTOR });
       await ctx.projects.changed(projectId);

@@ -59,6 +59,23 @@ export interface KeyLine {
   revokedAt: unknown;
 }
 
+export interface NewUserKeyInput {
+  user: string;
+  name: string;
+  expiresAt?: string | undefined;
+  spendCap?: string | undefined;
+}
+
+export interface UserKeyLine {
+  id: string;
+  user: string;
+  name: string;
+  prefix: string;
+  spendCap: string | null;
+  expiresAt: string | null;
+  revokedAt: string | null;
+}
+
 export interface Deposit {
   id: string;
   user: string;
@@ -113,6 +130,11 @@ export interface AdminOperations {
   /** `amount` as given: checked in the project's currency. */
   deposit(projectId: string, user: string, amount: string): Promise<Deposit>;
   grant(projectId: string, input: GrantRequest): Promise<Grant>;
+
+  /** An end-user key (`tgu_…`, in `key` once); `expiresAt` ISO 8601, `spendCap` in the project's currency. */
+  createUserKey(projectId: string, input: NewUserKeyInput): Promise<UserKeyLine & { key: string }>;
+  listUserKeys(projectId: string, user: string): Promise<UserKeyLine[]>;
+  revokeUserKey(projectId: string, keyId: string): Promise<UserKeyLine & { propagated: boolean }>;
 
   createInvite(
     email: string,

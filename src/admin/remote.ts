@@ -96,6 +96,11 @@ export function remoteAdmin(client: AdminClient): AdminOperations {
       return { id: created.id, apiKey: created.key, prefix: created.prefix };
     },
     listKeys: async (id) => (await client.call('GET', `${project(id)}/keys`)).data,
+    createUserKey: (id, { user, ...input }) =>
+      client.call('POST', `${project(id)}/users/${enc(user)}/keys`, input),
+    listUserKeys: async (id, user) =>
+      (await client.call('GET', `${project(id)}/users/${enc(user)}/keys`)).data,
+    revokeUserKey: (id, keyId) => client.call('DELETE', `${project(id)}/user-keys/${enc(keyId)}`),
     async revokeKey(keyId, id) {
       if (!id) throw new UsageError('--project is required over the admin API (TOLLGATE_URL)');
       const result = await client.call('DELETE', `${project(id)}/keys/${enc(keyId)}`);

@@ -47,7 +47,7 @@ export interface AdminServices {
   sealer: Sealer;
   events: EventRecorder;
   billing: BillingService;
-  keys: Pick<KeyDirectory, 'revoke'>;
+  keys: Pick<KeyDirectory, 'revoke' | 'revokeUserKey'>;
   projects: Pick<ProjectDirectory, 'changed'>;
   publicBaseUrl: string;
 }

@@ -3,17 +3,23 @@ import { TtlCache } from '../core/cache.ts';
 import { sha256Hex } from '../core/crypto.ts';
 import type { Database } from '../db/index.ts';
 import { findActiveKey, revokeKey } from '../projects/keys.ts';
+import { findActiveUserKey, revokeUserKeyRow, USER_KEY_PREFIX } from './user-keys.ts';
 
 export interface ResolvedKey {
   id: string;
   projectId: string;
+  /** An end-user key's user (./user-keys.ts); undefined for a project key. */
+  user?: string;
+  /** An end-user key's expiry (ms since the epoch), checked on every request; undefined: none. */
+  expiresAt?: number;
 }
 
 const POSITIVE_TTL_MS = 5 * 60_000;
 const NEGATIVE_TTL_MS = 5_000;
 
 /**
- * Resolves presented API keys to projects without a database round trip once warm. A revocation is
+ * Resolves presented API keys — a project's (`tg_…`) or an end user's (`tgu_…`) — to projects without
+ * a database round trip once warm. A revocation is
  * published on the bus and drops the cached key on every pod; the TTL bounds staleness if a message
  * is lost.
  */
@@ -50,10 +56,32 @@ export class KeyDirectory {
     const hash = sha256Hex(presented);
     const found = await this.#cache.getOrLoad(
       hash,
-      async () => (await findActiveKey(this.#db, hash)) ?? null,
+      async () => (await this.#find(presented, hash)) ?? null,
       (value) => (value ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS),
     );
     return found ?? undefined;
+  }
+
+  async #find(presented: string, hash: string): Promise<ResolvedKey | undefined> {
+    if (!presented.startsWith(USER_KEY_PREFIX)) return findActiveKey(this.#db, hash);
+    const key = await findActiveUserKey(this.#db, hash);
+    if (!key) return undefined;
+    const { expiresAt, ...rest } = key;
+    return expiresAt ? { ...rest, expiresAt: expiresAt.getTime() } : rest;
+  }
+
+  /**
+   * Revokes an end-user key of the project and drops it from every pod's cache, as `revoke` does.
+   * `changed` is false when it was revoked already.
+   */
+  async revokeUserKey(projectId: string, keyId: string) {
+    const { row, keyHash, changed } = await revokeUserKeyRow(this.#db, projectId, keyId);
+    this.#cache.invalidate(keyHash);
+    const propagated = await this.#bus.publish(channels.keyRevoked, keyHash).then(
+      () => true,
+      () => false,
+    );
+    return { row, changed, propagated };
   }
 
   /**

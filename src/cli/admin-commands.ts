@@ -151,6 +151,41 @@ const modelAndUserCommands: Record<string, AdminCommand> = {
     const result = await api.grant(projectId, grantInputFrom(values));
     out.result(result, grantSummary(result));
   }),
+  'users keys create': both(async ({ api, values, out }) => {
+    const user = required(values, 'user');
+    const created = await api.createUserKey(required(values, 'project'), {
+      user,
+      name: required(values, 'name'),
+      expiresAt: optional(values, 'expires'),
+      spendCap: optional(values, 'spend-cap'),
+    });
+    out.result(created, [
+      `Created key ${created.id} (${created.prefix}…) of ${user}`,
+      `End-user key (shown once, keep it safe): ${created.key}`,
+    ]);
+  }),
+  'users keys list': both(async ({ api, values, out }) => {
+    const keys = await api.listUserKeys(required(values, 'project'), required(values, 'user'));
+    out.result(
+      keys,
+      keys.length
+        ? keys.map(
+            (k) =>
+              `${k.id}  ${k.prefix}…  ${k.name}  ${k.revokedAt ? 'revoked' : 'active'}${k.expiresAt ? `  expires ${k.expiresAt}` : ''}${k.spendCap ? `  cap ${k.spendCap}` : ''}`,
+          )
+        : ['no keys'],
+    );
+  }),
+  'users keys revoke': both(async ({ api, values, out }) => {
+    const keyId = required(values, 'key');
+    const revoked = await api.revokeUserKey(required(values, 'project'), keyId);
+    out.result(
+      revoked,
+      revoked.propagated
+        ? `Revoked key ${keyId}`
+        : `Revoked key ${keyId}; Redis was unreachable, so running proxies stop accepting it within 5 minutes`,
+    );
+  }),
   'users spend-caps': databaseOnly(async ({ api, values, out }) => {
     const user = required(values, 'user');
     const caps = await api.setSpendCaps(required(values, 'project'), user, {

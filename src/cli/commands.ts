@@ -189,6 +189,32 @@ export const COMMANDS: CommandSpec[] = [
     group: 'Models and users',
   },
   {
+    name: 'users keys create',
+    usage:
+      'users keys create --project ID --user U --name N [--expires 2027-01-31T00:00:00Z] [--spend-cap 20.00]',
+    summary: 'create an end-user key (tgu_…, shown once): it authenticates the model APIs as that user',
+    details: [
+      "--spend-cap sets the user's own monthly spend cap (as users spend-caps --monthly).",
+      '--expires: after it the key is refused (401).',
+    ],
+    options: ['project', 'user', 'name', 'expires', 'spend-cap'],
+    group: 'Models and users',
+  },
+  {
+    name: 'users keys list',
+    usage: 'users keys list --project ID --user U',
+    summary: "list an end user's keys (never the secret)",
+    options: ['project', 'user'],
+    group: 'Models and users',
+  },
+  {
+    name: 'users keys revoke',
+    usage: 'users keys revoke --project ID --key KEY_ID',
+    summary: 'revoke an end-user key (every proxy stops accepting it at once)',
+    options: ['project', 'key'],
+    group: 'Models and users',
+  },
+  {
     name: 'providers add',
     usage:
       'providers add --project ID --name N --base-url U [--kind openai-compatible|anthropic] [--key K] [--connect-timeout-ms N] [--response-timeout-ms N]',
@@ -314,6 +340,7 @@ export const OPTIONS = {
     'reason',
     'response-timeout-ms',
     'return-url',
+    'spend-cap',
     'stripe-key',
     'threshold',
     'topup-message',
@@ -397,8 +424,9 @@ export function didYouMean(input: string, candidates: string[]): string | undefi
 
 /** Finds the command named by the positionals: two words (`project create`) or one (`dev`). */
 export function findCommand(positionals: string[]): CommandSpec | undefined {
-  const [first, second] = positionals;
+  const [first, second, third] = positionals;
   return (
+    COMMANDS.find((c) => third !== undefined && c.name === `${first} ${second} ${third}`) ??
     COMMANDS.find((c) => c.name === `${first} ${second ?? ''}`.trim()) ??
     COMMANDS.find((c) => c.name === first)
   );

@@ -63,6 +63,7 @@ export type IdPrefix =
   | 'atk'
   | 'ses'
   | 'key'
+  | 'ukey'
   | 'usr'
   | 'act'
   | 'hold'

@@ -64,6 +64,20 @@ export interface ApiKeysTable {
   managed_by: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
+/** A key of one end user of a project (`tgu_…`, migration 0028): hashed, optionally capped and expiring. */
+export interface EndUserKeysTable {
+  id: string;
+  project_id: string;
+  external_id: string;
+  name: string;
+  prefix: string;
+  key_hash: string;
+  spend_cap: ColumnType<string | null, string | null | undefined, string | null>;
+  expires_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+  created_at: Timestamp;
+  revoked_at: ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+}
+
 export type PricingMode = 'per_request' | 'per_token' | 'subscription';
 
 export type ModelEndpoint = 'chat' | 'responses' | 'embeddings';
@@ -538,6 +552,7 @@ export interface DB {
   admin_tokens: AdminTokensTable;
   projects: ProjectsTable;
   api_keys: ApiKeysTable;
+  end_user_keys: EndUserKeysTable;
   models: ModelsTable;
   end_users: EndUsersTable;
   ledger_entries: LedgerEntriesTable;

@@ -160,10 +160,11 @@ export class MeteredFlow {
         'unsupported_model',
       );
     }
-    const externalId = resolveEndUser(
-      api.endUser ? { user: api.endUser(body, client) } : body,
-      client.headers[END_USER_HEADER],
-    );
+    const externalId = resolveEndUser({
+      key: client.endUser,
+      header: client.headers[END_USER_HEADER],
+      body: api.endUser ? api.endUser(body, client) : body.user,
+    });
     if (!project.upstream && !model.routes?.length) {
       throw new ApiError(
         503,
@@ -578,6 +579,8 @@ export interface MeteredClient {
   /** The authenticated project. */
   readonly project: ProjectContext;
   readonly apiKeyId: string;
+  /** The user of the end-user key that authenticated the request, if it was one (end-user.ts). */
+  readonly endUser?: string | undefined;
   /** The end user (`X-Service-User`), `traceparent`, the headers an API forwards. */
   readonly headers: IncomingHttpHeaders;
 }

@@ -1,8 +1,9 @@
 import type { FastifyReply } from 'fastify';
 import { routeModule } from '../core/plugins.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
-import { html } from '../html/index.ts';
+import { html, raw } from '../html/index.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import { keyNameOf } from '../users/schema.ts';
 import { useConnectLink } from '../users/sessions.ts';
 import { type Ctx, foreignPost, openToken, problemPage, tokenParam } from './links.ts';
 
@@ -12,6 +13,10 @@ import { type Ctx, foreignPost, openToken, problemPage, tokenParam } from './lin
  * - `POST /connect/{token}` — the button (a plain form post): connects the user once, then returns to
  *   the project's `returnUrl` (303) or shows a done page. Only the rendered page's own form counts
  *   (./links.ts `foreignPost`).
+ * - `?key=NAME` on the link (`POST /v1/user/connect {"user", "keyName"}` adds it): the page says so,
+ *   and connecting also makes the user an end-user key of that name, shown once on the done page (no
+ *   redirect) — the key a coding agent is configured with. The link is single-use, so is the key's
+ *   showing. A name that is not one (empty, too long, control characters) is ignored.
  */
 
 /** The hidden field value only the rendered connect page carries for this token. */
@@ -30,8 +35,11 @@ function foreignPostPage(reply: FastifyReply, why: 'cross_site' | 'not_the_form'
   );
 }
 
-function connectPage(reply: FastifyReply, project: ProjectContext, proof: string) {
+function connectPage(reply: FastifyReply, project: ProjectContext, proof: string, keyName?: string) {
   const name = project.name;
+  const keyNote = keyName
+    ? html`<p id="key-offer">Connecting also gives you an API key named “${keyName}” for your own tools (it is shown once, on the next page).</p>`
+    : raw('');
   return sendPage(
     reply,
     200,
@@ -44,6 +52,7 @@ function connectPage(reply: FastifyReply, project: ProjectContext, proof: string
 <li>show you a link to top up your balance when it runs low.</li>
 </ul>
 <p>It never charges more than your balance holds. ${name} can disconnect you at any time; your balance stays yours.</p>
+${keyNote}
 <form method="post">
 <input type="hidden" name="confirm" value="${proof}">
 <button type="submit">Connect</button>
@@ -62,12 +71,25 @@ function connectedPage(reply: FastifyReply, project: ProjectContext) {
   );
 }
 
+/** The done page with the user's new key, shown once. */
+function keyPage(reply: FastifyReply, project: ProjectContext, keyName: string, key: string) {
+  return sendPage(
+    reply,
+    200,
+    `Connected to ${project.name}`,
+    html`<h1>You are connected</h1>
+<p>Your account is now connected to ${project.name}. Your API key “${keyName}”:</p>
+<p><code id="end-user-key">${key}</code></p>
+<p>Copy it now: it is not shown again. It is yours alone: requests with it are charged to your ${project.name} balance. Revoke it from your balance page at any time.</p>`,
+  );
+}
+
 export const connectPageRoutes = routeModule((app, ctx) => {
   app.get('/connect/*', async (request, reply) => {
     const token = tokenParam(request);
     const opened = await openToken(reply, ctx, 'connect', token);
     if (!opened) return reply;
-    return connectPage(reply, opened.project, formProof(ctx, token));
+    return connectPage(reply, opened.project, formProof(ctx, token), keyNameOf(request.query));
   });
 
   app.post('/connect/*', async (request, reply) => {
@@ -76,8 +98,10 @@ export const connectPageRoutes = routeModule((app, ctx) => {
     if (!opened) return reply;
     const foreign = foreignPost(request, formProof(ctx, token));
     if (foreign) return foreignPostPage(reply, foreign);
-    const used = await useConnectLink(ctx.db, ctx.events, opened.project, opened.payload);
+    const keyName = keyNameOf(request.query);
+    const used = await useConnectLink(ctx.db, ctx.events, opened.project, opened.payload, keyName);
     if (!used.ok) return problemPage(reply, used.problem);
+    if (keyName !== undefined && used.key) return keyPage(reply, opened.project, keyName, used.key);
     const returnUrl = opened.project.settings.returnUrl;
     if (returnUrl) return reply.headers(PRIVATE_HEADERS).redirect(returnUrl, 303);
     return connectedPage(reply, opened.project);

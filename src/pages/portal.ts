@@ -1,4 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { getUserKey, listUserKeys } from '../auth/user-keys.ts';
 import { findWallet } from '../billing/ledger.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import { routeModule } from '../core/plugins.ts';
@@ -6,14 +7,40 @@ import { sendPage } from '../html/hosted-page.ts';
 import { html, type Raw, raw } from '../html/index.ts';
 import { autoRechargeOf, setAutoRecharge } from '../payments/recharge.ts';
 import type { ProjectContext } from '../projects/directory.ts';
+import { issueUserKey } from '../users/keys.ts';
 import { linkSettingsOf, newLinkUrl } from '../users/links.ts';
+import { keyNameOf } from '../users/schema.ts';
 import { CHECKOUT_STYLE, type Ctx, foreignPost, openToken, tokenParam } from './links.ts';
 
 /**
  * The user's portal (`/portal/{token}`, a link from `POST /v1/user/portal` and the top-up pages): the
- * balance, top-ups with receipts, usage, a top-up button, and the auto-recharge form (on/off, the
- * user's own threshold and amount; a post of the page's own form).
+ * balance, top-ups with receipts, usage, a top-up button, the auto-recharge form (on/off, the user's
+ * own threshold and amount; a post of the page's own form), and the user's own end-user keys: create
+ * one (shown once) and revoke one (`action=create_key|revoke_key` posts of the page's forms).
  */
+
+type Opened = { token: string; project: ProjectContext; user: string };
+
+/** The portal's key forms: a new key (shown once on the page), or a key of this user revoked. */
+async function keyAction(reply: FastifyReply, ctx: Ctx, opened: Opened, body: Record<string, unknown>) {
+  const { project, user } = opened;
+  if (body.action === 'create_key') {
+    const name = keyNameOf({ key: body.name });
+    if (name === undefined)
+      return portalPage(reply, ctx, {
+        ...opened,
+        error: 'Give the key a name (up to 64 characters).',
+        status: 400,
+      });
+    const created = await issueUserKey(ctx, project.id, { user, name });
+    return portalPage(reply, ctx, { ...opened, newKey: { name, key: created.key } });
+  }
+  const id = typeof body.key === 'string' ? body.key : '';
+  const found = await getUserKey(ctx.db, project.id, id, user).catch(() => undefined);
+  if (!found) return portalPage(reply, ctx, { ...opened, error: 'No such key.', status: 404 });
+  await ctx.keys.revokeUserKey(project.id, id);
+  return portalPage(reply, ctx, { ...opened, notice: `Revoked the key “${found.name}”.` });
+}
 
 function topupUrl(ctx: Ctx, projectId: string, externalId: string): string {
   return newLinkUrl(linkSettingsOf(ctx), { kind: 'topup', projectId, externalId });
@@ -39,10 +66,12 @@ export const portalPageRoutes = routeModule((app, ctx) => {
     const proof = ctx.sealer.sign(`portal-form:${opened.token}`);
     if (foreignPost(request, proof))
       return portalPage(reply, ctx, { ...opened, error: 'Press Save on this page.', status: 400 });
+    const body = (request.body ?? {}) as Record<string, unknown>;
+    if (body.action === 'create_key' || body.action === 'revoke_key')
+      return keyAction(reply, ctx, opened, body);
     const wallet = await findWallet(ctx.db, opened.project.id, opened.user);
     if (!wallet)
       return portalPage(reply, ctx, { ...opened, error: 'Top up first to save a card.', status: 400 });
-    const body = (request.body ?? {}) as Record<string, unknown>;
     const saved = await setAutoRecharge(ctx, opened.project, wallet.userId, {
       on: body.autoRecharge === 'on',
       threshold: String(body.threshold ?? ''),
@@ -56,10 +85,8 @@ export const portalPageRoutes = routeModule((app, ctx) => {
 async function portalPage(
   reply: FastifyReply,
   ctx: Ctx,
-  input: {
-    token: string;
-    project: ProjectContext;
-    user: string;
+  input: Opened & {
+    newKey?: { name: string; key: string };
     notice?: string;
     error?: string;
     status?: number;
@@ -93,6 +120,7 @@ async function portalPage(
   const rows = (items: Raw[], columns: number) =>
     items.length ? items : [html`<tr><td colspan="${columns}">None yet.</td></tr>`];
   const recharge = await autoRechargeOf(ctx, project, wallet?.userId);
+  const keys = await listUserKeys(ctx.db, project.id, user);
   return sendPage(
     reply,
     input.status ?? 200,
@@ -107,6 +135,7 @@ ${input.notice ? html`<p class="muted" role="status">${input.notice}</p>` : raw(
 ${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
 <p><a class="button" href="${topupUrl(ctx, project.id, user)}">Top up</a></p>
 ${recharge ? rechargeSection(ctx, input.token, recharge, money, project.currency) : raw('')}
+${keysSection(ctx.sealer.sign(`portal-form:${input.token}`), keys, input.newKey)}
 <h2>Top-ups</h2>
 <table><thead><tr><th>Date</th><th>Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
 ${rows(
@@ -153,5 +182,38 @@ function rechargeSection(
 <p><label>When the balance falls below: <input type="text" name="threshold" inputmode="decimal" value="${formatForCurrency(r.threshold, currency)}"></label></p>
 <p><label>Recharge (${money(r.minimum)} to ${money(r.maximum)}): <input type="text" name="rechargeAmount" inputmode="decimal" value="${formatForCurrency(r.amount, currency)}"></label></p>
 <button type="submit">Save</button>
+</form>`;
+}
+
+/** The user's own keys: each active one with a Revoke button, and a form for a new one. */
+function keysSection(
+  proof: string,
+  keys: Awaited<ReturnType<typeof listUserKeys>>,
+  newKey: { name: string; key: string } | undefined,
+): Raw {
+  const now = Date.now();
+  const active = keys.filter((k) => !k.revoked_at);
+  const shown = newKey
+    ? html`<p role="status">Your new key “${newKey.name}” (copy it now: it is not shown again):</p>
+<p><code id="new-key">${newKey.key}</code></p>`
+    : raw('');
+  const rows = active.map(
+    (k) =>
+      html`<tr><td>${k.name}</td><td><code>${k.prefix}…</code></td><td>${
+        k.expires_at
+          ? `${k.expires_at.getTime() <= now ? 'expired ' : ''}${k.expires_at.toISOString().slice(0, 16).replace('T', ' ')}`
+          : 'never'
+      }</td><td><form method="post"><input type="hidden" name="confirm" value="${proof}"><input type="hidden" name="action" value="revoke_key"><input type="hidden" name="key" value="${k.id}"><button type="submit">Revoke</button></form></td></tr>`,
+  );
+  return html`<h2>API keys</h2>
+<p class="muted">A key of your own for coding agents and other tools: requests made with it are charged to this balance.</p>
+${shown}
+<table><thead><tr><th>Name</th><th>Key</th><th>Expires</th><th></th></tr></thead><tbody>
+${rows.length ? rows : [html`<tr><td colspan="4">None yet.</td></tr>`]}
+</tbody></table>
+<form method="post">
+<input type="hidden" name="confirm" value="${proof}">
+<input type="hidden" name="action" value="create_key">
+<p><label>Name: <input type="text" name="name" maxlength="64" value="laptop"></label> <button type="submit">Create a key</button></p>
 </form>`;
 }

@@ -1,10 +1,10 @@
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Transaction } from 'kysely';
 import type { Actor } from '../audit/index.ts';
 import type { Trigger } from '../billing/ledger.ts';
 import type { BillingService } from '../billing/service.ts';
 import { amountSchema } from '../core/money.ts';
-import { routeModule } from '../core/plugins.ts';
+import { type RouteApp, routeModule } from '../core/plugins.ts';
 import { parseInput } from '../core/validation.ts';
 import type { DB } from '../db/index.ts';
 import {
@@ -14,14 +14,18 @@ import {
   requestHash,
   withIdempotency,
 } from '../idempotency/index.ts';
+import { issueUserKey, revokeUserKey, userKeyInput, userKeys } from './keys.ts';
 import { linkSettingsOf } from './links.ts';
 import {
   activityQuery,
   alertsBody,
+  connectBody,
   grantBody,
   inCurrency,
   moneyBody,
   userBody,
+  userKeyBody,
+  userKeyParams,
   userQuery,
 } from './schema.ts';
 import {
@@ -39,8 +43,8 @@ import {
 import { connectLink } from './sessions.ts';
 
 /**
- * `/v1/user/*`: balances, deposits, manual charges, credit grants, alerts and sessions (connect,
- * disconnect, activity). Deposit, charge and credits accept an `Idempotency-Key` header (see
+ * `/v1/user/*`: balances, deposits, manual charges, credit grants, alerts, sessions (connect,
+ * disconnect, activity) and end-user keys (./keys.ts). Deposit, charge and credits accept an `Idempotency-Key` header (see
  * ../idempotency). The portal and top-up links are ../payments/routes.ts's: they depend on payments.
  */
 
@@ -169,10 +173,17 @@ export const userRoutes = routeModule((app, ctx) => {
     return listActivity(ctx.db, request.project, query.user, query);
   });
 
-  app.post('/user/connect', { schema: { body: userBody } }, async (request) => {
-    const { user } = request.body;
+  keyRoutes(app, ctx);
+
+  app.post('/user/connect', { schema: { body: connectBody } }, async (request) => {
+    const { user, keyName } = request.body;
     const state = await getBalance(ctx.db, request.project, user);
     const link = connectLink(links(), request.project, user);
+    // `keyName`: connecting also hands the user an end-user key (../pages/connect.ts)
+    if (keyName !== undefined) {
+      const url = `${link.url}?key=${encodeURIComponent(keyName)}`;
+      Object.assign(link, { url, message: link.message.replace(link.url, url) });
+    }
     return { object: 'user.connect_link', user, connected: state.connected, ...link };
   });
 
@@ -188,3 +199,20 @@ export const userRoutes = routeModule((app, ctx) => {
     return { ...balanceView(request.project, user, wallet), changed };
   });
 });
+
+/** `/v1/user/keys`: an end user's keys (./keys.ts), with the project key. */
+function keyRoutes(app: RouteApp, ctx: FastifyInstance['ctx']): void {
+  app.post('/user/keys', { schema: { body: userKeyBody } }, async (request, reply) => {
+    const input = userKeyInput(request.project.currency, request.body);
+    const created = await issueUserKey(ctx, request.project.id, input, actorOf(request));
+    return reply.status(201).send(created);
+  });
+
+  app.get('/user/keys', { schema: { querystring: userQuery } }, async (request) =>
+    userKeys(ctx.db, request.project.id, request.query.user),
+  );
+
+  app.delete('/user/keys/:id', { schema: { params: userKeyParams } }, async (request) =>
+    revokeUserKey(ctx, request.project.id, request.params.id, actorOf(request)),
+  );
+}

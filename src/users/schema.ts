@@ -70,6 +70,29 @@ export const grantBody = z.strictObject({
   metadata: metadataSchema.optional(),
 });
 export const userQuery = z.strictObject({ user: userIdSchema });
+/** A new end-user key: its user, a name, and optionally an expiry (in the future) and a spend cap. */
+export const userKeyBody = z.strictObject({
+  user: userIdSchema,
+  name: textInput(64, 'a name for the key, such as "laptop"'),
+  expiresAt: z.iso
+    .datetime({ offset: true, message: 'must be an ISO 8601 time such as 2027-01-31T00:00:00Z' })
+    .refine((v) => new Date(v).getTime() > Date.now(), { message: 'must be in the future' })
+    .optional(),
+  spendCap: amountInputSchema.optional(),
+});
+/** The key name a connect link asks for (`?key=NAME`), when it is one. */
+export function keyNameOf(query: unknown): string | undefined {
+  const name = (query as Record<string, unknown> | undefined)?.key;
+  const checked = userKeyBody.shape.name.safeParse(name);
+  return checked.success ? checked.data : undefined;
+}
+export const connectBody = z.strictObject({
+  user: userIdSchema,
+  keyName: userKeyBody.shape.name.optional(),
+});
+export const userKeyParams = z.strictObject({
+  id: z.string().regex(/^ukey_[0-9a-z]{1,64}$/, { message: 'must be an end-user key id (ukey_…)' }),
+});
 export const topupBody = z.strictObject({ user: userIdSchema, amount: amountInputSchema.optional() });
 export const activityQuery = z.strictObject({
   user: userIdSchema,

@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import { createUserKey } from '../auth/user-keys.ts';
 import type { Sealer } from '../core/crypto.ts';
 import type { Database } from '../db/index.ts';
 import type { EventRecorder } from '../events/outbox.ts';
@@ -81,14 +82,17 @@ export async function openLink(
 
 /**
  * Uses a connect link: records its nonce (a second use is refused) and connects the user, in one
- * transaction. Returns `used` when the link was used before (also by a concurrent request).
+ * transaction. Returns `used` when the link was used before (also by a concurrent request). Given
+ * `keyName` (the link's `?key=NAME`), an end-user key of that name is made in the same transaction and
+ * returned, once.
  */
 export async function useConnectLink(
   db: Database,
   events: EventRecorder,
   project: ProjectRef,
   payload: LinkPayload,
-): Promise<{ ok: true; change: ConnectionChange } | { ok: false; problem: 'used' }> {
+  keyName?: string,
+): Promise<{ ok: true; change: ConnectionChange; key?: string } | { ok: false; problem: 'used' }> {
   const trigger = { source: 'connect_page', actorType: 'end_user', actorId: payload.u };
   const result = await db.transaction().execute(async (tx) => {
     const recorded = await tx
@@ -105,7 +109,9 @@ export async function useConnectLink(
       .executeTakeFirst();
     if (!recorded) return { ok: false as const, problem: 'used' as const };
     const change = await connectUser(tx, events, project, payload.u, trigger);
-    return { ok: true as const, change };
+    if (keyName === undefined) return { ok: true as const, change };
+    const { key } = await createUserKey(tx, project.id, { user: payload.u, name: keyName });
+    return { ok: true as const, change, key };
   });
   if (result.ok && result.change.changed) events.wake();
   return result;

@@ -101,7 +101,7 @@ describe('forwarded completions', () => {
     expect(events.at(-1)).toBe('[DONE]');
   });
 
-  it('takes the end user from X-Service-User; the body `user` wins when both are given', async () => {
+  it('takes the end user from X-Service-User, which wins over the body `user` when both are given', async () => {
     f.mock.requests.length = 0;
     const viaHeader = await f.client.chat.completions.create(
       { model: 'metered', messages },
@@ -109,8 +109,8 @@ describe('forwarded completions', () => {
     );
     expect(viaHeader.choices[0]!.message.content).toBe(' hello'.repeat(5));
     const both = await f.client.chat.completions.create(
-      { model: 'metered', messages, user: 'alice' },
-      { headers: { 'X-Service-User': 'nobody-connected' } },
+      { model: 'metered', messages, user: 'nobody-connected' },
+      { headers: { 'X-Service-User': 'alice' } },
     );
     expect(both.choices[0]!.message.content).toBe(' hello'.repeat(5));
     const headerOnlyUnknown = await f.client.chat.completions.create(

@@ -3,12 +3,17 @@ import { amountInputSchema } from '../../core/money.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
 import { idempotencyKeyFrom } from '../../idempotency/index.ts';
-import { grantBody, metadataSchema } from '../../users/schema.ts';
+import { issueUserKey, revokeUserKey, userKeyInput, userKeys } from '../../users/keys.ts';
+import { grantBody, metadataSchema, userKeyBody, userKeyParams } from '../../users/schema.ts';
 import { getBalance, listActivity, listGrants } from '../../users/service.ts';
+import { actorOf } from '../accounts.ts';
 import { grantCredit, moveMoney, searchUsers, setUserConnected } from '../end-users.ts';
 import { amountIn, limitSchema, pageQuery, projectParams, sendIdempotent, userParams } from './schemas.ts';
 
-/** A project's end users: search, balance, activity, connection, credit grants, deposits and charges. */
+/**
+ * A project's end users: search, balance, activity, connection, credit grants, deposits and charges,
+ * and their keys (src/users/keys.ts).
+ */
 
 const usersQuery = pageQuery.extend({ q: textInput(256).optional() });
 const activityQuery = z.strictObject({ limit: limitSchema, after: textInput(64).optional() });
@@ -79,4 +84,23 @@ export const userRoutes = routeModule((app, ctx) => {
       },
     );
   }
+  app.post(
+    '/projects/:project/users/:user/keys',
+    { schema: { params: userParams, body: userKeyBody.omit({ user: true }) } },
+    async (request, reply) => {
+      const { ownedProject: project } = request;
+      const input = userKeyInput(project.currency, { ...request.body, user: request.params.user });
+      const created = await issueUserKey(ctx, project.id, input, actorOf(request.principal));
+      return reply.status(201).send(created);
+    },
+  );
+  app.get('/projects/:project/users/:user/keys', { schema: { params: userParams } }, async (request) =>
+    userKeys(ctx.db, request.ownedProject.id, request.params.user),
+  );
+  app.delete(
+    '/projects/:project/user-keys/:id',
+    { schema: { params: projectParams.extend(userKeyParams.shape) } },
+    async (request) =>
+      revokeUserKey(ctx, request.ownedProject.id, request.params.id, actorOf(request.principal)),
+  );
 });
