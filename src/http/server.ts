@@ -32,7 +32,7 @@ import { webhookRoutes } from '../webhooks/routes.ts';
 import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
 import { installJsonParser } from './json.ts';
-import { requestLogger } from './request-logger.ts';
+import { logRequests, requestLogger } from './request-logger.ts';
 
 type CompilersFactory = NonNullable<
   NonNullable<FastifyServerOptions['schemaController']>['compilersFactory']
@@ -62,7 +62,7 @@ declare module 'fastify' {
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   const app = Fastify({
     loggerInstance: ctx.log as FastifyBaseLogger,
-    // One debug line per request (onResponse below) instead of fastify's two info lines.
+    // One line per request (logRequests below) instead of fastify's two info lines.
     logController: new LogController({ disableRequestLogging: true }),
     // `request.log` is made when a line is first written at an enabled level, not for every request.
     childLoggerFactory: (logger, bindings, options) => requestLogger(logger, bindings, options),
@@ -117,21 +117,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     );
     reply.status(404).send(err.toBody());
   });
-  // (Only when debug lines are written: a hook costs every request something even when it logs nothing.)
-  if (ctx.log.isLevelEnabled('debug')) {
-    app.addHook('onResponse', (request, reply, done) => {
-      request.log.debug(
-        {
-          method: request.method,
-          url: request.url,
-          status: reply.statusCode,
-          ms: Math.round(reply.elapsedTime),
-        },
-        'request',
-      );
-      done();
-    });
-  }
+  // One info line per /v1 request (decision, amount, duration), a debug line per other request.
+  logRequests(app);
 
   await registerAll(app, [metricsRoutes, healthRoutes, pageRoutes, paymentWebhookRoutes, homeRoutes]);
   // One set of sign-in and sign-up limits for the admin API and the dashboard.
