@@ -14,6 +14,7 @@ import {
   endUserKey,
   MERGED,
   startAgentFixture,
+  TEST_TIMEOUT_MS,
 } from './fixture.ts';
 
 /**
@@ -77,78 +78,82 @@ const readNotes = (work: string) =>
     usage: { call: { input: 14_203, output: 58 }, final: { input: 14_377, output: 19 } },
   });
 
-describe.skipIf(!agentsInstalled || !MERGED.claudeCodeRequests)('Claude Code through Tollgate', () => {
-  it("answers on make dev's echo provider, charged to the user", async () => {
-    const before = await f.charges(f.dev.project, f.dev.user, 'messages');
-    const { run } = await claude('Say hello to the gate', {
-      project: 'dev',
-      model: f.dev.model,
-      user: f.dev.user,
+describe.skipIf(!agentsInstalled || !MERGED.claudeCodeRequests)(
+  'Claude Code through Tollgate',
+  { timeout: TEST_TIMEOUT_MS },
+  () => {
+    it("answers on make dev's echo provider, charged to the user", async () => {
+      const before = await f.charges(f.dev.project, f.dev.user, 'messages');
+      const { run } = await claude('Say hello to the gate', {
+        project: 'dev',
+        model: f.dev.model,
+        user: f.dev.user,
+      });
+      expect(run.timedOut).toBe(false);
+      expect(run.code, output(run)).toBe(0);
+      expect(run.stdout).toContain('[echo provider]');
+      const charges = (await f.charges(f.dev.project, f.dev.user, 'messages')).slice(before.length);
+      expect(charges.length).toBeGreaterThanOrEqual(1);
+      for (const charge of charges) expect(charge.gt(0)).toBe(true);
     });
-    expect(run.timedOut).toBe(false);
-    expect(run.code, output(run)).toBe(0);
-    expect(run.stdout).toContain('[echo provider]');
-    const charges = (await f.charges(f.dev.project, f.dev.user, 'messages')).slice(before.length);
-    expect(charges.length).toBeGreaterThanOrEqual(1);
-    for (const charge of charges) expect(charge.gt(0)).toBe(true);
-  });
 
-  it('runs a tool loop on a native Anthropic provider, each request charged exactly', async () => {
-    const { run, script } = await claude('What is the deploy word in notes.txt?', {
-      project: 'real',
-      user: 'alice',
-      script: readNotes,
+    it('runs a tool loop on a native Anthropic provider, each request charged exactly', async () => {
+      const { run, script } = await claude('What is the deploy word in notes.txt?', {
+        project: 'real',
+        user: 'alice',
+        script: readNotes,
+      });
+      expect(run.code, output(run)).toBe(0);
+      expect(run.stdout).toContain(`Claude read: ${SECRET}`);
+      // Every request Claude Code sent went to the provider with its default model, and each was charged
+      // what the provider reported: the tool call, then the answer with the file's content.
+      const models = new Set(script!.requests.map((r) => r.model));
+      expect([...models]).toEqual([CLAUDE_MODEL]);
+      const expected = script!.requests.map((r) =>
+        costOf(
+          JSON.stringify(r.messages).includes('tool_result') ? script!.usage.final : script!.usage.call,
+          CLAUDE_PRICE,
+        ),
+      );
+      expect(expected.length).toBeGreaterThanOrEqual(2);
+      const charges = await f.charges(f.real.project, 'alice', 'messages');
+      expect(charges.map((c) => c.toFixed())).toEqual(expected.map((c) => c.toFixed()));
     });
-    expect(run.code, output(run)).toBe(0);
-    expect(run.stdout).toContain(`Claude read: ${SECRET}`);
-    // Every request Claude Code sent went to the provider with its default model, and each was charged
-    // what the provider reported: the tool call, then the answer with the file's content.
-    const models = new Set(script!.requests.map((r) => r.model));
-    expect([...models]).toEqual([CLAUDE_MODEL]);
-    const expected = script!.requests.map((r) =>
-      costOf(
-        JSON.stringify(r.messages).includes('tool_result') ? script!.usage.final : script!.usage.call,
-        CLAUDE_PRICE,
-      ),
-    );
-    expect(expected.length).toBeGreaterThanOrEqual(2);
-    const charges = await f.charges(f.real.project, 'alice', 'messages');
-    expect(charges.map((c) => c.toFixed())).toEqual(expected.map((c) => c.toFixed()));
-  });
 
-  it('shows a user who cannot pay the top-up link, and asks the provider nothing', async () => {
-    const { run, script } = await claude('What is the deploy word in notes.txt?', {
-      project: 'real',
-      user: 'broke',
-      script: readNotes,
+    it('shows a user who cannot pay the top-up link, and asks the provider nothing', async () => {
+      const { run, script } = await claude('What is the deploy word in notes.txt?', {
+        project: 'real',
+        user: 'broke',
+        script: readNotes,
+      });
+      expect(output(run)).toContain(`${f.server.url}/topup/`);
+      expect(script!.requests).toHaveLength(0);
+      expect(await f.charges(f.real.project, 'broke', 'messages')).toEqual([]);
     });
-    expect(output(run)).toContain(`${f.server.url}/topup/`);
-    expect(script!.requests).toHaveLength(0);
-    expect(await f.charges(f.real.project, 'broke', 'messages')).toEqual([]);
-  });
 
-  it.skipIf(!MERGED.endUserKeys)('needs nothing but the base URL and an end-user key', async () => {
-    await f.fund(f.real.project, 'carol', '5.00');
-    const key = await endUserKey(f.server, f.real.apiKey, 'carol');
-    const { run, script } = await claude('What is the deploy word in notes.txt?', {
-      project: 'real',
-      key,
-      script: readNotes,
+    it.skipIf(!MERGED.endUserKeys)('needs nothing but the base URL and an end-user key', async () => {
+      await f.fund(f.real.project, 'carol', '5.00');
+      const key = await endUserKey(f.server, f.real.apiKey, 'carol');
+      const { run, script } = await claude('What is the deploy word in notes.txt?', {
+        project: 'real',
+        key,
+        script: readNotes,
+      });
+      expect(run.code, output(run)).toBe(0);
+      expect(run.stdout).toContain(`Claude read: ${SECRET}`);
+      const expected = script!.requests.map((r) =>
+        costOf(
+          JSON.stringify(r.messages).includes('tool_result') ? script!.usage.final : script!.usage.call,
+          CLAUDE_PRICE,
+        ),
+      );
+      const charges = await f.charges(f.real.project, 'carol', 'messages');
+      expect(charges.reduce((a, c) => a.plus(c), new Money(0)).toFixed()).toBe(
+        expected.reduce((a, c) => a.plus(c), new Money(0)).toFixed(),
+      );
     });
-    expect(run.code, output(run)).toBe(0);
-    expect(run.stdout).toContain(`Claude read: ${SECRET}`);
-    const expected = script!.requests.map((r) =>
-      costOf(
-        JSON.stringify(r.messages).includes('tool_result') ? script!.usage.final : script!.usage.call,
-        CLAUDE_PRICE,
-      ),
-    );
-    const charges = await f.charges(f.real.project, 'carol', 'messages');
-    expect(charges.reduce((a, c) => a.plus(c), new Money(0)).toFixed()).toBe(
-      expected.reduce((a, c) => a.plus(c), new Money(0)).toFixed(),
-    );
-  });
-});
+  },
+);
 
 describe.skipIf(!agentsInstalled || MERGED.claudeCodeRequests)(
   'Claude Code, before its requests are taken',

@@ -14,6 +14,7 @@ import {
   GPT_PRICE,
   MERGED,
   startAgentFixture,
+  TEST_TIMEOUT_MS,
 } from './fixture.ts';
 
 /**
@@ -61,7 +62,7 @@ function catNotes(finalText = (said: string) => `Codex read: ${said.includes(SEC
   });
 }
 
-describe.skipIf(!agentsInstalled)('Codex through Tollgate', () => {
+describe.skipIf(!agentsInstalled)('Codex through Tollgate', { timeout: TEST_TIMEOUT_MS }, () => {
   it("answers on make dev's echo provider, charged to the user", async () => {
     const before = await f.charges(f.dev.project, f.dev.user, 'responses');
     const run = await codex('Say hello to the gate', {

@@ -32,6 +32,8 @@ export const CODEX_MODEL = 'gpt-5.5';
 
 /** One agent run's bound: a turn with a tool call takes a few seconds; a minute means something hangs. */
 export const AGENT_TIMEOUT_MS = 60_000;
+/** A test's bound: its agent run, and the set-up and checks around it. */
+export const TEST_TIMEOUT_MS = AGENT_TIMEOUT_MS + 30_000;
 
 /**
  * The coding agents' world: a Tollgate server with
