@@ -1,3 +1,4 @@
+import { createHmac, createSecretKey } from 'node:crypto';
 import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Bindings, ChildLoggerOptions, Logger } from 'pino';
 import { countInvalidRequest } from '../metering/metrics-observer.ts';
@@ -109,7 +110,7 @@ const METERED_ROUTES = new Set(['/v1/chat/completions', '/v1/responses', '/v1/em
  */
 export function logRequests(app: FastifyInstance): void {
   const { log, sealer, metrics } = app.ctx;
-  const userHash = (project: string, user: string) => sealer.sign(`log:${project}\u0000${user}`).slice(0, 12);
+  const userHash = userHasher(sealer.sign('tollgate/log-user'));
   app.addHook('onResponse', (request: FastifyRequest, reply: FastifyReply, done: () => void) => {
     if (!request.url.startsWith('/v1/')) {
       if (log.isLevelEnabled('debug')) {
@@ -168,6 +169,25 @@ export function logRequests(app: FastifyInstance): void {
     log.info(line, 'request');
     done();
   });
+}
+
+/**
+ * A keyed hash of an end user (12 base64url characters of an HMAC-SHA256 under a key derived from the
+ * encryption key), kept for the users seen lately: one HMAC per user, not per request.
+ */
+function userHasher(secret: string): (project: string, user: string) => string {
+  const key = createSecretKey(Buffer.from(secret, 'base64url'));
+  const seen = new Map<string, string>();
+  return (project, user) => {
+    const id = `${project}\u0000${user}`;
+    let hash = seen.get(id);
+    if (hash === undefined) {
+      hash = createHmac('sha256', key).update(id).digest('base64url').slice(0, 12);
+      if (seen.size >= 10_000) seen.clear();
+      seen.set(id, hash);
+    }
+    return hash;
+  };
 }
 
 /** The body's model when the project has it ("" otherwise: the metrics' labels stay bounded). */
