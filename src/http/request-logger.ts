@@ -1,5 +1,9 @@
-import type { FastifyBaseLogger } from 'fastify';
+import { createHmac, createSecretKey } from 'node:crypto';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Bindings, ChildLoggerOptions, Logger } from 'pino';
+import { countInvalidRequest } from '../metering/metrics-observer.ts';
+import { meteredFacts } from '../metering/request-log.ts';
+import type { ProjectContext } from '../projects/directory.ts';
 
 type Level = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace';
 type LogArgs = Parameters<FastifyBaseLogger['info']>;
@@ -86,4 +90,112 @@ class RequestLogger {
     this.#write('trace', args);
   }
   silent(): void {}
+}
+
+/** The metered APIs' routes: a 4xx there that the flow never saw is Tollgate's own validation refusing it. */
+const METERED_ROUTES = new Set(['/v1/chat/completions', '/v1/responses', '/v1/embeddings', '/v1/messages']);
+
+/**
+ * One line per `/v1` request at `info` (the default level), written when its response ends (a stream:
+ * after its last byte): `reqId`, `method`, the route template (never the URL's query, never the body),
+ * `status`, `ms`, the project and, for a metered request, Tollgate's `requestId`, the `model`, the
+ * `decision` (`allowed`, `connect_required`, `topup_required`, `spend_cap_reached`, `rate_limited`,
+ * `invalid_request`), the `outcome`, the amount `charged` and its `currency`, and `user`: a keyed hash
+ * of the end user (the same user, the same hash, in one deployment; the id itself is never written).
+ * Other routes get the one debug line they had. A metered request refused by Tollgate's validation
+ * before the flow saw it (its schema, an unknown model) is counted here as `invalid_request`
+ * (metrics-observer.ts).
+ *
+ * Registered on the root instance, before the routes, so it sees every request (unknown `/v1` URLs too).
+ */
+export function logRequests(app: FastifyInstance): void {
+  const { log, sealer, metrics } = app.ctx;
+  const userHash = userHasher(sealer.sign('tollgate/log-user'));
+  app.addHook('onResponse', (request: FastifyRequest, reply: FastifyReply, done: () => void) => {
+    if (!request.url.startsWith('/v1/')) {
+      if (log.isLevelEnabled('debug')) {
+        request.log.debug(
+          {
+            method: request.method,
+            url: request.url,
+            status: reply.statusCode,
+            ms: Math.round(reply.elapsedTime),
+          },
+          'request',
+        );
+      }
+      return done();
+    }
+    const route = request.routeOptions.url ?? 'unmatched';
+    const status = reply.statusCode;
+    const project = (request as { project?: ProjectContext | null }).project ?? undefined;
+    const facts = meteredFacts(request.body);
+    let invalid: string | undefined;
+    if (
+      !facts &&
+      project &&
+      status >= 400 &&
+      status < 500 &&
+      status !== 401 &&
+      status !== 403 &&
+      status !== 429
+    ) {
+      if (request.method === 'POST' && METERED_ROUTES.has(route)) {
+        invalid = knownModel(request.body, project);
+        countInvalidRequest(metrics, project.id, invalid, streamed(request.body));
+      }
+    }
+    if (!log.isLevelEnabled('info')) return done();
+    const line: Record<string, unknown> = {
+      reqId: request.id,
+      method: request.method,
+      route,
+      status,
+      ms: Math.round(reply.elapsedTime),
+    };
+    if (project) line.project = project.id;
+    if (facts) {
+      line.requestId = facts.requestId;
+      line.model = facts.model;
+      line.decision = facts.decision;
+      if (facts.outcome) line.outcome = facts.outcome;
+      line.charged = facts.charged ?? '0';
+      line.currency = facts.currency;
+      line.user = userHash(facts.project, facts.externalId);
+    } else if (invalid !== undefined) {
+      if (invalid) line.model = invalid;
+      line.decision = 'invalid_request';
+    }
+    log.info(line, 'request');
+    done();
+  });
+}
+
+/**
+ * A keyed hash of an end user (12 base64url characters of an HMAC-SHA256 under a key derived from the
+ * encryption key), kept for the users seen lately: one HMAC per user, not per request.
+ */
+function userHasher(secret: string): (project: string, user: string) => string {
+  const key = createSecretKey(Buffer.from(secret, 'base64url'));
+  const seen = new Map<string, string>();
+  return (project, user) => {
+    const id = `${project}\u0000${user}`;
+    let hash = seen.get(id);
+    if (hash === undefined) {
+      hash = createHmac('sha256', key).update(id).digest('base64url').slice(0, 12);
+      if (seen.size >= 10_000) seen.clear();
+      seen.set(id, hash);
+    }
+    return hash;
+  };
+}
+
+/** The body's model when the project has it ("" otherwise: the metrics' labels stay bounded). */
+function knownModel(body: unknown, project: ProjectContext): string {
+  const model = typeof body === 'object' && body !== null ? (body as { model?: unknown }).model : undefined;
+  return typeof model === 'string' && project.models.has(model) ? model : '';
+}
+
+function streamed(body: unknown): boolean {
+  return typeof body === 'object' && body !== null && (body as { stream?: unknown }).stream === true;
 }

@@ -32,7 +32,7 @@ import { webhookRoutes } from '../webhooks/routes.ts';
 import { clientErrorHandler } from './client-errors.ts';
 import { healthRoutes } from './health.ts';
 import { installJsonParser } from './json.ts';
-import { requestLogger } from './request-logger.ts';
+import { logRequests, requestLogger } from './request-logger.ts';
 import { familyOf } from './route-families.ts';
 
 type CompilersFactory = NonNullable<
@@ -63,7 +63,7 @@ declare module 'fastify' {
 export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   const app = Fastify({
     loggerInstance: ctx.log as FastifyBaseLogger,
-    // One debug line per request (onResponse below) instead of fastify's two info lines.
+    // One line per request (logRequests below) instead of fastify's two info lines.
     logController: new LogController({ disableRequestLogging: true }),
     // `request.log` is made when a line is first written at an enabled level, not for every request.
     childLoggerFactory: (logger, bindings, options) => requestLogger(logger, bindings, options),
@@ -127,21 +127,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     );
     reply.status(404).send(err.toBody());
   });
-  // (Only when debug lines are written: a hook costs every request something even when it logs nothing.)
-  if (ctx.log.isLevelEnabled('debug')) {
-    app.addHook('onResponse', (request, reply, done) => {
-      request.log.debug(
-        {
-          method: request.method,
-          url: request.url,
-          status: reply.statusCode,
-          ms: Math.round(reply.elapsedTime),
-        },
-        'request',
-      );
-      done();
-    });
-  }
+  // One info line per /v1 request (decision, amount, duration), a debug line per other request.
+  logRequests(app);
 
   // Every route belongs to a family of paths the chart's ingress knows (route-families.ts).
   app.addHook('onRoute', (route) => {

@@ -40,6 +40,7 @@ import {
   sendStream,
   sseMessage,
 } from './relay.ts';
+import type { RequestLogObserver } from './request-log.ts';
 import { settleInput, usageOf, withinBounds } from './settlement.ts';
 import type { TracingObserver } from './tracing-observer.ts';
 import { logUnreachable, toClientError, unsupportedEndpoint } from './upstream-errors.ts';
@@ -82,7 +83,7 @@ export class MeteredFlow {
   constructor(ctx: MeteringContext, parts: MeteringParts) {
     this.#ctx = ctx;
     this.#parts = parts;
-    this.#observers = [parts.limits, parts.metrics, parts.events, parts.tracing];
+    this.#observers = [parts.limits, parts.metrics, parts.events, parts.tracing, parts.requestLog];
   }
 
   /** Resolves when every settle, release and event write started so far has finished. */
@@ -572,6 +573,8 @@ export interface MeteringParts {
   metrics: MetricsObserver;
   events: EventsObserver;
   tracing: TracingObserver;
+  /** The facts of each request's log line (request-log.ts). */
+  requestLog: RequestLogObserver;
 }
 
 /** The client of a metered request, as the route hands it over (a FastifyRequest is one). */

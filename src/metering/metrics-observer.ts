@@ -1,3 +1,4 @@
+import { ApiError } from '../core/errors.ts';
 import type { ModelRow } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
 import { UpstreamError } from '../upstream/types.ts';
@@ -10,6 +11,8 @@ import { RequestMetrics } from './request-metrics.ts';
  * The metrics of metered requests (src/metrics/registry.ts): `tollgate_requests_total` by decision and
  * outcome, tokens, upstream latency, the time Tollgate added and the time to a stream's first token, and
  * provider failures. A served request's series are made once per model row (request-metrics.ts).
+ * A request Tollgate itself refuses as invalid (a field a translation cannot carry: nothing reached the
+ * provider) is `decision="invalid_request", outcome="refused"`, not a provider failure.
  */
 export class MetricsObserver implements MeteringObserver {
   readonly #metrics: Metrics;
@@ -50,6 +53,10 @@ export class MetricsObserver implements MeteringObserver {
   }
 
   failed(x: Exchange, err: unknown, _error: unknown, counted: boolean): void {
+    if (refusedByTollgate(err)) {
+      countInvalidRequest(this.#metrics, x.project.id, x.model.id, x.stream);
+      return;
+    }
     const upstream = err instanceof UpstreamError ? err : undefined;
     this.#metrics.upstreamErrors.inc({
       project: x.project.id,
@@ -83,4 +90,27 @@ export class MetricsObserver implements MeteringObserver {
     metrics.allowed(end.outcome, x.stream);
     if (usage) metrics.tokens(usage.input, usage.output);
   }
+}
+
+/**
+ * An error Tollgate raised itself, before anything was sent to the provider (a provider adapter's 400,
+ * e.g. `untranslatable_field`): the request was invalid, the provider did not fail.
+ */
+export function refusedByTollgate(err: unknown): boolean {
+  return err instanceof ApiError && err.status < 500;
+}
+
+/**
+ * A metered request Tollgate refused as invalid — its own validation (the schema, an unknown model, a
+ * field a translation cannot carry) — counted as such: `decision="invalid_request", outcome="refused"`.
+ * `model`: the project's model id, or "" when the request named none the project has.
+ */
+export function countInvalidRequest(metrics: Metrics, project: string, model: string, stream: boolean): void {
+  metrics.requests.inc({
+    project,
+    model,
+    decision: 'invalid_request',
+    outcome: 'refused',
+    stream: String(stream),
+  });
 }

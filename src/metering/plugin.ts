@@ -10,6 +10,7 @@ import { MeteredFlow } from './flow.ts';
 import { LimitsObserver } from './limits-observer.ts';
 import { MetricsObserver } from './metrics-observer.ts';
 import { Pending } from './pending.ts';
+import { RequestLogObserver } from './request-log.ts';
 import { TracingObserver } from './tracing-observer.ts';
 
 declare module 'fastify' {
@@ -45,6 +46,7 @@ export const metering = fp(
       metrics: new MetricsObserver(ctx.metrics),
       events: new EventsObserver(ctx, pending),
       tracing: new TracingObserver(ctx.tracing),
+      requestLog: new RequestLogObserver(),
     });
     app.decorate('metering', flow);
     app.addHook('onClose', async () => {

@@ -38,7 +38,7 @@ export class Metrics {
   readonly httpRequestDuration = this.#histogram('tollgate_http_request_duration_seconds', 'Time from receiving a request to sending the last byte of its response (streams included).', ['project', 'route', 'method'], [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]);
 
   // ---- chat ----
-  readonly requests = this.#counter('tollgate_requests_total', 'Metered requests (chat completions, responses, embeddings) by paywall decision (allowed, connect_required, topup_required) and outcome.', ['project', 'model', 'decision', 'outcome', 'stream']);
+  readonly requests = this.#counter('tollgate_requests_total', 'Metered requests (chat completions, responses, embeddings, messages) by decision (allowed, connect_required, topup_required, spend_cap_reached, rate_limited, invalid_request) and outcome.', ['project', 'model', 'decision', 'outcome', 'stream']);
   readonly inputTokens = this.#counter('tollgate_input_tokens_total', 'Prompt tokens of forwarded requests.', ['project', 'model']);
   readonly outputTokens = this.#counter('tollgate_output_tokens_total', 'Completion tokens of forwarded requests.', ['project', 'model']);
   readonly charged = this.#counter('tollgate_charged_amount_total', 'Amount charged, in currency units (chat, responses, embeddings, subscription fees and manual charges).', ['project', 'model', 'currency', 'source']);
