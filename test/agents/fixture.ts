@@ -20,7 +20,7 @@ import { api, seedProject, startTestServer, type TestServer, testTrigger } from 
  *   `defer_loading`); until then every Claude Code request is a 400 from Tollgate's schema.
  * - `endUserKeys`: `POST /v1/user/keys` makes a key that authenticates as one end user, no header.
  */
-export const MERGED = { claudeCodeRequests: false, endUserKeys: false };
+export const MERGED = { claudeCodeRequests: false, endUserKeys: true };
 
 /** Per-token prices (per million tokens) of the real-provider-shaped routes. */
 export const CLAUDE_PRICE = { input: '3', output: '15' };
