@@ -43,6 +43,8 @@ const FAMILIES: Array<[RegExp, number, number]> = [
   [/(^|[/.:])o1-preview/, 32_768, 128_000],
   [/(^|[/.:])o[134](-|$)/, 100_000, 200_000],
   [/gpt-oss/, 131_072, 131_072],
+  // later generations (Claude Code's own default in 2.1.332 is claude-opus-5-5): at least 4.5's limits
+  [/claude-(opus|sonnet|haiku)-([5-9]|[1-9]\d)/, 64_000, 200_000],
   [/claude-(opus-4-[5-9]|sonnet-4|haiku-4|4-sonnet|3-7-sonnet)/, 64_000, 200_000],
   [/claude-(opus-4|4-opus)/, 32_000, 200_000],
   [/claude-3-5/, 8_192, 200_000],
