@@ -14,6 +14,7 @@ import type { ProjectContext } from '../projects/directory.ts';
 import type { Router } from '../routing/router.ts';
 import type { Span } from '../tracing/index.ts';
 import {
+  DROPPED_HINTS_HEADER,
   isAbort,
   type PassthroughAnswer,
   type Provider,
@@ -137,6 +138,11 @@ export class MeteredFlow {
       body: upstreamBody,
       signal: watch.abort.signal,
       headers: x.upstreamHeaders,
+      // A translation names the hints it left out (the attempt that answers is the last to tell).
+      onDropped: (hints: readonly string[]) =>
+        hints.length
+          ? reply.header(DROPPED_HINTS_HEADER, hints.join(', '))
+          : reply.removeHeader(DROPPED_HINTS_HEADER),
     };
     if (x.stream) return this.#stream(x, provider, call, reply, watch);
     return this.#complete(x, provider, call, reply, watch);
@@ -269,21 +275,36 @@ export class MeteredFlow {
     return reply.code(answer.status).send(answer.body);
   }
 
-  /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider as received. */
-  async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string, observe = same) {
-    if (!request.project.upstream) {
+  /**
+   * Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider `default` as received; `route`
+   * names another provider and headers to send (the Messages API's `count_tokens`).
+   */
+  async passthrough(
+    request: PassthroughRequest,
+    reply: FastifyReply,
+    path: string,
+    observe = same,
+    route?: PassthroughRoute,
+  ) {
+    if (!route && !request.project.upstream) {
       throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
         code: 'no_upstream',
       });
     }
     const watch = new ClientWatch(reply);
     try {
-      const answer = await this.#parts.router.passthrough(request.project, {
-        method: request.method,
-        path,
-        body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
-        signal: watch.abort.signal,
-      });
+      const answer = await this.#parts.router.passthrough(
+        request.project,
+        {
+          method: request.method,
+          path,
+          body:
+            request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
+          signal: watch.abort.signal,
+          headers: route?.headers,
+        },
+        route?.provider,
+      );
       return sendPassthrough(reply, observe(answer));
     } catch (err) {
       if (watch.gone) return abandon(reply);
@@ -352,12 +373,13 @@ export class MeteredFlow {
       throw this.#failed(x, err);
     }
     const reader = x.api.streamReader!(x);
+    const hints = reply.getHeader(DROPPED_HINTS_HEADER);
+    const head: Record<string, string> = { 'x-tollgate-request-id': x.requestId };
+    if (typeof hints === 'string') head[DROPPED_HINTS_HEADER] = hints;
     const sink = new SseSink(
       reply,
       // (Rate limit headers are only ever set when the project has limits.)
-      this.#parts.limits.applies(x.project)
-        ? { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId }
-        : { 'x-tollgate-request-id': x.requestId },
+      this.#parts.limits.applies(x.project) ? { ...rateLimitHeaders(reply), ...head } : head,
       () => {
         const upstreamMs = performance.now() - upstreamStarted;
         for (const o of this.#observers) o.responded?.(x, upstreamMs);
@@ -580,6 +602,12 @@ export interface MeteredClient {
   readonly apiKeyId: string;
   /** The end user (`X-Service-User`), `traceparent`, the headers an API forwards. */
   readonly headers: IncomingHttpHeaders;
+}
+
+/** The provider an unmetered call goes to, when not `default`, and the client headers it gets. */
+export interface PassthroughRoute {
+  provider: string;
+  headers?: Record<string, string> | undefined;
 }
 
 /** An unmetered call as the route hands it over. */
