@@ -273,23 +273,26 @@ describe("Claude Code's request to an OpenAI-compatible provider (translated)", 
 
   it('a request with nothing to leave out has no hints header; a meaning it cannot carry is a 400', async () => {
     await f.fund('cc-plain', '1.00');
-    const { headers } = await streamed(client('cc-plain'), {
+    const plain = new Anthropic({
+      baseURL: f.server.url,
+      apiKey: f.apiKey,
+      maxRetries: 0,
+      defaultHeaders: { 'X-Service-User': 'cc-plain' },
+    });
+    const { headers } = await streamed(plain, {
       model: 'claude-translated',
       max_tokens: 100,
       stream: true,
       messages: [{ role: 'user', content: 'Hi' }],
     });
     expect(headers.get(HINTS_HEADER)).toBeNull();
-    const err = await new Anthropic({ baseURL: f.server.url, apiKey: f.apiKey, maxRetries: 0 }).messages
-      .create(
-        {
-          model: 'claude-translated',
-          max_tokens: 100,
-          messages: [{ role: 'user', content: 'Hi' }],
-          output_config: { format: { type: 'xml' } },
-        } as any,
-        { headers: { 'X-Service-User': 'cc-plain' } },
-      )
+    const err = await plain.messages
+      .create({
+        model: 'claude-translated',
+        max_tokens: 100,
+        messages: [{ role: 'user', content: 'Hi' }],
+        output_config: { format: { type: 'xml' } },
+      } as any)
       .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(Anthropic.BadRequestError);
     expect((err as any).error.error).toMatchObject({
