@@ -45,13 +45,14 @@ export const messagesRoutes = routeModule((app) => {
       const route = anthropicRoute(request.project, model);
       if (route) {
         reply.header(TOKEN_COUNT_HEADER, 'provider');
-        return flow.passthrough(
-          { project: request.project, method: 'POST', body: { ...body, model: route.model } },
-          reply,
-          '/messages/count_tokens',
-          undefined,
-          { provider: route.provider, headers: forwardedHeaders(request) },
-        );
+        const forwarded = {
+          project: request.project,
+          method: 'POST',
+          body: { ...body, model: route.model },
+          upstreamProvider: route.provider,
+          upstreamHeaders: forwardedHeaders(request),
+        };
+        return flow.passthrough(forwarded, reply, '/messages/count_tokens');
       }
       reply.header(TOKEN_COUNT_HEADER, 'estimate');
       return { input_tokens: estimatedInputTokens(body, model) };

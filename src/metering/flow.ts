@@ -14,7 +14,6 @@ import type { ProjectContext } from '../projects/directory.ts';
 import type { Router } from '../routing/router.ts';
 import type { Span } from '../tracing/index.ts';
 import {
-  DROPPED_HINTS_HEADER,
   isAbort,
   type PassthroughAnswer,
   type Provider,
@@ -35,11 +34,13 @@ import type { Pending } from './pending.ts';
 import {
   abandon,
   ClientWatch,
+  droppedHints,
   SseSink,
   sendJsonText,
   sendPassthrough,
   sendStream,
   sseMessage,
+  streamHead,
 } from './relay.ts';
 import { settleInput, usageOf, withinBounds } from './settlement.ts';
 import type { TracingObserver } from './tracing-observer.ts';
@@ -138,11 +139,7 @@ export class MeteredFlow {
       body: upstreamBody,
       signal: watch.abort.signal,
       headers: x.upstreamHeaders,
-      // A translation names the hints it left out (the attempt that answers is the last to tell).
-      onDropped: (hints: readonly string[]) =>
-        hints.length
-          ? reply.header(DROPPED_HINTS_HEADER, hints.join(', '))
-          : reply.removeHeader(DROPPED_HINTS_HEADER),
+      onDropped: droppedHints(reply),
     };
     if (x.stream) return this.#stream(x, provider, call, reply, watch);
     return this.#complete(x, provider, call, reply, watch);
@@ -275,35 +272,22 @@ export class MeteredFlow {
     return reply.code(answer.status).send(answer.body);
   }
 
-  /**
-   * Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider `default` as received; `route`
-   * names another provider and headers to send (the Messages API's `count_tokens`).
-   */
-  async passthrough(
-    request: PassthroughRequest,
-    reply: FastifyReply,
-    path: string,
-    observe = same,
-    route?: PassthroughRoute,
-  ) {
-    if (!route && !request.project.upstream) {
+  /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider (`default` unless named) as received. */
+  async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string, observe = same) {
+    if (!request.upstreamProvider && !request.project.upstream) {
       throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
         code: 'no_upstream',
       });
     }
     const watch = new ClientWatch(reply);
     try {
+      const body =
+        request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body);
+      const call = { method: request.method, path, body, signal: watch.abort.signal };
       const answer = await this.#parts.router.passthrough(
         request.project,
-        {
-          method: request.method,
-          path,
-          body:
-            request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
-          signal: watch.abort.signal,
-          headers: route?.headers,
-        },
-        route?.provider,
+        { ...call, headers: request.upstreamHeaders },
+        request.upstreamProvider,
       );
       return sendPassthrough(reply, observe(answer));
     } catch (err) {
@@ -373,13 +357,12 @@ export class MeteredFlow {
       throw this.#failed(x, err);
     }
     const reader = x.api.streamReader!(x);
-    const hints = reply.getHeader(DROPPED_HINTS_HEADER);
-    const head: Record<string, string> = { 'x-tollgate-request-id': x.requestId };
-    if (typeof hints === 'string') head[DROPPED_HINTS_HEADER] = hints;
     const sink = new SseSink(
       reply,
       // (Rate limit headers are only ever set when the project has limits.)
-      this.#parts.limits.applies(x.project) ? { ...rateLimitHeaders(reply), ...head } : head,
+      this.#parts.limits.applies(x.project)
+        ? { ...rateLimitHeaders(reply), ...streamHead(reply, x.requestId) }
+        : streamHead(reply, x.requestId),
       () => {
         const upstreamMs = performance.now() - upstreamStarted;
         for (const o of this.#observers) o.responded?.(x, upstreamMs);
@@ -604,15 +587,12 @@ export interface MeteredClient {
   readonly headers: IncomingHttpHeaders;
 }
 
-/** The provider an unmetered call goes to, when not `default`, and the client headers it gets. */
-export interface PassthroughRoute {
-  provider: string;
-  headers?: Record<string, string> | undefined;
-}
-
 /** An unmetered call as the route hands it over. */
 export interface PassthroughRequest {
   readonly project: ProjectContext;
   readonly method: string;
   readonly body: unknown;
+  /** Another provider than `default` (a model's route), and client headers it gets (count_tokens). */
+  readonly upstreamProvider?: string | undefined;
+  readonly upstreamHeaders?: Record<string, string> | undefined;
 }
