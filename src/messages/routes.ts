@@ -19,7 +19,8 @@ export const TOKEN_COUNT_HEADER = 'x-tollgate-token-count';
  * `anthropic-beta`; any other model gets the calibrated estimate of its tokenizer family — Tollgate's
  * o200k count (countMessagesInput: exact up to 128 KiB of text, the same ratio beyond, so a huge body
  * never stalls the pod) times the model's hold margin (src/models/hold-margin.ts: 1.3 for Claude),
- * rounded up, the same input the hold pays for. The `x-tollgate-token-count` header says which.
+ * rounded up, the same input the hold pays for (also when the Anthropic provider cannot be reached).
+ * The `x-tollgate-token-count` header says which.
  *
  * Every error of these routes — authentication, validation, limits, provider failures — is answered in
  * Anthropic's error shape (`{"type":"error","error":{"type","message"}}`), so Anthropic's SDKs raise
@@ -52,7 +53,17 @@ export const messagesRoutes = routeModule((app) => {
           upstreamProvider: route.provider,
           upstreamHeaders: forwardedHeaders(request),
         };
-        return flow.passthrough(forwarded, reply, '/messages/count_tokens');
+        try {
+          return await flow.passthrough(forwarded, reply, '/messages/count_tokens');
+        } catch (err) {
+          // The provider could not be reached (its own answers, errors included, are relayed): the
+          // agent still gets a count to decide on, the estimate.
+          if (!(err instanceof ApiError) || err.status < 500 || reply.sent) throw err;
+          request.log.warn(
+            { err, provider: route.provider },
+            'count_tokens: provider unreachable, estimated',
+          );
+        }
       }
       reply.header(TOKEN_COUNT_HEADER, 'estimate');
       return { input_tokens: estimatedInputTokens(body, model) };

@@ -179,7 +179,19 @@ beforeAll(async () => {
       },
       // A Claude model name routed to an OpenAI-compatible provider (the mock): translated.
       { id: 'claude-translated', upstreamModel: 'claude-sonnet-4-5', pricing: perToken },
+      // An Anthropic provider nothing listens for.
+      {
+        id: 'claude-down',
+        pricing: perToken,
+        routes: [{ provider: 'claude-down', model: 'claude-sonnet-4-5' }],
+      },
     ],
+  });
+  await upsertProvider(f.ctx.db, f.ctx.sealer, f.project.id, {
+    name: 'claude-down',
+    baseUrl: 'http://127.0.0.1:1',
+    kind: 'anthropic',
+    key: 'sk-ant-down',
   });
   await upsertProvider(f.ctx.db, f.ctx.sealer, f.project.id, {
     name: 'claude-direct',
@@ -377,5 +389,11 @@ describe('count_tokens', () => {
     expect(data.input_tokens).toBe(Math.ceil((o200k * 13) / 10));
     expect(data.input_tokens).toBeGreaterThan(o200k);
     expect(f.mock.requests.length).toBe(before);
+    // An Anthropic provider that cannot be reached: the same estimate, not an error.
+    const down = await client()
+      .messages.countTokens({ ...request, model: 'claude-down' } as any)
+      .withResponse();
+    expect(down.response.headers.get('x-tollgate-token-count')).toBe('estimate');
+    expect(down.data.input_tokens).toBe(data.input_tokens);
   });
 });
