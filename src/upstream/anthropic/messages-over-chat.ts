@@ -79,9 +79,6 @@ const HINTS = new Set([
   'context_management',
 ]);
 
-/** The response header naming the hints a translation left out (`context_management, defer_loading`). */
-export { DROPPED_HINTS_HEADER } from '../types.ts';
-
 /** Anthropic's tool search tools: their search runs at Anthropic; translated, every tool is sent. */
 const isToolSearch = (type: unknown) => typeof type === 'string' && type.startsWith('tool_search_tool_');
 
