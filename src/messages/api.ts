@@ -1,15 +1,21 @@
 import type { FastifyRequest } from 'fastify';
-import type { ApiError } from '../core/errors.ts';
+import { type ApiError, badRequest } from '../core/errors.ts';
 import { newId } from '../core/ids.ts';
-import type { MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
+import type { ClientHeaders, MeteredApi, ReportedUsage, StreamReader, StreamStep } from '../metering/api.ts';
 import { reportedUsage } from '../metering/api.ts';
 import { END_USER_HEADER } from '../metering/end-user.ts';
 import { sseEvent } from '../metering/relay.ts';
 import { type LinkReply, paywallField } from '../paywall/replies.ts';
 import { countText, type TextCounter } from '../tokens/count.ts';
 import { partTokens } from '../tokens/inputs.ts';
-import { type AnthropicUsage, cacheWritesOf, noAnthropicUsage } from '../upstream/anthropic/provider.ts';
+import {
+  type AnthropicUsage,
+  cacheWritesOf,
+  isSessionUserId,
+  noAnthropicUsage,
+} from '../upstream/anthropic/provider.ts';
 import { type SseMessage, streamError, streamEventJson, UpstreamError } from '../upstream/types.ts';
+import { userIdSchema } from '../users/schema.ts';
 import type { ContentBlock, CountTokensRequest, MessagesRequest } from './schema.ts';
 import { messagesRequestSchema } from './schema.ts';
 
@@ -71,7 +77,7 @@ export function countMessagesInput(body: CountTokensRequest, count: TextCounter 
   for (const message of body.messages) {
     tokens += 4;
     if (typeof message.content === 'string') tokens += count(message.content);
-    else for (const block of message.content as ContentBlock[]) tokens += blockTokens(block, count);
+    else for (const block of (message.content ?? []) as ContentBlock[]) tokens += blockTokens(block, count);
   }
   if (body.tools?.length) tokens += count(JSON.stringify(body.tools));
   if (body.tool_choice) tokens += count(JSON.stringify(body.tool_choice));
@@ -161,13 +167,37 @@ export const messagesApi: MeteredApi<MessagesRequest> = {
   },
 
   streamReader: () => new MessagesStreamReader(),
-  // The header wins here: Claude Code fills `metadata.user_id` with its own per-session id, while the
-  // header (ANTHROPIC_CUSTOM_HEADERS) is the developer's choice.
-  endUser: (body, request) =>
-    request.headers[END_USER_HEADER] ? undefined : (body.metadata?.user_id ?? undefined),
+  endUser: messagesEndUser,
   upstreamHeaders: forwardedHeaders,
   renderError: (error) => ({ event: 'error', body: anthropicError(error) }),
 };
+
+/**
+ * The end user the body names: `metadata.user_id`, unless the `X-Service-User` header names one (the
+ * developer's choice for the client as a whole) — and never Claude Code's session id (isSessionUserId),
+ * which would make every session a new, unconnected user. Such a request's user comes from its
+ * end-user key or the header; with neither it is a 400 saying how to name the user (not the device id:
+ * a machine is not a person, and the user a wallet belongs to is the operator's to name).
+ */
+function messagesEndUser(body: MessagesRequest, client: ClientHeaders): string | undefined {
+  if (client.headers[END_USER_HEADER]) return undefined;
+  const id = body.metadata?.user_id ?? undefined;
+  if (id === undefined) return undefined;
+  if (isSessionUserId(id)) {
+    // An end-user key names the user (src/auth sets it on the request it authenticated).
+    if ((client as { endUser?: unknown }).endUser !== undefined) return undefined;
+    throw badRequest(
+      "No end user: 'metadata.user_id' is Claude Code's session id, not your user's. Authenticate with the user's end-user key, or name the user in the `X-Service-User` header (for Claude Code: ANTHROPIC_CUSTOM_HEADERS=\"X-Service-User: <user id>\").",
+      'metadata.user_id',
+      'missing_user',
+    );
+  }
+  const checked = userIdSchema.safeParse(id);
+  if (!checked.success) {
+    throw badRequest(`Invalid 'metadata.user_id': ${checked.error.issues[0]!.message}`, 'metadata.user_id');
+  }
+  return checked.data;
+}
 
 /** The client's `anthropic-version` / `anthropic-beta`, to pass on. */
 export function forwardedHeaders(request: FastifyRequest): Record<string, string> | undefined {

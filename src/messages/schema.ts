@@ -1,12 +1,11 @@
 import { z } from 'zod';
-import { userIdSchema } from '../users/schema.ts';
 
 /**
  * The body of `POST /v1/messages` (Anthropic's Messages API). Every field of Anthropic's request is
  * accepted; the ones Tollgate reads or translates are checked for their shape (`model`, `max_tokens` —
- * required, the hold's output bound —, `messages` and their content blocks, `system`, `tools`,
- * `tool_choice`, `stop_sequences`, `temperature`, `top_p`, `top_k`, `thinking`, `metadata.user_id`,
- * `stream`). Blocks of types Tollgate does not know (Anthropic adds some) pass through as received to a
+ * required, the hold's output bound —, `messages` (user, assistant and system turns) and their content
+ * blocks, `system`, `tools`, `tool_choice`, `stop_sequences`, `temperature`, `top_p`, `top_k`,
+ * `thinking`, `output_config`, `context_management`, `metadata.user_id`, `stream`). Blocks of types Tollgate does not know (Anthropic adds some) pass through as received to a
  * native Anthropic provider. Forwarded as received, with the provider's model name.
  */
 const positiveInt = z
@@ -107,12 +106,34 @@ const contentBlock = z
   });
 export type ContentBlock = z.infer<typeof contentBlock> & Record<string, unknown>;
 
-const messageSchema = z.looseObject({
-  role: z.enum(['user', 'assistant'], { message: "must be 'user' or 'assistant'" }),
-  content: z.union([z.string(), z.array(contentBlock)], {
-    message: 'must be a string or an array of content blocks',
-  }),
+/**
+ * `output_config`: `effort` (`low` … `max`: how much the model reasons), `format` (structured output,
+ * `{type: "json_schema", schema}`), `task_budget` (advisory). Also accepted on a `system` turn.
+ */
+const outputConfigSchema = z.looseObject({
+  effort: z.string({ message: 'must be a string' }).nullish(),
+  format: z.looseObject({ type: z.string({ message: 'must be a string' }) }).nullish(),
 });
+
+/**
+ * A turn: `user`, `assistant`, or `system` (Claude Code puts system turns between the others: an
+ * instruction at that point of the conversation). A system turn may carry only `output_config`.
+ */
+const messageSchema = z
+  .looseObject({
+    role: z.enum(['user', 'assistant', 'system'], { message: "must be 'user', 'assistant' or 'system'" }),
+    content: z
+      .union([z.string(), z.array(contentBlock)], {
+        message: 'must be a string or an array of content blocks',
+      })
+      .optional(),
+    output_config: outputConfigSchema.optional(),
+  })
+  .superRefine((message, ctx) => {
+    if (message.content !== undefined) return;
+    if (message.role === 'system' && message.output_config) return;
+    ctx.addIssue({ code: 'custom', message: 'is required', path: ['content'] });
+  });
 export type AnthropicMessage = z.infer<typeof messageSchema>;
 
 const toolSchema = z.looseObject({
@@ -121,6 +142,8 @@ const toolSchema = z.looseObject({
   description: z.string({ message: 'must be a string' }).optional(),
   input_schema: z.looseObject({}).optional(),
   cache_control: cacheControl,
+  /** Loaded only when the tool search finds it (Anthropic); sent with the others on the translated path. */
+  defer_loading: z.boolean({ message: 'must be a boolean' }).optional(),
 });
 
 const toolChoiceSchema = z.discriminatedUnion(
@@ -155,6 +178,9 @@ const promptFields = {
   tools: z.array(toolSchema, { message: 'must be an array of tools' }).optional(),
   tool_choice: toolChoiceSchema.optional(),
   thinking: thinkingSchema.optional(),
+  output_config: outputConfigSchema.optional(),
+  /** Anthropic's context editing (`{edits: [{type: "clear_tool_uses_20250919", …}]}`): a hint elsewhere. */
+  context_management: z.looseObject({}, { message: 'must be an object' }).nullish(),
 };
 
 export const countTokensRequestSchema = z.looseObject(promptFields);
@@ -163,7 +189,8 @@ export type CountTokensRequest = z.infer<typeof countTokensRequestSchema>;
 export const messagesRequestSchema = z.looseObject({
   ...promptFields,
   max_tokens: positiveInt,
-  metadata: z.looseObject({ user_id: userIdSchema.nullish() }).optional(),
+  /** Checked as an end user's id where it names one (./api.ts: not Claude Code's session ids). */
+  metadata: z.looseObject({ user_id: z.string({ message: 'must be a string' }).nullish() }).optional(),
   stop_sequences: z.array(z.string({ message: 'must be a string' })).optional(),
   stream: z.boolean({ message: 'must be a boolean' }).optional(),
   temperature: z.number({ message: 'must be a number' }).min(0).max(1).optional(),

@@ -34,11 +34,13 @@ import type { Pending } from './pending.ts';
 import {
   abandon,
   ClientWatch,
+  droppedHints,
   SseSink,
   sendJsonText,
   sendPassthrough,
   sendStream,
   sseMessage,
+  streamHead,
 } from './relay.ts';
 import type { RequestLogObserver } from './request-log.ts';
 import { settleInput, usageOf, withinBounds } from './settlement.ts';
@@ -138,6 +140,7 @@ export class MeteredFlow {
       body: upstreamBody,
       signal: watch.abort.signal,
       headers: x.upstreamHeaders,
+      onDropped: droppedHints(reply),
     };
     if (x.stream) return this.#stream(x, provider, call, reply, watch);
     return this.#complete(x, provider, call, reply, watch);
@@ -271,21 +274,23 @@ export class MeteredFlow {
     return reply.code(answer.status).send(answer.body);
   }
 
-  /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider as received. */
+  /** Unmetered calls (`GET /v1/responses/{id}`, …) go to the provider (`default` unless named) as received. */
   async passthrough(request: PassthroughRequest, reply: FastifyReply, path: string, observe = same) {
-    if (!request.project.upstream) {
+    if (!request.upstreamProvider && !request.project.upstream) {
       throw new ApiError(503, 'service_unavailable', 'This project has no model provider configured.', {
         code: 'no_upstream',
       });
     }
     const watch = new ClientWatch(reply);
     try {
-      const answer = await this.#parts.router.passthrough(request.project, {
-        method: request.method,
-        path,
-        body: request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body),
-        signal: watch.abort.signal,
-      });
+      const body =
+        request.body === undefined || request.body === null ? undefined : JSON.stringify(request.body);
+      const call = { method: request.method, path, body, signal: watch.abort.signal };
+      const answer = await this.#parts.router.passthrough(
+        request.project,
+        { ...call, headers: request.upstreamHeaders },
+        request.upstreamProvider,
+      );
       return sendPassthrough(reply, observe(answer));
     } catch (err) {
       if (watch.gone) return abandon(reply);
@@ -358,8 +363,8 @@ export class MeteredFlow {
       reply,
       // (Rate limit headers are only ever set when the project has limits.)
       this.#parts.limits.applies(x.project)
-        ? { ...rateLimitHeaders(reply), 'x-tollgate-request-id': x.requestId }
-        : { 'x-tollgate-request-id': x.requestId },
+        ? { ...rateLimitHeaders(reply), ...streamHead(reply, x.requestId) }
+        : streamHead(reply, x.requestId),
       () => {
         const upstreamMs = performance.now() - upstreamStarted;
         for (const o of this.#observers) o.responded?.(x, upstreamMs);
@@ -593,4 +598,7 @@ export interface PassthroughRequest {
   readonly project: ProjectContext;
   readonly method: string;
   readonly body: unknown;
+  /** Another provider than `default` (a model's route), and client headers it gets (count_tokens). */
+  readonly upstreamProvider?: string | undefined;
+  readonly upstreamHeaders?: Record<string, string> | undefined;
 }

@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import type { FastifyReply } from 'fastify';
 import type { ApiError } from '../core/errors.ts';
-import type { PassthroughAnswer, SseMessage } from '../upstream/types.ts';
+import { DROPPED_HINTS_HEADER, type PassthroughAnswer, type SseMessage } from '../upstream/types.ts';
 
 /**
  * Everything that writes a metered request's response (the only code touching `reply.raw`): JSON
@@ -163,6 +163,22 @@ export function sendJsonText(reply: FastifyReply, text: string): FastifyReply {
 export function sendStream(reply: FastifyReply, body: string): FastifyReply {
   for (const [name, value] of Object.entries(SSE_HEADERS)) reply.header(name, value);
   return reply.send(body);
+}
+
+/** Names the hints a translation left out in DROPPED_HINTS_HEADER (none: no header). */
+export function droppedHints(reply: FastifyReply): (hints: readonly string[]) => void {
+  return (hints) => {
+    if (hints.length) reply.header(DROPPED_HINTS_HEADER, hints.join(', '));
+    else reply.removeHeader(DROPPED_HINTS_HEADER);
+  };
+}
+
+/** The headers of a stream Tollgate writes itself (SseSink): the request id, and the hints left out. */
+export function streamHead(reply: FastifyReply, requestId: string): Record<string, string> {
+  const hints = reply.getHeader(DROPPED_HINTS_HEADER);
+  const head: Record<string, string> = { 'x-tollgate-request-id': requestId };
+  if (typeof hints === 'string') head[DROPPED_HINTS_HEADER] = hints;
+  return head;
 }
 
 /** No one to answer: the client left. */

@@ -114,10 +114,14 @@ export class Router {
     };
   }
 
-  /** Unmetered calls go to the provider `default`. */
-  passthrough(project: ProjectContext, call: PassthroughCall): Promise<PassthroughAnswer> {
-    const config = project.providers.get(DEFAULT_PROVIDER);
-    if (!config) throw new UpstreamError('connection', `The project has no provider '${DEFAULT_PROVIDER}'.`);
+  /** Unmetered calls go to the provider `default` (or the one named: a model's route). */
+  passthrough(
+    project: ProjectContext,
+    call: PassthroughCall,
+    provider: string = DEFAULT_PROVIDER,
+  ): Promise<PassthroughAnswer> {
+    const config = project.providers.get(provider);
+    if (!config) throw new UpstreamError('connection', `The project has no provider '${provider}'.`);
     return this.#client(config).passthrough(call);
   }
 
@@ -181,6 +185,7 @@ export class Router {
               : { ...call.body, model: candidate.route.model },
           signal: attempt.signal,
           headers: withTraceHeaders(span, call.headers),
+          onDropped: call.onDropped,
         };
         const answer = await (span
           ? this.#tracing.run(span, () => op(client, upstreamCall))

@@ -131,7 +131,7 @@ export class OpenAICompatibleProvider implements Provider {
         origin: this.#origin,
         path: this.#basePath + call.path,
         method: call.method as Dispatcher.HttpMethod,
-        headers: this.#headers,
+        headers: call.headers ? { ...this.#headers, ...call.headers } : this.#headers,
         ...(call.body !== undefined ? { body: call.body } : {}),
         signal: call.signal,
         ...this.#timeouts,

@@ -13,7 +13,16 @@ export interface UpstreamCall {
   signal: AbortSignal;
   /** Client headers forwarded to the provider (the Messages API's `anthropic-version`, `anthropic-beta`). */
   headers?: Record<string, string> | undefined;
+  /**
+   * Told by a translation (./anthropic/) the request fields it left out as hints (none: `[]`, also told
+   * by a provider that takes the call as is), once per attempt: the caller names them in the answer's
+   * DROPPED_HINTS_HEADER.
+   */
+  onDropped?: ((hints: readonly string[]) => void) | undefined;
 }
+
+/** The response header naming the hints a translation left out: `context_management, defer_loading`. */
+export const DROPPED_HINTS_HEADER = 'x-tollgate-dropped-hints';
 
 export interface UpstreamAnswer {
   /** The provider's JSON exactly as received (returned to the client as is). */
@@ -45,6 +54,8 @@ export interface PassthroughCall {
   path: string;
   body: string | undefined;
   signal: AbortSignal;
+  /** Client headers sent with the provider's own (the Messages API's `anthropic-version`, `anthropic-beta`). */
+  headers?: Record<string, string> | undefined;
 }
 
 export interface PassthroughAnswer {

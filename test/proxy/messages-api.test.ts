@@ -682,9 +682,9 @@ describe('an Anthropic provider connected over the admin API', () => {
 });
 
 describe('count_tokens, authentication and errors', () => {
-  it('messages.countTokens answers an estimate of the input tokens', async () => {
+  it('messages.countTokens answers an estimate of the input tokens (a model not served by Anthropic)', async () => {
     const counted = await claude.messages.countTokens({
-      model: 'claude-test',
+      model: 'gpt-test',
       system: 'Be brief.',
       messages: [{ role: 'user', content: 'Hello there, how are you today?' }],
       tools: [weatherTool],

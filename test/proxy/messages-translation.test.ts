@@ -155,8 +155,13 @@ describe('Messages → Chat Completions (messagesToChat)', () => {
       'tools.0',
     ],
     [
-      'a thinking block in the history',
-      { messages: [{ role: 'assistant', content: [{ type: 'thinking', thinking: 't', signature: 's' }] }] },
+      'another output format',
+      { messages: [], output_config: { format: { type: 'xml' } } },
+      'output_config.format',
+    ],
+    [
+      'a server tool result in the history',
+      { messages: [{ role: 'assistant', content: [{ type: 'web_search_tool_result', content: [] }] }] },
       'messages.0.content.0',
     ],
     [
@@ -185,6 +190,169 @@ describe('Messages → Chat Completions (messagesToChat)', () => {
     expect(err).toBeInstanceOf(ApiError);
     expect(err.status).toBe(400);
     expect(err.param).toBe(param);
+  });
+
+  it("Claude Code's request: system turns in place, effort → reasoning_effort, every tool sent, hints named", () => {
+    const dropped: string[] = [];
+    const chat = messagesToChat(
+      {
+        ...base,
+        system: [{ type: 'text', text: 'You are an agent.', cache_control: { type: 'ephemeral' } }],
+        messages: [
+          user('Read hello.txt'),
+          { role: 'system', content: '# Environment' },
+          {
+            role: 'assistant',
+            content: [
+              { type: 'thinking', thinking: 'Let me read it.', signature: 'sig' },
+              { type: 'tool_use', id: 'toolu_1', name: 'Read', input: { file_path: 'hello.txt' } },
+            ],
+          },
+          user([
+            {
+              type: 'tool_result',
+              tool_use_id: 'toolu_1',
+              content: 'hello',
+              cache_control: { type: 'ephemeral' },
+            },
+          ]),
+          { role: 'system', content: [{ type: 'text', text: 'A reminder.' }] },
+          { role: 'system', output_config: { effort: 'low' } },
+        ],
+        tools: [
+          { name: 'Read', description: 'Reads a file', input_schema: { type: 'object', properties: {} } },
+          { name: 'Later', input_schema: { type: 'object', properties: {} }, defer_loading: true },
+        ],
+        metadata: {
+          user_id: JSON.stringify({ device_id: 'd'.repeat(64), account_uuid: '', session_id: 's-1' }),
+        },
+        thinking: { type: 'adaptive', display: 'omitted' },
+        context_management: { edits: [{ type: 'clear_thinking_20251015', keep: 'all' }] },
+        output_config: { effort: 'high', task_budget: { type: 'tokens', total: 1000 } },
+      },
+      dropped,
+    );
+    expect(chat).toEqual({
+      model: 'm',
+      max_tokens: 10,
+      reasoning_effort: 'high',
+      messages: [
+        { role: 'system', content: 'You are an agent.' },
+        { role: 'user', content: 'Read hello.txt' },
+        { role: 'system', content: '# Environment' },
+        {
+          role: 'assistant',
+          content: null,
+          tool_calls: [
+            {
+              id: 'toolu_1',
+              type: 'function',
+              function: { name: 'Read', arguments: '{"file_path":"hello.txt"}' },
+            },
+          ],
+        },
+        { role: 'tool', tool_call_id: 'toolu_1', content: 'hello' },
+        { role: 'system', content: 'A reminder.' },
+      ],
+      tools: [
+        {
+          type: 'function',
+          function: {
+            name: 'Read',
+            description: 'Reads a file',
+            parameters: { type: 'object', properties: {} },
+          },
+        },
+        { type: 'function', function: { name: 'Later', parameters: { type: 'object', properties: {} } } },
+      ],
+    });
+    expect([...dropped].sort()).toEqual(
+      [
+        'context_management',
+        'defer_loading',
+        'messages.output_config',
+        'metadata.user_id',
+        'output_config.task_budget',
+        'thinking blocks',
+      ].sort(),
+    );
+  });
+
+  it('effort levels, structured output, the tool search and its loaded tools', () => {
+    const effort = (value: string) =>
+      messagesToChat({ ...base, messages: [], output_config: { effort: value } }).reasoning_effort;
+    expect(['low', 'medium', 'high', 'xhigh', 'max'].map(effort)).toEqual([
+      'low',
+      'medium',
+      'high',
+      'high',
+      'high',
+    ]);
+    // effort wins over thinking's budget
+    expect(
+      messagesToChat({
+        ...base,
+        messages: [],
+        thinking: { type: 'enabled', budget_tokens: 1024 },
+        output_config: { effort: 'medium' },
+      }).reasoning_effort,
+    ).toBe('medium');
+    const schema = { type: 'object', properties: { a: { type: 'string' } } };
+    expect(
+      messagesToChat({ ...base, messages: [], output_config: { format: { type: 'json_schema', schema } } })
+        .response_format,
+    ).toEqual({ type: 'json_schema', json_schema: { name: 'output', schema, strict: true } });
+    const dropped: string[] = [];
+    const chat = messagesToChat(
+      {
+        ...base,
+        tools: [
+          { type: 'tool_search_tool_regex_20251119', name: 'tool_search_tool_regex' },
+          { name: 'get_weather', input_schema: { type: 'object' }, defer_loading: true },
+        ],
+        messages: [
+          user('Weather?'),
+          {
+            role: 'assistant',
+            content: [
+              {
+                type: 'server_tool_use',
+                id: 'srv_1',
+                name: 'tool_search_tool_regex',
+                input: { query: 'weather' },
+              },
+              {
+                type: 'tool_search_tool_result',
+                tool_use_id: 'srv_1',
+                content: { type: 'tool_search_tool_search_result', tool_references: [] },
+              },
+              { type: 'tool_use', id: 'toolu_2', name: 'ToolSearch', input: { query: 'select:get_weather' } },
+            ],
+          },
+          user([
+            {
+              type: 'tool_result',
+              tool_use_id: 'toolu_2',
+              content: [{ type: 'tool_reference', tool_name: 'get_weather' }],
+            },
+          ]),
+        ],
+      },
+      dropped,
+    );
+    expect(chat.tools).toEqual([
+      { type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } },
+    ]);
+    expect((chat.messages as unknown[]).at(-1)).toEqual({
+      role: 'tool',
+      tool_call_id: 'toolu_2',
+      content: "Tool 'get_weather' is loaded.",
+    });
+    expect([...dropped].sort()).toEqual([
+      'defer_loading',
+      'tool search steps',
+      'tool_search_tool_regex_20251119',
+    ]);
   });
 
   it('answers: text, tool calls, stop reasons and usage', () => {

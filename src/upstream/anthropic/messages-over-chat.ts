@@ -5,35 +5,43 @@ import { type ChatPrompt, countPromptTokens } from '../../tokens/inputs.ts';
 import type { ChatUsage, Provider, SseMessage, UpstreamCall } from '../types.ts';
 import { streamError, streamEventJson, UpstreamError } from '../types.ts';
 import { outputWithReasoning } from '../usage.ts';
-import { noAnthropicUsage } from './provider.ts';
+import { isSessionUserId, noAnthropicUsage } from './provider.ts';
 import { TranslatingProvider } from './translating-provider.ts';
 
 /**
  * Anthropic's Messages API over an OpenAI-compatible provider: a `POST /v1/messages` whose route is a
  * provider of kind `openai-compatible` (or the echo provider) is sent as a Chat Completions request and
- * its answer — JSON or stream — comes back as an Anthropic message / event stream. What cannot be
- * carried is a 400 naming the field, never a silent drop. The mapping (also in the README):
+ * its answer — JSON or stream — comes back as an Anthropic message / event stream. What changes the
+ * answer's meaning and cannot be carried is a 400 naming the field; hints with no Chat Completions
+ * counterpart are left out and named in the answer's `x-tollgate-dropped-hints` header, never silently.
+ * The mapping (also docs/coding-agents-fields.md):
  *
  * | Messages request                          | Chat Completions request                               |
  * |-------------------------------------------|--------------------------------------------------------|
  * | `system` (string or text blocks)          | a first `system` message                               |
+ * | a `system` turn inside `messages`         | a `system` message at the same place                   |
  * | `text` block                              | `text` part                                            |
  * | `image` block (base64 or url)             | `image_url` part (a data URL for base64)               |
  * | `document` block (base64 PDF / text)      | `file` part (`file_data`) / `text` part                |
  * | assistant `tool_use` blocks               | the assistant message's `tool_calls`                   |
  * | user `tool_result` blocks                 | `tool` messages (before the user's other content)      |
  * | `tools` (custom: name, description, input_schema) | `tools` of type `function` (`parameters`)      |
+ * | a tool with `defer_loading`               | the same function tool, sent with the others (hint)    |
+ * | the tool search tools (`tool_search_tool_*`) | left out: every tool is already sent (hint)         |
+ * | `tool_reference` blocks of a tool result  | text naming the tool (its definition is in `tools`)    |
  * | `tool_choice` auto / any / tool / none    | `auto` / `required` / `{function}` / `none`            |
  * | `disable_parallel_tool_use`               | `parallel_tool_calls: false`                           |
  * | `max_tokens`, `stop_sequences`, `temperature`, `top_p` | `max_tokens`, `stop`, `temperature`, `top_p` |
  * | `metadata.user_id`                        | `user`                                                 |
  * | `thinking` enabled (`budget_tokens`)      | `reasoning_effort` low (< 4096) / medium (< 16384) / high |
+ * | `output_config.effort` (wins over thinking) | `reasoning_effort` low / medium / high (xhigh, max: high) |
+ * | `output_config.format` (`json_schema`)    | `response_format` `json_schema`                        |
  * | `stream`                                  | `stream` with `stream_options.include_usage`           |
- * | `cache_control`, `inference_geo`, `speed`, `diagnostics`, `service_tier` | left out: hints |
+ * | `cache_control`, `inference_geo`, `speed`, `diagnostics`, `service_tier`, `context_management`, `output_config.task_budget`, the `anthropic-beta` header, `thinking` blocks of earlier turns, Claude Code's session `metadata.user_id` | left out: hints |
  *
- * Refused with a 400: `thinking`/`redacted_thinking` blocks in the history (Claude's signed
- * reasoning), server tools (`web_search_…`, …), `file` image or document sources, `top_k`,
- * `container`, `mcp_servers` and other Anthropic-only fields.
+ * Refused with a 400: other server tools (`web_search_…`, …), `file` image or document sources,
+ * `top_k`, `container`, `mcp_servers`, another `output_config.format`, other assistant blocks
+ * (server tool results) and other Anthropic-only fields.
  *
  * Answers: `content` → a `text` block, `tool_calls` → `tool_use` blocks (arguments parsed as JSON),
  * `finish_reason` stop / length / tool_calls / content_filter → `stop_reason` end_turn / max_tokens /
@@ -55,12 +63,38 @@ const CARRIED = new Set([
   'metadata',
   'stream',
   'thinking',
+  'output_config',
 ]);
 
 type Json = Record<string, unknown>;
 
 /** Hints with no Chat Completions meaning, left out (not content: the answer is the same without them). */
-const HINTS = new Set(['cache_control', 'inference_geo', 'speed', 'diagnostics', 'service_tier']);
+const HINTS = new Set([
+  'cache_control',
+  'inference_geo',
+  'speed',
+  'diagnostics',
+  'service_tier',
+  // Anthropic's context editing: the provider gets the history as the client sent it.
+  'context_management',
+]);
+
+/** Anthropic's tool search tools: their search runs at Anthropic; translated, every tool is sent. */
+const isToolSearch = (type: unknown) => typeof type === 'string' && type.startsWith('tool_search_tool_');
+
+/** A tool search Anthropic ran in an earlier turn (its call and result): the tools it found are sent. */
+const isToolSearchStep = (block: Json) =>
+  block.type === 'tool_search_tool_result' ||
+  (block.type === 'server_tool_use' && String(block.name ?? '').startsWith('tool_search_tool'));
+
+/** `output_config.effort` → `reasoning_effort` (Chat Completions knows low / medium / high). */
+const EFFORTS: Record<string, string> = {
+  low: 'low',
+  medium: 'medium',
+  high: 'high',
+  xhigh: 'high',
+  max: 'high',
+};
 
 const cannot = (field: string, why: string) =>
   badRequest(
@@ -69,12 +103,18 @@ const cannot = (field: string, why: string) =>
     'untranslatable_field',
   );
 
-/** The Chat Completions request of a Messages request. */
-export function messagesToChat(body: Json): Json {
+/**
+ * The Chat Completions request of a Messages request. `dropped` collects the names of the hints left
+ * out (each once), for the `x-tollgate-dropped-hints` header.
+ */
+export function messagesToChat(body: Json, dropped: string[] = []): Json {
+  const drop = (name: string) => {
+    if (!dropped.includes(name)) dropped.push(name);
+  };
   for (const field of Object.keys(body)) {
-    if (!CARRIED.has(field) && !HINTS.has(field) && body[field] !== undefined && body[field] !== null) {
-      throw cannot(field, 'Chat Completions has no such field');
-    }
+    if (body[field] === undefined || body[field] === null) continue;
+    if (HINTS.has(field)) drop(field);
+    else if (!CARRIED.has(field)) throw cannot(field, 'Chat Completions has no such field');
   }
   const messages: Json[] = [];
   const system = body.system;
@@ -86,7 +126,7 @@ export function messagesToChat(body: Json): Json {
     });
   }
   for (const [i, message] of (body.messages as Json[]).entries()) {
-    messages.push(...chatMessages(message, `messages.${i}`));
+    messages.push(...chatMessages(message, `messages.${i}`, drop));
   }
   const out: Json = { model: body.model, messages, max_tokens: body.max_tokens };
   if (/^(o\d|gpt-5)/.test(String(body.model))) {
@@ -97,7 +137,11 @@ export function messagesToChat(body: Json): Json {
   if (body.temperature !== undefined) out.temperature = body.temperature;
   if (body.top_p !== undefined) out.top_p = body.top_p;
   const userId = (body.metadata as { user_id?: unknown } | undefined)?.user_id;
-  if (typeof userId === 'string') out.user = userId;
+  if (typeof userId === 'string') {
+    // Claude Code's per-session id names no user: not the provider's `user` either.
+    if (isSessionUserId(userId)) drop('metadata.user_id');
+    else out.user = userId;
+  }
   if (body.stream === true) {
     out.stream = true;
     out.stream_options = { include_usage: true };
@@ -109,20 +153,10 @@ export function messagesToChat(body: Json): Json {
   } else if (thinking?.type === 'adaptive') {
     out.reasoning_effort = 'medium';
   }
+  outputConfig(body.output_config as Json | undefined, out, drop);
   if (Array.isArray(body.tools) && body.tools.length) {
-    out.tools = (body.tools as Json[]).map((tool, i) => {
-      if (tool.type !== undefined && tool.type !== null && tool.type !== 'custom') {
-        throw cannot(`tools.${i}`, `the server tool '${String(tool.type)}' runs only at Anthropic`);
-      }
-      return {
-        type: 'function',
-        function: {
-          name: tool.name,
-          ...(tool.description !== undefined ? { description: tool.description } : {}),
-          parameters: tool.input_schema ?? { type: 'object', properties: {} },
-        },
-      };
-    });
+    const tools = chatTools(body.tools as Json[], drop);
+    if (tools.length) out.tools = tools;
   }
   const choice = body.tool_choice as { type?: string; name?: string; disable_parallel_tool_use?: boolean };
   if (choice) {
@@ -137,10 +171,85 @@ export function messagesToChat(body: Json): Json {
   return out;
 }
 
-/** One Anthropic message as Chat Completions messages (tool results become `tool` messages). */
-function chatMessages(message: Json, path: string): Json[] {
-  const role = message.role as 'user' | 'assistant';
+/** `output_config`: effort → `reasoning_effort` (it wins over `thinking`'s), format → `response_format`. */
+function outputConfig(config: Json | undefined, out: Json, drop: (name: string) => void): void {
+  if (!config || typeof config !== 'object') return;
+  for (const [name, value] of Object.entries(config)) {
+    if (value === undefined || value === null) continue;
+    if (name === 'effort') {
+      const effort = EFFORTS[String(value)];
+      if (effort) out.reasoning_effort = effort;
+      else drop('output_config.effort');
+    } else if (name === 'format') {
+      const format = value as Json;
+      if (format.type !== 'json_schema') {
+        throw cannot(
+          'output_config.format',
+          `an output format of type '${String(format.type)}' is Anthropic's own`,
+        );
+      }
+      out.response_format = {
+        type: 'json_schema',
+        json_schema: { name: 'output', schema: format.schema ?? {}, strict: true },
+      };
+    } else drop(`output_config.${name}`);
+  }
+}
+
+/**
+ * Custom tools as function tools — deferred ones (`defer_loading`) too: the model can call every tool
+ * without Anthropic's tool search, which is left out.
+ */
+function chatTools(tools: Json[], drop: (name: string) => void): Json[] {
+  const out: Json[] = [];
+  for (const [i, tool] of tools.entries()) {
+    if (isToolSearch(tool.type)) {
+      drop(String(tool.type));
+      continue;
+    }
+    if (tool.type !== undefined && tool.type !== null && tool.type !== 'custom') {
+      throw cannot(`tools.${i}`, `the server tool '${String(tool.type)}' runs only at Anthropic`);
+    }
+    if (tool.defer_loading === true) drop('defer_loading');
+    out.push({
+      type: 'function',
+      function: {
+        name: tool.name,
+        ...(tool.description !== undefined ? { description: tool.description } : {}),
+        parameters: tool.input_schema ?? { type: 'object', properties: {} },
+      },
+    });
+  }
+  return out;
+}
+
+/** The text of a system turn: its string, or its text blocks joined. */
+function systemText(content: unknown, path: string): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  return (content as Json[])
+    .map((block, j) => {
+      if (block.type !== 'text') {
+        throw cannot(`${path}.content.${j}`, `a system turn carries only text to Chat Completions`);
+      }
+      return String(block.text ?? '');
+    })
+    .join('\n');
+}
+
+/**
+ * One Anthropic message as Chat Completions messages: a system turn stays a system message in place;
+ * tool results become `tool` messages; thinking blocks of earlier turns are left out (Claude's own
+ * signed reasoning: another model cannot read it, and Anthropic itself drops earlier turns' thinking).
+ */
+function chatMessages(message: Json, path: string, drop: (name: string) => void): Json[] {
+  const role = message.role as 'user' | 'assistant' | 'system';
   const content = message.content;
+  if (role === 'system') {
+    if (message.output_config !== undefined && message.output_config !== null) drop('messages.output_config');
+    if (content === undefined) return [];
+    return [{ role: 'system', content: systemText(content, path) }];
+  }
   if (typeof content === 'string') return [{ role, content }];
   const blocks = content as Json[];
   if (role === 'assistant') {
@@ -155,7 +264,9 @@ function chatMessages(message: Json, path: string): Json[] {
           type: 'function',
           function: { name: block.name, arguments: JSON.stringify(block.input ?? {}) },
         });
-      } else throw cannot(where, `an assistant '${String(block.type)}' block has no Chat Completions form`);
+      } else if (block.type === 'thinking' || block.type === 'redacted_thinking') drop('thinking blocks');
+      else if (isToolSearchStep(block)) drop('tool search steps');
+      else throw cannot(where, `an assistant '${String(block.type)}' block has no Chat Completions form`);
     }
     return [
       {
@@ -220,6 +331,9 @@ function toolResultText(block: Json, where: string): string {
       : Array.isArray(content)
         ? (content as Json[])
             .map((inner, k) => {
+              // A tool the search loaded: its definition is already among the function tools.
+              if (inner.type === 'tool_reference')
+                return `Tool '${String(inner.tool_name ?? '')}' is loaded.`;
               if (inner.type !== 'text') {
                 throw cannot(`${where}.content.${k}`, 'a tool result carries only text to Chat Completions');
               }
@@ -422,7 +536,14 @@ export class MessagesOverChat extends TranslatingProvider {
   }
 }
 
-/** The chat call of a Messages call (the client's Anthropic headers are not sent). */
+/**
+ * The chat call of a Messages call. The client's Anthropic headers are not sent (`anthropic-beta` is
+ * named among the dropped hints); the hints left out are told to the caller (`onDropped`).
+ */
 function chatCall(call: UpstreamCall): UpstreamCall {
-  return { path: '/chat/completions', body: messagesToChat(call.body), signal: call.signal };
+  const dropped: string[] = [];
+  if (call.headers?.['anthropic-beta']) dropped.push('anthropic-beta');
+  const body = messagesToChat(call.body, dropped);
+  call.onDropped?.(dropped);
+  return { path: '/chat/completions', body, signal: call.signal };
 }

@@ -60,3 +60,19 @@ const num = (value: unknown): number | undefined =>
 export function noAnthropicUsage() {
   return { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 };
 }
+
+/**
+ * Claude Code's `metadata.user_id`: a JSON object naming its device and session
+ * (`{"device_id":…,"account_uuid":…,"session_id":…}`), or in older versions
+ * `user_<device>_account_<account>_session_<session>` — a new value per session, not the end user.
+ */
+export function isSessionUserId(id: string): boolean {
+  if (/^user_[0-9a-f]{16,}_account_[0-9a-f-]*_session_[0-9a-f-]{8,}$/i.test(id)) return true;
+  if (!id.startsWith('{')) return false;
+  try {
+    const parsed: unknown = JSON.parse(id);
+    return parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed);
+  } catch {
+    return false;
+  }
+}

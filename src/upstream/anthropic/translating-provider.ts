@@ -38,7 +38,10 @@ export class TranslatingProvider implements Provider {
 
   async complete(call: UpstreamCall): Promise<UpstreamAnswer> {
     const t = this.#translation;
-    if (t.passes(call.path)) return this.#inner.complete(call);
+    if (t.passes(call.path)) {
+      call.onDropped?.([]);
+      return this.#inner.complete(call);
+    }
     const answer = await this.#inner.complete(t.call(call));
     const json = t.answer(answer.json, String(call.body.model));
     return { text: JSON.stringify(json), json };
@@ -46,7 +49,10 @@ export class TranslatingProvider implements Provider {
 
   async stream(call: UpstreamCall): Promise<AsyncIterable<SseMessage>> {
     const t = this.#translation;
-    if (t.passes(call.path)) return this.#inner.stream(call);
+    if (t.passes(call.path)) {
+      call.onDropped?.([]);
+      return this.#inner.stream(call);
+    }
     const sent = t.call(call);
     const events = await this.#inner.stream(sent);
     return t.stream(events, String(call.body.model), sent);
