@@ -195,3 +195,24 @@ export type StreamStep =
   | { action: 'skip' }
   /** The provider's end marker: stop reading; the tail ends the stream. */
   | { action: 'end' };
+
+/** The client of a metered request, as the route hands it over (a FastifyRequest is one). */
+export interface MeteredClient {
+  /** The authenticated project. */
+  readonly project: ProjectContext;
+  readonly apiKeyId: string;
+  /** The user of the end-user key that authenticated the request, if it was one (end-user.ts). */
+  readonly endUser?: string | undefined;
+  /** The end user (`X-Service-User`), `traceparent`, the headers an API forwards. */
+  readonly headers: IncomingHttpHeaders;
+}
+
+/** An unmetered call as the route hands it over. */
+export interface PassthroughRequest {
+  readonly project: ProjectContext;
+  readonly method: string;
+  readonly body: unknown;
+  /** Another provider than `default` (a model's route), and client headers it gets (count_tokens). */
+  readonly upstreamProvider?: string | undefined;
+  readonly upstreamHeaders?: Record<string, string> | undefined;
+}

@@ -22,7 +22,16 @@ import {
   UpstreamError,
 } from '../upstream/types.ts';
 import { type Admission, admit } from './admission.ts';
-import type { AnswerReading, Exchange, MeteredApi, MeteredBody, StreamReader, UsageAnomaly } from './api.ts';
+import type {
+  AnswerReading,
+  Exchange,
+  MeteredApi,
+  MeteredBody,
+  MeteredClient,
+  PassthroughRequest,
+  StreamReader,
+  UsageAnomaly,
+} from './api.ts';
 import type { ResponseChains } from './chains.ts';
 import { meteredPricing, type TokenUsage } from './cost.ts';
 import { END_USER_HEADER, resolveEndUser } from './end-user.ts';
@@ -580,25 +589,4 @@ export interface MeteringParts {
   tracing: TracingObserver;
   /** The facts of each request's log line (request-log.ts). */
   requestLog: RequestLogObserver;
-}
-
-/** The client of a metered request, as the route hands it over (a FastifyRequest is one). */
-export interface MeteredClient {
-  /** The authenticated project. */
-  readonly project: ProjectContext;
-  readonly apiKeyId: string;
-  /** The user of the end-user key that authenticated the request, if it was one (end-user.ts). */
-  readonly endUser?: string | undefined;
-  /** The end user (`X-Service-User`), `traceparent`, the headers an API forwards. */
-  readonly headers: IncomingHttpHeaders;
-}
-
-/** An unmetered call as the route hands it over. */
-export interface PassthroughRequest {
-  readonly project: ProjectContext;
-  readonly method: string;
-  readonly body: unknown;
-  /** Another provider than `default` (a model's route), and client headers it gets (count_tokens). */
-  readonly upstreamProvider?: string | undefined;
-  readonly upstreamHeaders?: Record<string, string> | undefined;
 }

@@ -12,7 +12,6 @@ import {
   costOf,
   endUserKey,
   GPT_PRICE,
-  MERGED,
   startAgentFixture,
   TEST_TIMEOUT_MS,
 } from './fixture.ts';
@@ -130,7 +129,7 @@ describe.skipIf(!agentsInstalled)('Codex through Tollgate', { timeout: TEST_TIME
     expect(await f.charges(f.real.project, 'broke', 'responses')).toEqual([]);
   });
 
-  it.skipIf(!MERGED.endUserKeys)('needs nothing but the base URL and an end-user key', async () => {
+  it('needs nothing but the base URL and an end-user key', async () => {
     await f.fund(f.real.project, 'carol', '5.00');
     const key = await endUserKey(f.server, f.real.apiKey, 'carol');
     const script = catNotes();

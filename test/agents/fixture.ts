@@ -12,16 +12,6 @@ import { ledgerEntriesOf } from '../helpers/chat-fixture.ts';
 import { type ScriptedProvider, startScripted } from '../helpers/scripted-provider.ts';
 import { api, seedProject, startTestServer, type TestServer, testTrigger } from '../helpers/server.ts';
 
-/**
- * Pieces of issue 36 built on other branches. Each flag turns on the cases that need it; set it once
- * that branch is merged.
- * - `claudeCodeRequests`: the Messages API takes what Claude Code sends with its default settings
- *   (`role: "system"` turns inside `messages`, `context_management`, `output_config`, tools with
- *   `defer_loading`); until then every Claude Code request is a 400 from Tollgate's schema.
- * - `endUserKeys`: `POST /v1/user/keys` makes a key that authenticates as one end user, no header.
- */
-export const MERGED = { claudeCodeRequests: false, endUserKeys: true };
-
 /** Per-token prices (per million tokens) of the real-provider-shaped routes. */
 export const CLAUDE_PRICE = { input: '3', output: '15' };
 export const GPT_PRICE = { input: '1.25', output: '10' };
