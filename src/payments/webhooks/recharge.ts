@@ -22,9 +22,10 @@ async function rechargeOf(scope: WebhookScope, action: IntentAction): Promise<Wa
   const { db } = scope.ctx;
   const projectId = scope.project.id;
   let payment = await findPayment(db, projectId, { paymentIntentId: action.paymentIntentId });
-  const stored = Boolean(payment);
   payment ??= await findPayment(db, projectId, { id: action.reference.paymentId });
   if (!payment) return 'unknown_payment';
+  // (read once more by its id: Tollgate may have stored the intent between the two reads)
+  const stored = payment.payment_intent_id === action.paymentIntentId;
   const recharge = await db
     .selectFrom('recharges')
     .select('id')
