@@ -19,6 +19,8 @@ export const SEALED_COLUMNS = [
 export interface RotationResult {
   /** Values re-sealed with the active key, per `table.column`. */
   resealed: Record<string, number>;
+  /** Values no key of the ring opens, per `table.column` (left as they are, each logged): none is 0. */
+  unopenable: Record<string, number>;
   /** The active key's id, now recorded as the database's key. */
   activeKeyId: string;
 }
@@ -29,7 +31,8 @@ export interface RotationResult {
  * and is already sealed with the active key by a process that has the new ring), and a value already
  * sealed with the active key is skipped, so the command can be stopped and run again at any time. Then
  * records the active key's fingerprint as the database's key check: from then on the old key can leave
- * the ring (once the links it signed have expired: LINK_TOKEN_TTL_SECONDS).
+ * the ring (once the links it signed have expired: LINK_TOKEN_TTL_SECONDS). A value no key of the ring
+ * opens is logged, left as it is and counted in `unopenable`; the rotation goes on with the others.
  */
 export async function rotateKeys(
   db: Database,
@@ -39,6 +42,7 @@ export async function rotateKeys(
   const batch = options.batch ?? 200;
   const current = `v2.${sealer.activeKeyId}.%`;
   const resealed: Record<string, number> = {};
+  const unopenable: Record<string, number> = {};
   for (const { table, column } of SEALED_COLUMNS) {
     const name = `${table}.${column}`;
     resealed[name] = 0;
@@ -69,12 +73,13 @@ export async function rotateKeys(
       }
       options.log?.info({ table, column, resealed: resealed[name] }, `${name}: ${resealed[name]} re-sealed`);
     }
-    if (skipped) throw new Error(`${name}: ${skipped} value(s) no key of the ring opens (see the log)`);
+    // reported, and the next column goes on: one unreadable secret does not stop the rotation
+    if (skipped) unopenable[name] = skipped;
   }
   await db
     .insertInto('system_settings')
     .values({ name: KEY_CHECK, value: sealer.keyCheck() })
     .onConflict((oc) => oc.column('name').doUpdateSet({ value: sealer.keyCheck() }))
     .execute();
-  return { resealed, activeKeyId: sealer.activeKeyId };
+  return { resealed, unopenable, activeKeyId: sealer.activeKeyId };
 }

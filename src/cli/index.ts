@@ -145,11 +145,17 @@ const LOCAL_COMMANDS: Record<
       const batch = optionalNumber(values.batch, 'batch');
       const result = await rotateKeys(ctx.db, ctx.sealer, { log: ctx.log, ...(batch ? { batch } : {}) });
       const total = Object.values(result.resealed).reduce((a, b) => a + b, 0);
+      const unopenable = Object.entries(result.unopenable).map(([column, n]) => `${n} in ${column}`);
       out.result(
         result,
-        `Re-sealed ${total} secret(s) with key ${result.activeKeyId}; it is now the database's key. Keep the old key in TOLLGATE_ENCRYPTION_KEYS until the links it signed have expired, then remove it.`,
+        `Re-sealed ${total} secret(s) with key ${result.activeKeyId}; it is now the database's key. Keep the old key in TOLLGATE_ENCRYPTION_KEYS until the links it signed have expired, then remove it.${
+          unopenable.length
+            ? `\nNot re-sealed: ${unopenable.join(', ')} — no key of the ring opens them (see the log); set those secrets again.`
+            : ''
+        }`,
       );
-      return 0;
+      // every other secret was re-sealed; the exit status says some could not be
+      return unopenable.length ? 1 : 0;
     }),
 };
 

@@ -85,25 +85,29 @@ export class Sealer {
     ].join('.');
   }
 
+  /** The plaintext of a sealed value; SealedValueError when no key of the ring opens it. */
   open(sealed: string): string {
     const parts = sealed.split('.');
     if (parts[0] === 'v2' && parts.length === 5) {
       const key = this.#ring.find((k) => k.id === parts[1]);
-      if (!key) throw new Error('sealed with a key that is not in the key ring (TOLLGATE_ENCRYPTION_KEYS)');
-      return decrypt(key.encKey, parts[2]!, parts[3]!, parts[4]!);
+      if (!key) throw new SealedValueError(`sealed with key ${parts[1]}, which is not in the key ring`);
+      try {
+        return decrypt(key.encKey, parts[2]!, parts[3]!, parts[4]!);
+      } catch {
+        throw new SealedValueError(`sealed with key ${parts[1]}, but it does not open (damaged)`);
+      }
     }
     if (parts[0] === 'v1' && parts.length === 4) {
-      let failure: unknown;
       for (const key of this.#ring) {
         try {
           return decrypt(key.encKey, parts[1]!, parts[2]!, parts[3]!);
-        } catch (err) {
-          failure = err;
+        } catch {
+          // the next key
         }
       }
-      throw failure;
+      throw new SealedValueError('a v1 sealed value no key of the ring opens');
     }
-    throw new Error('sealed value has an unknown format');
+    throw new SealedValueError('a sealed value of an unknown format');
   }
 
   /** HMAC-SHA256 (base64url) with the active signing key; used for link tokens and invite codes. */
@@ -142,4 +146,17 @@ export function safeEqual(a: string, b: string): boolean {
   const x = Buffer.from(a);
   const y = Buffer.from(b);
   return x.length === y.length && timingSafeEqual(x, y);
+}
+
+/**
+ * A sealed value (a provider key, a payment secret, a webhook signing secret) that no key of the ring
+ * opens: the key it was sealed with left TOLLGATE_ENCRYPTION_KEYS too early, or the value is damaged.
+ * A request that needs it answers 503 (`sealed_value_unreadable`) with a log line saying which; `tollgate
+ * keys rotate` reports such values and goes on.
+ */
+export class SealedValueError extends Error {
+  constructor(detail: string) {
+    super(`A secret could not be opened: ${detail} (TOLLGATE_ENCRYPTION_KEYS).`);
+    this.name = 'SealedValueError';
+  }
 }

@@ -1,5 +1,6 @@
 import type { FastifyError } from 'fastify';
 import { isDatabaseUnavailable } from '../db/index.ts';
+import { SealedValueError } from './crypto.ts';
 import { ApiError, databaseUnavailable } from './errors.ts';
 
 /**
@@ -42,6 +43,15 @@ export function toApiError(error: FastifyError | Error): ApiError {
   }
   // The database is down or restarting: 503 with Retry-After, not 500.
   if (isDatabaseUnavailable(error)) return databaseUnavailable();
+  // A secret this server cannot open (its key left the ring): the operator's to fix, not the client's.
+  if (error instanceof SealedValueError) {
+    return new ApiError(
+      503,
+      'service_unavailable',
+      'A secret this request needs cannot be opened with the server’s keys; the operator has been told.',
+      { code: 'sealed_value_unreadable' },
+    );
+  }
   const status = fastifyError.statusCode;
   if (status && status >= 400 && status < 500) {
     return new ApiError(status, 'invalid_request_error', error.message, { code: fastifyError.code ?? null });

@@ -113,6 +113,8 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
     const apiError = toApiError(error);
     if (apiError.code === 'database_unavailable')
       request.log.warn({ url: request.url }, 'database unavailable');
+    else if (apiError.code === 'sealed_value_unreadable')
+      request.log.error({ url: request.url }, error.message);
     else if (apiError.status >= 500) request.log.error({ err: error, url: request.url }, 'request failed');
     reply.status(apiError.status).headers(apiError.headers).send(apiError.toBody());
   });

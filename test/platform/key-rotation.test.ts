@@ -180,6 +180,45 @@ describe.skipIf(!realPostgres)('rotating on Postgres while two pods serve', () =
       /not the key this database was set up with/,
     );
   });
+
+  it('a secret no key opens: its request answers 503 and says why; a rotation reports it and goes on', async () => {
+    const db = pods[0]!.ctx.db;
+    const provider = () =>
+      db.selectFrom('providers').where('project_id', '=', projectId).where('name', '=', 'default');
+    const { key_sealed: kept } = await provider().select('key_sealed').executeTakeFirstOrThrow();
+    // the provider's key sealed with a key that left the ring; a webhook secret still under the ring's old key
+    const gone = `v2.${idOf('cd'.repeat(32))}.AAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAA.AAAA`;
+    const setKey = (value: string | null) =>
+      db
+        .updateTable('providers')
+        .set({ key_sealed: value })
+        .where('project_id', '=', projectId)
+        .where('name', '=', 'default')
+        .execute();
+    await setKey(gone);
+    await db
+      .updateTable('webhook_subscriptions')
+      .set({ secret_sealed: new Sealer(Buffer.from(KEY_A, 'hex')).seal(`whsec_${'x'.repeat(32)}`) })
+      .where('project_id', '=', projectId)
+      .execute();
+    await pods[0]!.ctx.projects.changed(projectId);
+    try {
+      const res = await fetch(`${pods[0]!.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${apiKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'm', user: 'load', messages: [{ role: 'user', content: 'Hi' }] }),
+      });
+      const body = (await res.json()) as { error: { code: string } };
+      expect([res.status, body.error.code]).toEqual([503, 'sealed_value_unreadable']);
+      const result = await rotateKeys(db, pods[0]!.ctx.sealer);
+      expect(result.unopenable).toEqual({ 'providers.key_sealed': 1 });
+      // the columns after it were re-sealed all the same
+      expect(result.resealed['webhook_subscriptions.secret_sealed']).toBe(1);
+    } finally {
+      await setKey(kept);
+      await pods[0]!.ctx.projects.changed(projectId);
+    }
+  });
 });
 
 describe('`tollgate keys rotate` on the embedded database', () => {
