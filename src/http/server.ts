@@ -7,6 +7,7 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import { serializerCompiler } from 'fastify-type-provider-zod';
+import { z } from 'zod';
 import { accountLimits } from '../admin/rate-limit.ts';
 import { adminRoutes } from '../admin/routes/index.ts';
 import type { AppContext } from '../app/context.ts';
@@ -156,11 +157,20 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
         responsesRoutes,
         embeddingsRoutes,
         messagesRoutes,
-        userRoutes,
-        paymentUserRoutes,
-        spendCapRoutes,
         webhookRoutes,
       ]);
+      // `/v1/user/*` counts against the project's, the key's and the user's rate limits as well; a route
+      // that takes no query parameters refuses any (400 naming it), as the README promises.
+      await v1.register(async (user) => {
+        user.addHook('onRoute', (route) => {
+          route.schema ??= {};
+          route.schema.querystring ??= NO_QUERY;
+        });
+        user.addHook('preHandler', (request, reply) =>
+          app.metering.limitRequest(request, userNamed(request), reply),
+        );
+        await registerAll(user, [userRoutes, paymentUserRoutes, spendCapRoutes]);
+      });
     },
     { prefix: '/v1' },
   );
@@ -172,4 +182,15 @@ function trustProxyOf(setting: number | string[] | undefined) {
   if (setting === undefined) return false;
   if (typeof setting === 'number') return (_address: string, hop: number) => hop < setting;
   return setting;
+}
+
+/** The query of a route that takes none. */
+const NO_QUERY = z.strictObject({});
+
+/** The end user a `/v1/user/*` request names (`user` in its query or body), '' when none. */
+function userNamed(request: { query: unknown; body: unknown }): string {
+  const named =
+    (request.query as { user?: unknown } | undefined)?.user ??
+    (request.body as { user?: unknown } | undefined)?.user;
+  return typeof named === 'string' ? named : '';
 }

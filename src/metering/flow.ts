@@ -97,6 +97,10 @@ export class MeteredFlow {
     this.#observers = [parts.limits, parts.metrics, parts.events, parts.tracing, parts.requestLog];
   }
 
+  /** The rate limits on a request outside the flow (`/v1/user/*`): a 429 when over (limits-observer.ts). */
+  readonly limitRequest: LimitsObserver['checkRequest'] = (request, user, reply) =>
+    this.#parts.limits.checkRequest(request, user, reply);
+
   /** Resolves when every settle, release and event write started so far has finished. */
   idle(): Promise<void> {
     return this.#parts.pending.idle();

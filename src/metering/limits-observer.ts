@@ -64,6 +64,30 @@ export class LimitsObserver implements MeteringObserver {
     };
   }
 
+  /**
+   * The rate limits of the project, the key and the user named on a request outside the metered flow
+   * (`/v1/user/*`: balances, links, keys…): counted as one request, refused with the 429 when over.
+   */
+  async checkRequest(
+    request: { project: ProjectContext; apiKeyId: string; routeOptions: { url?: string | undefined } },
+    externalId: string,
+    reply: { header(name: string, value: string): unknown },
+  ): Promise<void> {
+    if (!this.#limits.applies(request.project)) return;
+    const req: LimitRequest = {
+      project: request.project,
+      apiKeyId: request.apiKeyId,
+      externalId,
+      model: '',
+      operation: request.routeOptions.url ?? '',
+      estimateTokens: () => 0,
+    };
+    // (no amount: no spend cap is touched)
+    const decision = await this.#limits.check(request, req, '0');
+    for (const [name, value] of Object.entries(decision.headers)) reply.header(name, value);
+    if (!decision.ok && decision.rate) throw decision.rate.error;
+  }
+
   ended(x: Exchange, _end: Ending, usage: TokenUsage | undefined): void {
     // the estimate becomes the real count (nothing served: `released` gives it back)
     if (usage) this.#limits.tokensUsed(x, usage.input + usage.output);

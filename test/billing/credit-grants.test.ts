@@ -89,6 +89,13 @@ describe('granting credit', () => {
     expect(replay.headers.get('idempotent-replayed')).toBe('true');
     expect((await replay.json()).id).toBe(granted.id);
 
+    // an unknown query parameter is refused, as anywhere under /v1/user: nothing is granted
+    const stray = await api('POST', '/v1/user/credits?project=proj_other', body, {
+      'idempotency-key': 'grant-2',
+    });
+    expect(stray.status).toBe(400);
+    expect((await stray.json()).error).toMatchObject({ type: 'invalid_request_error', param: 'project' });
+
     const balance = await (await api('GET', '/v1/user/balance?user=alice')).json();
     expect(balance).toMatchObject({ balance: '6.00', paid: '1.00', credits: '5.00', available: '6.00' });
     const list = await (await api('GET', '/v1/user/credits?user=alice')).json();

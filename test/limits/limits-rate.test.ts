@@ -137,6 +137,28 @@ describe('rate limits in one process without Redis', () => {
   });
 });
 
+describe('the /v1/user routes', () => {
+  let s: Setup;
+  beforeAll(async () => {
+    s = await setup({ REDIS_URL: '' }, 1, { key: { rpm: 10 } });
+    await fund(s.pods[0]!.ctx, s.projectId, 'hal');
+  });
+  afterAll(() => s?.close());
+
+  it('count against the key’s rate limit: 10 of 60 balance reads answered, then 429', async () => {
+    await freshWindow();
+    const all = await Promise.all(
+      Array.from({ length: 60 }, () => api(s.pods[0]!, s.apiKey, 'GET', '/v1/user/balance?user=hal')),
+    );
+    expect(all.filter((r) => r.status === 200)).toHaveLength(10);
+    const refused = all.filter((r) => r.status === 429);
+    expect(refused).toHaveLength(50);
+    expect(refused[0]!.headers.get('x-ratelimit-limit-requests')).toBe('10');
+    // and a metered request of the same key in this minute is refused too: one budget
+    expect((await chat(s.pods[0]!, s.apiKey, 'hal')).status).toBe(429);
+  });
+});
+
 describe('tokens per minute', () => {
   let s: Setup;
   beforeAll(async () => {
