@@ -25,6 +25,7 @@ import { messagesRoutes } from '../messages/routes.ts';
 import { metering } from '../metering/plugin.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
+import { HOP_HEADER, hopId } from '../net/hop.ts';
 import { pageRoutes } from '../pages/plugin.ts';
 import { paymentUserRoutes, paymentWebhookRoutes } from '../payments/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
@@ -150,6 +151,12 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   await app.register(dashboardRoutes, { prefix: '/dashboard' });
   await app.register(
     async (v1) => {
+      // A request that left this deployment for a provider and came back: refused before anything
+      // is counted (src/net/hop.ts).
+      const hop = hopId((data) => ctx.sealer.sign(data));
+      v1.addHook('onRequest', async (request) => {
+        if (request.headers[HOP_HEADER] === hop) throw loopDetected();
+      });
       installAuth(v1);
       await registerAll(v1, [
         modelRoutes,
@@ -193,4 +200,14 @@ function userNamed(request: { query: unknown; body: unknown }): string {
     (request.query as { user?: unknown } | undefined)?.user ??
     (request.body as { user?: unknown } | undefined)?.user;
   return typeof named === 'string' ? named : '';
+}
+
+/** 508: the request is this deployment's own, come back through a provider URL that points at it. */
+function loopDetected(): ApiError {
+  return new ApiError(
+    508,
+    'invalid_request_error',
+    'This request came from this Tollgate itself: a model provider URL points back at it. Nothing was charged.',
+    { code: 'loop_detected' },
+  );
 }

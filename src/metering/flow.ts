@@ -1,4 +1,3 @@
-import type { IncomingHttpHeaders } from 'node:http';
 import type { FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import type { PaywallRefusal } from '../billing/ledger.ts';

@@ -2,6 +2,7 @@ import type { Agent } from 'undici';
 import type { Config } from '../config/index.ts';
 import type { ModelRoute, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
+import { HOP_HEADER, hopId } from '../net/hop.ts';
 import type { ProjectContext, ProviderConfig } from '../projects/directory.ts';
 import { DEFAULT_PROVIDER, ECHO_UPSTREAM } from '../projects/service.ts';
 import { failed, type Span, SpanKind, type Tracing, withTraceHeaders } from '../tracing/index.ts';
@@ -51,6 +52,8 @@ export interface RouterHost {
     | 'TOLLGATE_ALLOW_PRIVATE_PROVIDERS'
   >;
   tracing: Tracing;
+  /** Signs this deployment's hop id (src/net/hop.ts). */
+  sealer: { sign(data: string): string };
 }
 
 /** Receives the routing events of one request (the flow writes them after its `started` event). */
@@ -82,10 +85,13 @@ export class Router {
   /** Route key → time before which a 429's Retry-After keeps the route aside. */
   readonly #blocked = new Map<string, number>();
   readonly #tracing: Tracing;
+  /** This deployment's hop header, on every provider request (src/net/hop.ts). */
+  readonly #hop: Record<string, string>;
 
   constructor(ctx: RouterHost, agent: Agent) {
     const c = ctx.config;
     this.#tracing = ctx.tracing;
+    this.#hop = { [HOP_HEADER]: hopId((data) => ctx.sealer.sign(data)) };
     this.#settings = {
       maxAttempts: c.ROUTING_MAX_ATTEMPTS,
       deadlineMs: c.ROUTING_DEADLINE_MS,
@@ -325,9 +331,13 @@ export class Router {
       const agent = this.#agentFor(config.connectMs);
       provider =
         config.kind === 'anthropic'
-          ? new ChatOverMessages(anthropicProvider(agent, config.baseUrl, config.apiKey, config.responseMs))
+          ? new ChatOverMessages(
+              anthropicProvider(agent, config.baseUrl, config.apiKey, config.responseMs, this.#hop),
+            )
           : new MessagesOverChat(
-              new OpenAICompatibleProvider(agent, config.baseUrl, config.apiKey, config.responseMs),
+              new OpenAICompatibleProvider(agent, config.baseUrl, config.apiKey, config.responseMs, {
+                headers: this.#hop,
+              }),
             );
       this.#providers.set(config, provider);
     }

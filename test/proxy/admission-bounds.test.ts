@@ -350,7 +350,10 @@ describe("the project's maxCompletionTokens caps the model's output limit", () =
     });
     expect(familyLimits('claude-opus-4-1')).toEqual({ maxOutputTokens: 32_000, contextWindow: 200_000 });
     expect(familyLimits('claude-opus-5-5')).toEqual({ maxOutputTokens: 64_000, contextWindow: 200_000 });
-    expect(familyLimits('claude-3-opus-20240229')).toEqual({ maxOutputTokens: 4_096, contextWindow: 200_000 });
+    expect(familyLimits('claude-3-opus-20240229')).toEqual({
+      maxOutputTokens: 4_096,
+      contextWindow: 200_000,
+    });
     expect(familyLimits('llama-3.3-70b')).toBeUndefined();
     const row = { max_output_tokens: null, context_window: null, upstream_model: 'my-model', routes: null };
     expect(modelLimitsOf(row, 4096)).toEqual({

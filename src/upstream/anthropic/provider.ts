@@ -21,12 +21,13 @@ export function anthropicProvider(
   baseUrl: string,
   apiKey: string | undefined,
   responseMs?: number,
+  headers: Record<string, string> = {},
 ): OpenAICompatibleProvider {
   const trimmed = baseUrl.replace(/\/+$/, '');
   const base = /\/v1$/.test(trimmed) ? trimmed : `${trimmed}/v1`;
   return new OpenAICompatibleProvider(agent, base, apiKey, responseMs, {
     auth: 'x-api-key',
-    headers: { 'anthropic-version': ANTHROPIC_VERSION },
+    headers: { 'anthropic-version': ANTHROPIC_VERSION, ...headers },
   });
 }
 
