@@ -149,39 +149,40 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
   // The metered flow (`app.metering`) the metered APIs' routes serve through.
   await app.register(metering);
   await app.register(dashboardRoutes, { prefix: '/dashboard' });
-  await app.register(
-    async (v1) => {
-      // A request that left this deployment for a provider and came back: refused before anything
-      // is counted (src/net/hop.ts).
-      const hop = hopId((data) => ctx.sealer.sign(data));
-      v1.addHook('onRequest', async (request) => {
-        if (request.headers[HOP_HEADER] === hop) throw loopDetected();
-      });
-      installAuth(v1);
-      await registerAll(v1, [
-        modelRoutes,
-        chatRoutes,
-        responsesRoutes,
-        embeddingsRoutes,
-        messagesRoutes,
-        webhookRoutes,
-      ]);
-      // `/v1/user/*` counts against the project's, the key's and the user's rate limits as well; a route
-      // that takes no query parameters refuses any (400 naming it), as the README promises.
-      await v1.register(async (user) => {
-        user.addHook('onRoute', (route) => {
-          route.schema ??= {};
-          route.schema.querystring ??= NO_QUERY;
-        });
-        user.addHook('preHandler', (request, reply) =>
-          app.metering.limitRequest(request, userNamed(request), reply),
-        );
-        await registerAll(user, [userRoutes, paymentUserRoutes, spendCapRoutes]);
-      });
-    },
-    { prefix: '/v1' },
-  );
+  await app.register((v1) => v1Routes(v1, app), { prefix: '/v1' });
   return app;
+}
+
+/** `/v1/*`: the hop check, authentication (../auth/plugin.ts), then the domains' routes. */
+async function v1Routes(v1: FastifyInstance, app: FastifyInstance): Promise<void> {
+  const ctx = app.ctx;
+  // A request that left this deployment for a provider and came back: refused before anything
+  // is counted (src/net/hop.ts).
+  const hop = hopId((data) => ctx.sealer.sign(data));
+  v1.addHook('onRequest', async (request) => {
+    if (request.headers[HOP_HEADER] === hop) throw loopDetected();
+  });
+  installAuth(v1);
+  await registerAll(v1, [
+    modelRoutes,
+    chatRoutes,
+    responsesRoutes,
+    embeddingsRoutes,
+    messagesRoutes,
+    webhookRoutes,
+  ]);
+  // `/v1/user/*` counts against the project's, the key's and the user's rate limits as well; a route
+  // that takes no query parameters refuses any (400 naming it), as the README promises.
+  await v1.register(async (user) => {
+    user.addHook('onRoute', (route) => {
+      route.schema ??= {};
+      route.schema.querystring ??= NO_QUERY;
+    });
+    user.addHook('preHandler', (request, reply) =>
+      app.metering.limitRequest(request, userNamed(request), reply),
+    );
+    await registerAll(user, [userRoutes, paymentUserRoutes, spendCapRoutes]);
+  });
 }
 
 /** fastify's `trustProxy` for TOLLGATE_TRUSTED_PROXIES: none, the first `n` hops, or these addresses. */
