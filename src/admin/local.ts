@@ -16,9 +16,10 @@ import { listKeys } from '../projects/keys.ts';
 import { createProject, getProject, updateProject } from '../projects/service.ts';
 import { listProviders, removeProvider, upsertProvider } from '../routing/providers.ts';
 import { issueUserKey, revokeUserKey, userKeyInput, userKeys } from '../users/keys.ts';
-import { connectUser, grantFromApi } from '../users/service.ts';
+import { connectUser, getBalance, grantFromApi } from '../users/service.ts';
 import { projectOfSubscription, setSubscriptionActive } from '../webhooks/subscriptions.ts';
 import { createInvite, inviteSchema, inviteUrl } from './accounts.ts';
+import { searchUsers } from './end-users.ts';
 import type { DatabaseOperations } from './operations.ts';
 import {
   type AdminServices,
@@ -185,6 +186,13 @@ function userOperations(ctx: LocalAdminServices) {
       const project = await getProject(ctx.db, projectId);
       const { wallet, changed } = await connectUser(ctx.db, ctx.events, project, user, cliTrigger);
       return { user, ...wallet, changed };
+    },
+    async showUser(projectId, user) {
+      return getBalance(ctx.db, await getProject(ctx.db, projectId), user);
+    },
+    async listUsers(projectId, query) {
+      const project = await getProject(ctx.db, projectId);
+      return searchUsers(ctx, project, { q: query.search, limit: query.limit });
     },
     async deposit(projectId, user, given) {
       const project = await getProject(ctx.db, projectId);

@@ -1,5 +1,17 @@
 import type { ModelSpec, PricingFile } from '../models/pricing.ts';
-import type { GrantRequest } from '../users/service.ts';
+import type { balanceView, GrantRequest } from '../users/service.ts';
+
+/** A user's money (`GET /v1/user/balance`'s answer). */
+export type UserBalance = ReturnType<typeof balanceView>;
+/** A user in a list. */
+export interface UserBalanceLine {
+  user: string;
+  connected: boolean;
+  balance: string;
+  held: string;
+  available: string;
+  currency: string;
+}
 
 /**
  * The admin operations — projects, API keys, models and pricing, end users and their money, invites,
@@ -127,6 +139,13 @@ export interface AdminOperations {
   listModels(projectId: string): Promise<{ models: ModelSpec[] }>;
 
   connectUser(projectId: string, user: string): Promise<{ changed: boolean }>;
+  /** A user's money as the balance API shows it: balance, held, available, paid, credits, connected. */
+  showUser(projectId: string, user: string): Promise<UserBalance>;
+  /** The project's users in id order (a page of `limit`), those whose id contains `search` when given. */
+  listUsers(
+    projectId: string,
+    query: { search?: string | undefined; limit: number },
+  ): Promise<{ data: UserBalanceLine[]; has_more: boolean }>;
   /** `amount` as given: checked in the project's currency. */
   deposit(projectId: string, user: string, amount: string): Promise<Deposit>;
   grant(projectId: string, input: GrantRequest): Promise<Grant>;

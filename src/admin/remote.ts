@@ -112,6 +112,9 @@ export function remoteAdmin(client: AdminClient): AdminOperations {
     },
     listModels: (id) => client.call('GET', `${project(id)}/models`),
     connectUser: (id, user) => client.call('POST', `${project(id)}/users/${enc(user)}/connect`),
+    showUser: (id, user) => client.call('GET', `${project(id)}/users/${enc(user)}`),
+    listUsers: (id, { search, limit }) =>
+      client.call('GET', `${project(id)}/users?limit=${limit}${search ? `&q=${enc(search)}` : ''}`),
     async deposit(id, user, amount) {
       const result = await client.call(
         'POST',

@@ -7,6 +7,7 @@ import {
   grantInputFrom,
   grantSummary,
   optional,
+  optionalNumber,
   pricingFileFrom,
   required,
   settingsFrom,
@@ -139,6 +140,29 @@ const modelAndUserCommands: Record<string, AdminCommand> = {
     const user = required(values, 'user');
     const result = await api.connectUser(projectId, user);
     out.result(result, result.changed ? `Connected ${user}` : `${user} was already connected`);
+  }),
+  'users show': both(async ({ api, values, out }) => {
+    const u = await api.showUser(required(values, 'project'), required(values, 'user'));
+    const c = u.currency.toUpperCase();
+    out.result(u, [
+      `${u.user} (${u.connected ? 'connected' : 'not connected'})`,
+      `  balance ${u.balance} ${c} (paid ${u.paid}, credits ${u.credits})`,
+      `  held ${u.held} ${c} by requests in flight; available ${u.available} ${c}`,
+    ]);
+  }),
+  'users list': both(async ({ api, values, out }) => {
+    const limit = optionalNumber(values.limit, 'limit') ?? 100;
+    if (limit > 100) throw new UsageError('--limit must be a whole number from 1 to 100');
+    const page = await api.listUsers(required(values, 'project'), {
+      search: optional(values, 'search'),
+      limit,
+    });
+    const lines = page.data.map(
+      (u) =>
+        `${u.user}  ${u.connected ? 'connected' : 'not connected'}  balance ${u.balance}  held ${u.held}  available ${u.available} ${u.currency.toUpperCase()}`,
+    );
+    if (page.has_more) lines.push(`(more: the first ${limit} shown; --limit N, or --search TEXT)`);
+    out.result(page, lines.length ? lines : ['no users']);
   }),
   'users deposit': both(async ({ api, values, out }) => {
     const projectId = required(values, 'project');

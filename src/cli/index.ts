@@ -13,6 +13,7 @@ import {
   unknownCommandMessage,
 } from './commands.ts';
 import { createOutput, type Output } from './output.ts';
+import { optionalNumber } from './values.ts';
 
 /**
  * The `tollgate` binary: parses the command line against the command specs (./commands.ts), then runs
@@ -188,13 +189,4 @@ function usage(message: string, pointer = 'Run `tollgate --help` for the command
 function unknownFlag(arg: string, given: string[]): boolean {
   const match = /^--([^=]+)/.exec(arg);
   return Boolean(match && given.includes(match[1]!) && !(match[1]! in OPTIONS));
-}
-
-/** An option that must be a positive whole number when given. */
-function optionalNumber(value: unknown, name: string): number | undefined {
-  if (value === undefined) return undefined;
-  const n = Number(value);
-  if (!Number.isInteger(n) || n < 1 || n > 100_000)
-    throw new UsageError(`--${name} must be a whole number from 1 to 100000`);
-  return n;
 }

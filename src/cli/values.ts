@@ -78,3 +78,12 @@ export function days(values: Values): number | undefined {
   if (!/^\d+$/.test(given)) throw new UsageError('--days must be a whole number of days (1 to 90)');
   return Number(given);
 }
+
+/** An option that must be a positive whole number when given. */
+export function optionalNumber(value: unknown, name: string): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1 || n > 100_000)
+    throw new UsageError(`--${name} must be a whole number from 1 to 100000`);
+  return n;
+}

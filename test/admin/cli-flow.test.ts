@@ -83,6 +83,23 @@ describe.skipIf(!pgUrl)('tollgate CLI against Postgres', () => {
     const tooPrecise = tollgate('users', 'deposit', '--project', id, '--user', 'u1', '--amount', '1.005');
     expect(tooPrecise.status).toBe(1);
     expect(tooPrecise.stderr).toMatch(/at most 2 decimal places/);
+    // a user's money, and the project's users
+    const shown = tollgate('users', 'show', '--project', id, '--user', 'u1');
+    expect(shown.status, shown.stderr).toBe(0);
+    expect(shown.stdout).toContain('u1 (connected)');
+    expect(shown.stdout).toContain('balance 12.50 EUR (paid 12.50, credits 0.00)');
+    expect(shown.stdout).toContain('held 0.00 EUR by requests in flight; available 12.50 EUR');
+    expect(tollgate('users', 'show', '--project', id, '--user', 'u1', '--json').json()).toMatchObject({
+      user: 'u1',
+      connected: true,
+      balance: '12.50',
+      held: '0.00',
+      available: '12.50',
+    });
+    const listed = tollgate('users', 'list', '--project', id, '--json').json();
+    expect(listed.data.map((u: { user: string }) => u.user)).toEqual(['u1']);
+    expect(tollgate('users', 'list', '--project', id, '--search', 'nobody').stdout).toContain('no users');
+    expect(tollgate('users', 'list', '--project', id, '--limit', '500').stderr).toMatch(/--limit/);
 
     const debt = tollgate('project', 'set', '--project', id, '--debt-limit', '2.50', '--json');
     expect(debt.status, debt.stderr).toBe(0);

@@ -66,6 +66,18 @@ describe('the CLI against a running tollgate dev', () => {
       headers: { authorization: `Bearer ${token}` },
     });
     expect(((await balance.json()) as { balance: string }).balance).toBe('11.00');
+    // and the CLI shows it over the admin API, as on the database
+    const shown = tollgate(remote, 'users', 'show', '--project', projectId!, '--user', 'demo-user', '--json');
+    expect(shown.status, shown.stderr).toBe(0);
+    expect(shown.json()).toMatchObject({
+      user: 'demo-user',
+      connected: true,
+      balance: '11.00',
+      held: '0.00',
+    });
+    const users = tollgate(remote, 'users', 'list', '--project', projectId!, '--search', 'demo');
+    expect(users.status, users.stderr).toBe(0);
+    expect(users.stdout).toMatch(/^demo-user {2}connected {2}balance 11\.00/m);
 
     const created = tollgate(remote, 'project', 'create', '--name', 'Over HTTP', '--json');
     expect(created.status, created.stderr).toBe(0);
