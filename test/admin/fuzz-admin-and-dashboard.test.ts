@@ -87,6 +87,7 @@ describe('admin API names and settings', () => {
         ['PATCH', p, { settings: { checkoutUrl: `https://shop.example.com/${bad}` } }],
         ['PATCH', p, { settings: { returnUrl: `https://shop.example.com/${bad}` } }],
         ['POST', `${p}/keys`, { name: bad }],
+        ['POST', `${p}/users/u1/keys`, { name: bad }],
         ['POST', `${p}/users/u1/credits`, { amount: '1', reason: bad }],
         ['POST', `${p}/users/u1/credits`, { amount: '1', reason: 'promo', metadata: { note: bad } }],
         ['PATCH', p, { settings: { lowBalanceThreshold: `1${bad}` } }],
