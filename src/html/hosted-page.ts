@@ -22,6 +22,8 @@ button,.button{display:inline-block;font:inherit;font-weight:600;padding:.7rem 1
 button:hover,.button:hover{filter:brightness(1.08)}
 button:focus-visible,a:focus-visible{outline:3px solid var(--ring);outline-offset:3px}
 a{color:var(--accent)}
+/* keys and ids never push a narrow screen sideways (a 390 px phone): they break anywhere */
+code{overflow-wrap:anywhere;word-break:break-all}
 `;
 
 function page(title: string, body: Raw): string {
