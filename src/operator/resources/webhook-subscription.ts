@@ -324,6 +324,7 @@ async function createGeneratedSecret(
 }
 
 const rowStatus = (row: SubscriptionRow, observedSecret: string) => ({
+  projectId: row.paywallId,
   subscriptionId: row.id,
   secretSuffix: row.secretSuffix,
   observedSecret,
