@@ -172,7 +172,7 @@ async function v1Routes(v1: FastifyInstance, app: FastifyInstance): Promise<void
     webhookRoutes,
   ]);
   // `/v1/user/*` counts against the project's, the key's and the user's rate limits as well; a route
-  // that takes no query parameters refuses any (400 naming it), as the README promises.
+  // that takes no query parameters refuses any (400 naming it), as docs/api.md promises.
   await v1.register(async (user) => {
     user.addHook('onRoute', (route) => {
       route.schema ??= {};
