@@ -155,6 +155,9 @@ describe('/docs over HTTP', () => {
 
   it('is in the image and the package: the server reads docs/ beside package.json', () => {
     expect(readFileSync(join(root, 'Dockerfile'), 'utf8')).toMatch(/^COPY docs \.\/docs$/m);
+    const ignore = readFileSync(join(root, '.dockerignore'), 'utf8');
+    expect(ignore).toMatch(/^!docs\/\*\.md$/m);
+    expect(ignore).toMatch(/^!docs\/\*\.png$/m);
     const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { files: string[] };
     expect(pkg.files).toContain('docs');
   });
