@@ -64,6 +64,7 @@ COPY --from=deps /runtime ./
 COPY --from=build /src/dist ./dist
 COPY package.json ./
 COPY README.md ./
+COPY docs ./docs
 COPY crds ./crds
 RUN ln -s /app/dist/bin/tollgate.js /usr/local/bin/tollgate
 USER 10001:10001
