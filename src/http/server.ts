@@ -26,7 +26,7 @@ import { messagesRoutes } from '../messages/routes.ts';
 import { metering } from '../metering/plugin.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
-import { HOP_HEADER, hopId } from '../net/hop.ts';
+import { HOP_HEADER, ownHopIds } from '../net/hop.ts';
 import { pageRoutes } from '../pages/plugin.ts';
 import { paymentUserRoutes, paymentWebhookRoutes } from '../payments/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
@@ -166,9 +166,10 @@ async function v1Routes(v1: FastifyInstance, app: FastifyInstance): Promise<void
   const ctx = app.ctx;
   // A request that left this deployment for a provider and came back: refused before anything
   // is counted (src/net/hop.ts).
-  const hop = hopId((data) => ctx.sealer.sign(data));
+  const own = ownHopIds(ctx.sealer);
   v1.addHook('onRequest', async (request) => {
-    if (request.headers[HOP_HEADER] === hop) throw loopDetected();
+    const hop = request.headers[HOP_HEADER];
+    if (typeof hop === 'string' && own.has(hop)) throw loopDetected();
   });
   installAuth(v1);
   await registerAll(v1, [

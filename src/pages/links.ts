@@ -1,5 +1,4 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { safeEqual } from '../core/crypto.ts';
 import { sendPage } from '../html/hosted-page.ts';
 import { html } from '../html/index.ts';
 import type { LinkKind } from '../users/links.ts';
@@ -83,14 +82,27 @@ export async function openToken(
   return opened;
 }
 
+/** The pages with a form whose post must be the rendered page's own. */
+export type HostedForm = 'topup' | 'connect' | 'portal';
+
+/**
+ * The hidden field only the rendered page of `token` carries: signed with the active key, verified under
+ * every key of the ring (a page rendered before a key rotation still posts).
+ */
+export function formProof(ctx: Ctx, form: HostedForm, token: string): string {
+  return ctx.sealer.sign(`${form}-form:${token}`);
+}
+
 /**
  * Why a post is not the page's own form, or undefined when it is: a form content type with the hidden
- * field only the rendered page carries (derived from the token with the signing key: a link scanner
- * that POSTs blindly cannot produce it), and no cross-site post (`Sec-Fetch-Site`).
+ * field only the rendered page carries (`formProof`: a link scanner that POSTs blindly cannot produce
+ * it), and no cross-site post (`Sec-Fetch-Site`).
  */
 export function foreignPost(
   request: FastifyRequest,
-  expected: string,
+  ctx: Ctx,
+  form: HostedForm,
+  token: string,
 ): 'cross_site' | 'not_the_form' | undefined {
   if (request.headers['sec-fetch-site'] === 'cross-site') return 'cross_site';
   const type = String(request.headers['content-type'] ?? '')
@@ -100,7 +112,7 @@ export function foreignPost(
   if (type !== 'application/x-www-form-urlencoded') return 'not_the_form';
   const body = request.body as Record<string, unknown> | undefined;
   const proof = body?.confirm;
-  if (typeof proof !== 'string' || !safeEqual(proof, expected)) return 'not_the_form';
+  if (typeof proof !== 'string' || !ctx.sealer.verify(`${form}-form:${token}`, proof)) return 'not_the_form';
   return undefined;
 }
 

@@ -10,7 +10,7 @@ import type { ProjectContext } from '../projects/directory.ts';
 import { issueUserKey } from '../users/keys.ts';
 import { linkSettingsOf, newLinkUrl } from '../users/links.ts';
 import { keyNameOf } from '../users/schema.ts';
-import { CHECKOUT_STYLE, type Ctx, foreignPost, openToken, tokenParam } from './links.ts';
+import { CHECKOUT_STYLE, type Ctx, foreignPost, formProof, openToken, tokenParam } from './links.ts';
 
 /**
  * The user's portal (`/portal/{token}`, a link from `POST /v1/user/portal` and the top-up pages): the
@@ -63,8 +63,7 @@ export const portalPageRoutes = routeModule((app, ctx) => {
   app.post('/portal/*', async (request, reply) => {
     const opened = await openPortal(request, reply);
     if (!opened) return reply;
-    const proof = ctx.sealer.sign(`portal-form:${opened.token}`);
-    if (foreignPost(request, proof))
+    if (foreignPost(request, ctx, 'portal', opened.token))
       return portalPage(reply, ctx, { ...opened, error: 'Press Save on this page.', status: 400 });
     const body = (request.body ?? {}) as Record<string, unknown>;
     if (body.action === 'create_key' || body.action === 'revoke_key')
@@ -135,7 +134,7 @@ ${input.notice ? html`<p class="muted" role="status">${input.notice}</p>` : raw(
 ${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
 <p><a class="button" href="${topupUrl(ctx, project.id, user)}">Top up</a></p>
 ${recharge ? rechargeSection(ctx, input.token, recharge, money, project.currency) : raw('')}
-${keysSection(ctx.sealer.sign(`portal-form:${input.token}`), keys, input.newKey)}
+${keysSection(formProof(ctx, 'portal', input.token), keys, input.newKey)}
 <h2>Top-ups</h2>
 <table><thead><tr><th>Date</th><th>Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
 ${rows(
@@ -177,7 +176,7 @@ function rechargeSection(
   return html`<h2>Automatic recharge</h2>${failed}
 <p>${r.on ? html`On: when your available balance falls below <strong>${money(r.threshold)}</strong>, <strong>${money(r.amount)}</strong> is charged to your saved card (at most ${money(r.settings.monthlyCap)} a month).` : raw('Off.')}</p>
 <form method="post">
-<input type="hidden" name="confirm" value="${ctx.sealer.sign(`portal-form:${token}`)}">
+<input type="hidden" name="confirm" value="${formProof(ctx, 'portal', token)}">
 <p><label><input type="checkbox" name="autoRecharge" value="on"${raw(r.on ? ' checked' : '')}> Recharge automatically</label></p>
 <p><label>When the balance falls below: <input type="text" name="threshold" inputmode="decimal" value="${formatForCurrency(r.threshold, currency)}"></label></p>
 <p><label>Recharge (${money(r.minimum)} to ${money(r.maximum)}): <input type="text" name="rechargeAmount" inputmode="decimal" value="${formatForCurrency(r.amount, currency)}"></label></p>

@@ -16,6 +16,7 @@ import {
   CHECKOUT_STYLE,
   type Ctx,
   foreignPost,
+  formProof,
   openToken,
   problemPage,
   TOKEN_SHAPE,
@@ -61,10 +62,6 @@ function openDoneToken(
   if (typeof payload?.p !== 'string' || typeof payload.exp !== 'number') return { problem: 'expired' };
   if (payload.exp * 1000 <= Date.now()) return { problem: 'expired' };
   return { paymentId: payload.p };
-}
-
-function formProof(ctx: Ctx, token: string): string {
-  return ctx.sealer.sign(`topup-form:${token}`);
 }
 
 /**
@@ -213,7 +210,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
         user: payload.u,
         needed: amount,
         settings: checkSettings(project.currency, connection.settings),
-        proof: formProof(ctx, token),
+        proof: formProof(ctx, 'topup', token),
         notice: cancelled ? 'The payment was cancelled; nothing was charged.' : undefined,
       });
     }
@@ -238,11 +235,11 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     const connection = await connectionOf(ctx, project.id);
     if (!connection) return reply.headers(PRIVATE_HEADERS).redirect(`/topup/${token}`, 303);
     const settings = checkSettings(project.currency, connection.settings);
-    const proof = formProof(ctx, token);
+    const proof = formProof(ctx, 'topup', token);
     const needed = await neededOf(ctx, project, payload);
     const again = (error: string, status: number) =>
       checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status });
-    if (foreignPost(request, proof)) return again('Press Pay on this page to pay.', 400);
+    if (foreignPost(request, ctx, 'topup', token)) return again('Press Pay on this page to pay.', 400);
     const body = (request.body ?? {}) as Record<string, unknown>;
     const chosen = chosenAmount(body, project.currency, settings);
     if (!chosen.ok) return again(chosen.error, 400);
