@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { dataDirFor, devEnv, startDev } from '../helpers/dev-process.ts';
 
 /**
- * The README's "From `make dev` to a paid chat in 60 seconds", step by step against a real
+ * The README's "From `make dev` to a paid chat", step by step against a real
  * `tollgate dev` on the embedded database: a new user gets the connect link, connects on the hosted
  * page, is funded with the CLI over the admin API (the printed variables), chats, and pays.
  */
