@@ -122,10 +122,13 @@ fieldset{border:0;padding:0;margin:0 0 1rem}
 .amounts{display:flex;flex-wrap:wrap;gap:.5rem;margin:.5rem 0 1rem}
 .amounts label{border:1px solid var(--muted);border-radius:8px;padding:.5rem .9rem;cursor:pointer}
 .amounts input{margin-right:.4rem}
-input[type=text]{font:inherit;padding:.45rem .6rem;border-radius:6px;border:1px solid var(--muted);width:9rem}
-dl{display:grid;grid-template-columns:auto 1fr;gap:.25rem 1rem;margin:0 0 1rem}
-dt{color:var(--muted)}dd{margin:0}
+input[type=text]{font:inherit;padding:.45rem .6rem;border-radius:6px;border:1px solid var(--muted);width:9rem;max-width:100%}
+dl{display:grid;grid-template-columns:auto minmax(0,1fr);gap:.25rem 1rem;margin:0 0 1rem}
+dt{color:var(--muted)}dd{margin:0;overflow-wrap:anywhere}
 .error{color:#c62828;font-weight:600}
 table{border-collapse:collapse;width:100%;margin:0 0 1rem;font-size:.925rem}
-th,td{text-align:left;padding:.3rem .4rem;border-bottom:1px solid rgba(127,127,127,.25)}
+th,td{text-align:left;padding:.3rem .4rem;border-bottom:1px solid rgba(127,127,127,.25);vertical-align:top}
+/* an id in a description breaks anywhere; amounts never break */
+td{overflow-wrap:anywhere}
+td.num,th.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 </style>`;

@@ -4,7 +4,7 @@ import { findWallet } from '../billing/ledger.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import { routeModule } from '../core/plugins.ts';
 import { sendPage } from '../html/hosted-page.ts';
-import { html, type Raw, raw } from '../html/index.ts';
+import { money as amount, html, type Raw, raw } from '../html/index.ts';
 import { autoRechargeOf, setAutoRecharge } from '../payments/recharge.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { issueUserKey } from '../users/keys.ts';
@@ -92,7 +92,7 @@ async function portalPage(
   },
 ) {
   const { project, user } = input;
-  const money = (v: string) => `${formatForCurrency(v, project.currency)} ${project.currency.toUpperCase()}`;
+  const money = (v: string) => html`${amount(v, project.currency)} ${project.currency.toUpperCase()}`;
   const wallet = await findWallet(ctx.db, project.id, user);
   const payments = wallet
     ? await ctx.db
@@ -136,11 +136,11 @@ ${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')
 ${recharge ? rechargeSection(ctx, input.token, recharge, money, project.currency) : raw('')}
 ${keysSection(formProof(ctx, 'portal', input.token), keys, input.newKey)}
 <h2>Top-ups</h2>
-<table><thead><tr><th>Date</th><th>Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
+<table><thead><tr><th>Date</th><th class="num">Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
 ${rows(
   payments.map(
     (p) =>
-      html`<tr><td>${day(p.paid_at ?? p.created_at)}</td><td>${money(p.amount)}</td><td>${p.status}${
+      html`<tr><td>${day(p.paid_at ?? p.created_at)}</td><td class="num">${money(p.amount)}</td><td>${p.status}${
         new Money(p.refunded).gt(0) ? html` (${money(p.refunded)} refunded)` : raw('')
       }</td><td>${p.receipt_url ? html`<a href="${p.receipt_url}">Receipt</a>` : raw('—')}</td></tr>`,
   ),
@@ -148,11 +148,11 @@ ${rows(
 )}
 </tbody></table>
 <h2>Usage and credits</h2>
-<table><thead><tr><th>Date</th><th>What</th><th>Amount</th></tr></thead><tbody>
+<table><thead><tr><th>Date</th><th>What</th><th class="num">Amount</th></tr></thead><tbody>
 ${rows(
   activity.map(
     (e) =>
-      html`<tr><td>${day(e.created_at)}</td><td>${e.description ?? `${e.kind} (${e.source})`}</td><td>${money(e.amount)}</td></tr>`,
+      html`<tr><td>${day(e.created_at)}</td><td>${e.description ?? `${e.kind} (${e.source})`}</td><td class="num">${money(e.amount)}</td></tr>`,
   ),
   3,
 )}
@@ -165,7 +165,7 @@ function rechargeSection(
   ctx: Ctx,
   token: string,
   r: NonNullable<Awaited<ReturnType<typeof autoRechargeOf>>>,
-  money: (v: string) => string,
+  money: (v: string) => Raw,
   currency: string,
 ): Raw {
   const failed = r.failureReason

@@ -4,7 +4,7 @@ import { amountSchema, currencyDecimals, formatForCurrency, Money } from '../cor
 import { routeModule } from '../core/plugins.ts';
 import type { PaymentSettings } from '../db/schema.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
-import { html, raw } from '../html/index.ts';
+import { money as amount, html, raw } from '../html/index.ts';
 import { connectionOf } from '../payments/connection.ts';
 import { PaymentProviderError } from '../payments/provider.ts';
 import { startCheckout } from '../payments/service.ts';
@@ -97,7 +97,7 @@ async function checkoutPage(
 ) {
   const { project, user, settings } = input;
   const currency = project.currency;
-  const money = (v: string) => `${formatForCurrency(v, currency)} ${currency.toUpperCase()}`;
+  const money = (v: string) => html`${amount(v, currency)} ${currency.toUpperCase()}`;
   const wallet = await findWallet(ctx.db, project.id, user);
   const available = wallet?.available ?? '0';
   // The first preset that covers what is needed is chosen; none does: the custom amount, prefilled.
@@ -273,8 +273,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     if (!payment) return problemPage(reply, 'forged');
     const project = await ctx.projects.get(payment.project_id);
     if (!project) return problemPage(reply, 'unknown_project');
-    const money = (v: string) =>
-      `${formatForCurrency(v, payment.currency)} ${payment.currency.toUpperCase()}`;
+    const money = (v: string) => html`${amount(v, payment.currency)} ${payment.currency.toUpperCase()}`;
     const wallet = await findWallet(ctx.db, project.id, payment.external_id);
     const paid = ['paid', 'refunded', 'disputed'].includes(payment.status);
     const portal = portalLink(linkSettingsOf(ctx), project.id, payment.external_id).url;
