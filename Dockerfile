@@ -64,11 +64,12 @@ COPY --from=deps /runtime ./
 COPY --from=build /src/dist ./dist
 COPY package.json ./
 COPY README.md ./
+COPY docs ./docs
 COPY crds ./crds
 RUN ln -s /app/dist/bin/tollgate.js /usr/local/bin/tollgate
 USER 10001:10001
 EXPOSE 8080 8081
 # A 16 MB semi-space (V8's default grows the young generation to 2 × 64 MB on a machine with this much
-# memory): about 100 MB less resident memory under load for a few more, short, scavenges (README, The image).
+# memory): about 100 MB less resident memory under load for a few more, short, scavenges (docs/deploying.md, The image).
 ENTRYPOINT ["node", "--max-semi-space-size=16", "/app/dist/bin/tollgate.js"]
 CMD ["proxy"]

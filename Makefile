@@ -24,7 +24,7 @@ build:      ## bundle the command into dist/bin/ (rolldown) and compile the webh
 bench:      ## run the benchmarks (results in docs/benchmarks.md)
 	$(RUN) npm run bench
 
-image:      ## build the container image with podman and smoke-test it (scripts/image.sh; see README "Deploying")
+image:      ## build the container image with podman and smoke-test it (scripts/image.sh; see docs/deploying.md)
 	$(RUN) bash scripts/image.sh
 
 install:

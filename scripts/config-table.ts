@@ -1,4 +1,4 @@
-// Prints the README's configuration table from the configuration schema: `node scripts/config-table.ts`.
+// Prints the configuration table of docs/configuration.md from the configuration schema: `node scripts/config-table.ts`.
 import { configDocs, configSchema } from '../src/config/index.ts';
 
 const defaults = configSchema.parse({}) as Record<string, unknown>;

@@ -1,4 +1,4 @@
-// Prints the README's event catalog table from src/events/catalog.ts: `node scripts/events-table.ts`.
+// Prints the event catalog table of docs/webhooks.md from src/events/catalog.ts: `node scripts/events-table.ts`.
 import { eventCatalog } from '../src/events/catalog.ts';
 
 export function eventsTable(): string {

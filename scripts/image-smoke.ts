@@ -5,7 +5,7 @@
  * no capabilities and no new privileges, on the host network (Postgres on 127.0.0.1:5432, a mock
  * provider on a loopback port). It checks: `--help`; `migrate` into a database of its own; admin
  * commands; `proxy` answering /healthz and /readyz and a chat completion that goes through the mock
- * provider and is charged; `/metrics`; a clean stop on SIGTERM; `operator --help`; `dev` on the embedded
+ * provider and is charged; `/metrics`; the documentation at /docs as HTML, with its images; a clean stop on SIGTERM; `operator --help`; `dev` on the embedded
  * database answering a chat completion with its demo key. The database is dropped at the end.
  */
 import { type SpawnSyncReturns, spawnSync } from 'node:child_process';
@@ -316,6 +316,17 @@ async function main(): Promise<void> {
       /tollgate_requests_total\{[^}]*decision="allowed"[^}]*\} 1/.test(metrics) &&
         metrics.includes('tollgate_build_info'),
       '/metrics counts the request',
+    );
+    const docs = await fetch(`${base}/docs/api`);
+    const docsPage = await docs.text();
+    const picture = await fetch(`${base}/docs/dashboard-api-key.png`);
+    check(
+      docs.status === 200 &&
+        docsPage.includes('<h1 id="api">') &&
+        picture.status === 200 &&
+        (await picture.arrayBuffer()).byteLength > 1000,
+      '/docs serves the pages (docs/*.md) as HTML and their images',
+      `${docs.status} ${picture.status}`,
     );
     stopCleanly(proxy);
 

@@ -18,6 +18,7 @@ import { checkDestination, DestinationError } from '../net/destination.ts';
 import type { ProjectDirectory } from '../projects/directory.ts';
 import { createKey, listKeys } from '../projects/keys.ts';
 import {
+  assertConnectionWritable,
   auditedProject,
   baseUrlProblem,
   type CreateProjectInput,
@@ -340,6 +341,8 @@ export async function connectProvider(
   input: ProviderInput,
 ) {
   const before = await ownedProject(ctx, principal, projectId);
+  // A declared provider is refused before it is called (409 naming its resource).
+  await assertConnectionWritable(ctx.db, before, undefined);
   const { models } = await checkProvider(ctx, input);
   const project = await saveProviderConnection(ctx, principal, before, input);
   return {

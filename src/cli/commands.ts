@@ -397,7 +397,7 @@ export function globalHelp(): string {
     '',
     'Admin commands (project, key, models, users, payments) talk to a running server over its admin API when',
     'TOLLGATE_URL and TOLLGATE_ADMIN_TOKEN are set, and to the database directly otherwise.',
-    'Configuration comes from environment variables; see the README.',
+    'Configuration comes from environment variables; see docs/configuration.md.',
   );
   return lines.join('\n');
 }

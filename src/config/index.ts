@@ -3,7 +3,7 @@ import { z } from 'zod';
 
 /**
  * Every setting Tollgate reads, as one zod schema over environment variables.
- * The README's configuration table is generated from the same list (`configDocs`), so the two agree.
+ * The configuration table of docs/configuration.md is generated from the same list (`configDocs`), so the two agree.
  */
 
 const bool = z
@@ -177,7 +177,7 @@ export const configSchema = z.object({
 
 export type Config = z.infer<typeof configSchema>;
 
-/** One line per setting for the README table: name, default, meaning. */
+/** One line per setting for the table in docs/configuration.md: name, default, meaning. */
 export const configDocs: Record<keyof Config, string> = {
   PORT: 'HTTP port of `tollgate proxy` and `tollgate dev`.',
   HOST: 'Address to listen on (`tollgate dev`: `127.0.0.1` unless HOST is set).',
@@ -193,7 +193,7 @@ export const configDocs: Record<keyof Config, string> = {
   TOLLGATE_ENCRYPTION_KEY:
     '32-byte key (64 hex characters or base64) that encrypts provider keys, payment keys and webhook secrets and signs links. Required with `DATABASE_URL` (or `TOLLGATE_ENCRYPTION_KEYS`); `dev` generates one in `TOLLGATE_DATA_DIR`.',
   TOLLGATE_ENCRYPTION_KEYS:
-    'A key ring for online key rotation: keys separated by commas, the active one first; replaces `TOLLGATE_ENCRYPTION_KEY`. New secrets and links use the first; every key still opens and verifies what it sealed and signed. See [Rotating the encryption key](#rotating-the-encryption-key).',
+    'A key ring for online key rotation: keys separated by commas, the active one first; replaces `TOLLGATE_ENCRYPTION_KEY`. New secrets and links use the first; every key still opens and verifies what it sealed and signed. See [Rotating the encryption key](operations.md#rotating-the-encryption-key).',
   LOG_LEVEL: 'fatal, error, warn, info, debug, trace or silent.',
   BODY_LIMIT_BYTES: 'Largest request body accepted; larger bodies get 413.',
   REQUEST_TIMEOUT_MS:
@@ -204,13 +204,13 @@ export const configDocs: Record<keyof Config, string> = {
   HOLD_TTL_SECONDS:
     'A hold (a pod’s slice of a wallet, renewed while the pod lives) not renewed within this time is released by the sweeper: its pod died.',
   ESCROW_IDLE_MS:
-    'A pod gives a wallet’s slice back after this long without a request of that wallet (0: as soon as its last request settles, a hold per request). See [Escrow](#escrow-admission-without-a-round-trip).',
+    'A pod gives a wallet’s slice back after this long without a request of that wallet (0: as soon as its last request settles, a hold per request). See [Escrow](billing.md#escrow-admission-without-a-round-trip).',
   ESCROW_SLICE_REQUESTS:
     'A pod takes a slice of a wallet this many times the reservation of the request that needs it (at most the available balance); its next requests are admitted from memory.',
   SETTLE_COMMIT:
-    '`durable`: a request’s charge is flushed to the WAL before its last byte. `async`: it is visible at once (reads still see it) and flushed within moments, saving the flush’s wait (~0.5–1 ms) on every request; a Postgres crash then loses the last moments’ charges (those requests go free; nothing is overspent, the ledger stays consistent). See [Escrow](#escrow-admission-without-a-round-trip).',
+    '`durable`: a request’s charge is flushed to the WAL before its last byte. `async`: it is visible at once (reads still see it) and flushed within moments, saving the flush’s wait (~0.5–1 ms) on every request; a Postgres crash then loses the last moments’ charges (those requests go free; nothing is overspent, the ledger stays consistent). See [Escrow](billing.md#escrow-admission-without-a-round-trip).',
   DEFAULT_MAX_COMPLETION_TOKENS:
-    'Output bound of a request that sets none, for a model whose pricing sets no `maxOutputTokens` and whose family Tollgate does not know (known families use their published limits: see [Bounds](#bounds-the-worst-case-of-a-request)); the project’s `maxCompletionTokens` caps it.',
+    'Output bound of a request that sets none, for a model whose pricing sets no `maxOutputTokens` and whose family Tollgate does not know (known families use their published limits: see [Bounds](billing.md#bounds-the-worst-case-of-a-request)); the project’s `maxCompletionTokens` caps it.',
   UPSTREAM_CONNECT_TIMEOUT_MS: 'Connect time-out towards model providers.',
   UPSTREAM_RESPONSE_TIMEOUT_MS: 'Time-out for the provider’s response headers and between streamed chunks.',
   TOLLGATE_ALLOW_PRIVATE_PROVIDERS:
@@ -276,7 +276,7 @@ export const configDocs: Record<keyof Config, string> = {
   NODE_ENV:
     '`production` (the container image sets it) marks a production configuration: `TOLLGATE_TEST_PAYMENTS` is refused at start-up and the `test` payment provider cannot be selected.',
   OTEL_TRACES_EXPORTER:
-    '`otlp` turns traces on (to `http://localhost:4318` when no endpoint is set), `none` off whatever else is set. Unset: traces are on exactly when an OTLP endpoint is set. See [Traces (OpenTelemetry)](#traces-opentelemetry).',
+    '`otlp` turns traces on (to `http://localhost:4318` when no endpoint is set), `none` off whatever else is set. Unset: traces are on exactly when an OTLP endpoint is set. See [Traces (OpenTelemetry)](operations.md#traces-opentelemetry).',
   OTEL_EXPORTER_OTLP_ENDPOINT:
     'Base address of an OTLP/HTTP receiver (a collector, Jaeger, …); spans go to its `/v1/traces`. Setting it turns traces on.',
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:

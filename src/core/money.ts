@@ -105,6 +105,23 @@ export function formatForCurrency(value: Decimal.Value, currency: string): strin
   return d.toFixed(Math.max(min, decimals));
 }
 
+/**
+ * An amount as a person reads it: rounded to the currency's decimals ("9.999982" → "10.00" for usd);
+ * an amount that is not zero but rounds to zero says so ("<0.01", "-<0.01") instead of showing "0.00".
+ * For display only: the ledger, the API and the CSV exports keep the exact value.
+ */
+export function displayAmount(value: Decimal.Value, currency: string): string {
+  const d = new Money(value);
+  const decimals = currencyDecimals(currency);
+  const shown = d.toDecimalPlaces(decimals);
+  if (shown.isZero()) {
+    if (d.isZero()) return new Money(0).toFixed(decimals);
+    const unit = new Money(1).dividedBy(10 ** decimals).toFixed(decimals);
+    return d.isNegative() ? `-<${unit}` : `<${unit}`;
+  }
+  return shown.toFixed(decimals);
+}
+
 const DECIMAL_MESSAGE = 'must be a decimal string such as "10.00"';
 
 /**

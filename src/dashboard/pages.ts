@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { SIGN_UP_ANSWER } from '../admin/accounts.ts';
 import { randomToken } from '../core/ids.ts';
 import { textInput } from '../core/validation.ts';
-import { html, layout, type Raw, raw, sendHtml } from '../html/index.ts';
+import { type Column, html, layout, type Raw, raw, sendHtml } from '../html/index.ts';
 
 /**
  * What the dashboard's pages share: the page frame, the messages shown after a form, form schemas, and
@@ -163,6 +163,15 @@ export function csrfToken(request: FastifyRequest): string | undefined {
 
 export const csrfField = (csrf: string) => html`<input type="hidden" name="csrf" value="${csrf}">`;
 
+/** The columns of `revocableRows` (the secret's column named `secret`: Key, Token). */
+export const revocableColumns = (secret: string): Column[] => [
+  { label: 'Name' },
+  { label: secret },
+  { label: 'Created' },
+  { label: 'Status' },
+  { label: 'Action', action: true },
+];
+
 /**
  * The rows of a table of secrets shown by their prefix (API keys, admin tokens): name, prefix, created,
  * status, and a Revoke button that posts to `action(row)`, labelled `Revoke <label(row)>`.
@@ -172,15 +181,16 @@ export function revocableRows<R extends Revocable>(
   csrf: string,
   action: (row: R) => string,
   label: (row: R) => string,
-): Raw[] {
-  return rows.map(
-    (r) =>
-      html`<tr><td>${r.name}</td><td><code>${r.prefix}…</code></td><td>${r.createdAt.slice(0, 10)}</td><td>${r.revokedAt ? 'revoked' : 'active'}</td><td>${
-        r.revokedAt
-          ? ''
-          : html`<form method="post" action="${action(r)}">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke ${label(r)}">Revoke</button></form>`
-      }</td></tr>`,
-  );
+): unknown[][] {
+  return rows.map((r) => [
+    r.name,
+    html`<code>${r.prefix}…</code>`,
+    r.createdAt.slice(0, 10),
+    r.revokedAt ? 'revoked' : 'active',
+    r.revokedAt
+      ? ''
+      : html`<form method="post" action="${action(r)}">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Revoke ${label(r)}">Revoke</button></form>`,
+  ]);
 }
 interface Revocable {
   name: string;

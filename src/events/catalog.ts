@@ -1,6 +1,6 @@
 /**
  * The event catalog: every event type Tollgate emits, its schema version and what its `data` holds.
- * The README's event table is written from this list; add new types here first.
+ * The event table of docs/webhooks.md is written from this list; add new types here first.
  */
 export interface EventTypeInfo {
   version: string;

@@ -14,7 +14,9 @@ const STYLE = `
 *{box-sizing:border-box}
 body{margin:0;font:16px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
 main{max-width:32rem;margin:3rem auto;padding:2rem;background:var(--card);border-radius:12px;box-shadow:0 1px 4px rgba(0,0,0,.12)}
-h1{font-size:1.5rem;line-height:1.25;margin:0 0 1rem}
+@media (max-width:34rem){main{margin:0;padding:1.25rem 1rem;border-radius:0;box-shadow:none}}
+h1{font-size:1.5rem;line-height:1.25;margin:0 0 1rem;overflow-wrap:anywhere}
+p,li,dd,label{overflow-wrap:break-word}
 p,ul{margin:0 0 1rem}
 li{margin:.25rem 0}
 .muted{color:var(--muted);font-size:.925rem}

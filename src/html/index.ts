@@ -1,6 +1,7 @@
 import helmet from '@fastify/helmet';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import fp from 'fastify-plugin';
+import { displayAmount, Money } from '../core/money.ts';
 
 /**
  * The HTML toolkit of the server-rendered pages: a tagged template that escapes every interpolated value
@@ -44,19 +45,28 @@ export const STYLE = `
 @media (prefers-color-scheme:dark){:root{--fg:#e8eaed;--bg:#121417;--card:#1c1f24;--muted:#a9b1bc;--line:#343a42;--accent:#6ea0ff;--accent-fg:#0b1220;--bad:#ff8a80;--good:#7bd88f}}
 *{box-sizing:border-box}
 body{margin:0;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
-header.top{display:flex;gap:1rem;align-items:center;padding:.75rem 1.5rem;background:var(--card);border-bottom:1px solid var(--line)}
+header.top{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:center;padding:.75rem 1.5rem;background:var(--card);border-bottom:1px solid var(--line)}
 header.top .brand{font-weight:700;text-decoration:none;color:var(--fg)}
 header.top nav{display:flex;gap:1rem;flex:1}
+header.top form{overflow-wrap:anywhere}
 main{max-width:68rem;margin:1.5rem auto;padding:0 1.5rem}
 section.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:1.25rem 1.5rem;margin:0 0 1.25rem}
 main.narrow{max-width:28rem}
-h1{font-size:1.5rem;margin:0 0 1rem}
+h1{font-size:1.5rem;margin:0 0 1rem;overflow-wrap:anywhere}
 h2{font-size:1.15rem;margin:0 0 .75rem}
-p{margin:0 0 .75rem}
+p{margin:0 0 .75rem;overflow-wrap:break-word}
 .muted{color:var(--muted);font-size:.9rem}
 label{display:block;font-weight:600;margin:.5rem 0 .25rem}
 input,select,textarea{font:inherit;width:100%;padding:.5rem .6rem;border:1px solid var(--line);border-radius:6px;background:var(--bg);color:var(--fg)}
+input[type=checkbox],input[type=radio]{width:auto;margin:0;accent-color:var(--accent)}
+label.check{display:flex;gap:.5rem;align-items:center;font-weight:400}
+[aria-invalid=true]{border-color:var(--bad)}
+.field-error{color:var(--bad);font-size:.9rem;margin:.25rem 0 0}
 textarea{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem;min-height:12rem}
+fieldset{border:1px solid var(--line);border-radius:8px;margin:.75rem 0 0;padding:.25rem 1rem 1rem;min-width:0}
+legend{font-weight:600;padding:0 .25rem}
+/* a form with a mode select (#mode) shows only the chosen mode's fieldset; without :has(), all of them, each labelled */
+form:has(#mode option[value=per_request]:checked) fieldset[data-mode]:not([data-mode=per_request]),form:has(#mode option[value=per_token]:checked) fieldset[data-mode]:not([data-mode=per_token]),form:has(#mode option[value=subscription]:checked) fieldset[data-mode]:not([data-mode=subscription]){display:none}
 .row{display:flex;gap:.75rem;flex-wrap:wrap;align-items:flex-end}
 .row>div{flex:1;min-width:10rem}
 button,.button{display:inline-block;font:inherit;font-weight:600;padding:.5rem 1.1rem;margin-top:.75rem;border:0;border-radius:6px;background:var(--accent);color:var(--accent-fg);cursor:pointer;text-decoration:none}
@@ -64,23 +74,98 @@ button.secondary{background:transparent;color:var(--accent);border:1px solid var
 button.link{background:none;color:var(--accent);padding:0;margin:0;font-weight:400;text-decoration:underline}
 button:focus-visible,a:focus-visible,input:focus-visible,select:focus-visible,textarea:focus-visible{outline:3px solid var(--ring);outline-offset:2px}
 a{color:var(--accent)}
+.table{overflow-x:auto;margin:0 0 .75rem}
 table{border-collapse:collapse;width:100%;font-size:.9rem}
-th,td{text-align:left;padding:.4rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+th,td{text-align:left;padding:.4rem .5rem;border-bottom:1px solid var(--line);vertical-align:top;overflow-wrap:break-word}
+td button{margin-top:0}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.wide pre{min-width:12rem;margin:0}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem}
-pre{background:var(--bg);border:1px solid var(--line);border-radius:6px;padding:.75rem;overflow:auto;white-space:pre-wrap;word-break:break-all}
-.secret{display:flex;gap:.5rem;align-items:center}
-.secret code{flex:1;padding:.5rem;background:var(--bg);border:1px solid var(--line);border-radius:6px;word-break:break-all}
+code{overflow-wrap:anywhere}
+pre{background:var(--bg);border:1px solid var(--line);border-radius:6px;padding:.75rem;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere}
+.secret{display:flex;gap:.5rem;align-items:center;flex-wrap:wrap}
+.secret code{flex:1 1 12rem;padding:.5rem;background:var(--bg);border:1px solid var(--line);border-radius:6px;word-break:break-all}
 .notice{border-left:4px solid var(--good);padding:.5rem .75rem;background:var(--bg);margin:0 0 1rem}
 .error{border-left:4px solid var(--bad);padding:.5rem .75rem;background:var(--bg);margin:0 0 1rem;color:var(--bad)}
-.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(20rem,1fr));gap:1rem}
-figure{margin:0}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(20rem,100%),1fr));gap:1rem}
+figure{margin:0;min-width:0}
 figcaption{font-weight:600;margin-bottom:.25rem}
 svg text{fill:var(--muted);font-size:11px}
 svg .bar{fill:var(--accent)}
 svg .axis{stroke:var(--line)}
 .skip{position:absolute;left:-999px}.skip:focus{left:1rem;top:1rem;background:var(--card);padding:.5rem}
+@media (max-width:40rem){
+header.top{padding:.5rem .75rem}
+main{margin:1rem auto;padding:0 .75rem}
+section.card{padding:1rem .9rem}
+svg text{font-size:14px}
+table.stack thead{position:absolute;width:1px;height:1px;overflow:hidden;clip-path:inset(50%);white-space:nowrap}
+table.stack,table.stack tbody,table.stack tr{display:block;width:100%}
+table.stack caption{display:block}
+table.stack tr{border-bottom:1px solid var(--line);padding:.35rem 0}
+table.stack td{display:grid;grid-template-columns:minmax(0,38%) minmax(0,1fr);gap:.75rem;border:0;padding:.15rem 0;text-align:left;white-space:normal}
+table.stack td::before{content:attr(data-label);color:var(--muted);font-size:.85rem}
+table.stack td:not([data-label]),table.stack td.wide{display:block}
+table.stack td:not([data-label])::before{content:none}
+table.stack td.wide::before{display:block;margin-bottom:.2rem}
+table.stack td:empty{display:none}
+td.wide pre{min-width:0}
+}
 `;
+
+/** A column of `dataTable`: its header, and how its cells read. */
+export interface Column {
+  label: string;
+  /** Right-aligned figures (desktop). */
+  num?: boolean;
+  /** Long content (JSON): on a phone, the label above it rather than beside it. */
+  wide?: boolean;
+  /** A column of buttons: its header is for screen readers only, its cells carry no label. */
+  action?: boolean;
+}
+
+/**
+ * A table that fits any screen: wider than its card, it scrolls inside the card; on a phone (under
+ * 40rem) each row becomes a block of "label value" lines, the headers kept for screen readers.
+ * `rows` are the cells of each row, in the columns' order; `empty` is shown when there are none.
+ */
+export function dataTable(
+  columns: Column[],
+  rows: unknown[][],
+  options: { id?: string; caption?: string; empty?: string } = {},
+): Raw {
+  const cls = (c: Column) => [c.num ? 'num' : '', c.wide ? 'wide' : ''].filter(Boolean).join(' ');
+  const attrs = (c: Column) =>
+    raw(`${cls(c) ? ` class="${cls(c)}"` : ''}${c.action ? '' : ` data-label="${escapeHtml(c.label)}"`}`);
+  const body = rows.length
+    ? rows.map(
+        // one box per cell: on a phone, a cell is a grid of its label and this box
+        (cells) =>
+          html`<tr>${cells.map((cell, i) => html`<td${attrs(columns[i]!)}>${cell === '' ? '' : html`<div>${cell}</div>`}</td>`)}</tr>`,
+      )
+    : options.empty
+      ? html`<tr><td colspan="${columns.length}">${options.empty}</td></tr>`
+      : '';
+  const head = columns.map(
+    (c) =>
+      html`<th scope="col"${raw(c.num ? ' class="num"' : '')}>${c.action ? html`<span class="muted">${c.label}</span>` : c.label}</th>`,
+  );
+  return html`<div class="table"><table class="stack"${raw(options.id ? ` id="${escapeHtml(options.id)}"` : '')}>${
+    options.caption ? html`<caption class="muted" style="text-align:left">${options.caption}</caption>` : ''
+  }<thead><tr>${head}</tr></thead><tbody>
+${body}
+</tbody></table></div>`;
+}
+
+/**
+ * An amount at its currency's precision ("10.00" for 9.999982 usd), the exact value on hover (title)
+ * when they differ. Exports and the API keep the exact value.
+ */
+export function money(value: string, currency: string): Raw {
+  const shown = displayAmount(value, currency);
+  const exact = shown.includes('<') || !new Money(shown).eq(value);
+  return exact ? html`<span title="${value}">${shown}</span>` : html`${shown}`;
+}
 
 export interface LayoutOptions {
   title: string;

@@ -17,6 +17,7 @@ import { ApiError } from '../core/errors.ts';
 import { registerAll } from '../core/plugins.ts';
 import { toApiError } from '../core/request-errors.ts';
 import { validatorCompiler } from '../core/validation.ts';
+import { docsRoutes } from '../dashboard/docs.ts';
 import { homeRoutes } from '../dashboard/home.ts';
 import { dashboardRoutes } from '../dashboard/plugin.ts';
 import { embeddingsRoutes } from '../embeddings/routes.ts';
@@ -25,7 +26,7 @@ import { messagesRoutes } from '../messages/routes.ts';
 import { metering } from '../metering/plugin.ts';
 import { metricsRoutes } from '../metrics/routes.ts';
 import { modelRoutes } from '../models/routes.ts';
-import { HOP_HEADER, hopId } from '../net/hop.ts';
+import { HOP_HEADER, ownHopIds } from '../net/hop.ts';
 import { pageRoutes } from '../pages/plugin.ts';
 import { paymentUserRoutes, paymentWebhookRoutes } from '../payments/routes.ts';
 import { responsesRoutes } from '../responses/routes.ts';
@@ -56,7 +57,7 @@ declare module 'fastify' {
  * - `/metrics` (and the HTTP metrics of every route) — ../metrics/routes.ts
  * - `/connect/*`, `/topup/*`, `/portal/*` — the hosted pages of links, ../pages (no key)
  * - `/payments/{provider}/{project}/webhook` — payment provider webhooks, ../payments/routes.ts (signed)
- * - `/` and `/docs` — a small home page and the README, ../dashboard/home.ts
+ * - `/` and `/docs` — a small home page (../dashboard/home.ts) and the documentation as HTML (../dashboard/docs.ts)
  * - `/admin/v1/*` — the admin API (admin tokens, developer sessions), ../admin/routes/
  * - `/dashboard/*` — the developer dashboard (server-rendered pages, cookie sessions), ../dashboard/plugin.ts
  * - `/v1/*` — authenticated by ../auth/plugin.ts, then the domain's routes (models, chat, responses,
@@ -142,7 +143,14 @@ export async function buildServer(ctx: AppContext): Promise<FastifyInstance> {
       );
     }
   });
-  await registerAll(app, [metricsRoutes, healthRoutes, pageRoutes, paymentWebhookRoutes, homeRoutes]);
+  await registerAll(app, [
+    metricsRoutes,
+    healthRoutes,
+    pageRoutes,
+    paymentWebhookRoutes,
+    homeRoutes,
+    docsRoutes,
+  ]);
   // One set of sign-in and sign-up limits for the admin API and the dashboard.
   await app.register(accountLimits);
   await app.register(adminRoutes, { prefix: '/admin/v1' });
@@ -158,9 +166,10 @@ async function v1Routes(v1: FastifyInstance, app: FastifyInstance): Promise<void
   const ctx = app.ctx;
   // A request that left this deployment for a provider and came back: refused before anything
   // is counted (src/net/hop.ts).
-  const hop = hopId((data) => ctx.sealer.sign(data));
+  const own = ownHopIds(ctx.sealer);
   v1.addHook('onRequest', async (request) => {
-    if (request.headers[HOP_HEADER] === hop) throw loopDetected();
+    const hop = request.headers[HOP_HEADER];
+    if (typeof hop === 'string' && own.has(hop)) throw loopDetected();
   });
   installAuth(v1);
   await registerAll(v1, [
@@ -172,7 +181,7 @@ async function v1Routes(v1: FastifyInstance, app: FastifyInstance): Promise<void
     webhookRoutes,
   ]);
   // `/v1/user/*` counts against the project's, the key's and the user's rate limits as well; a route
-  // that takes no query parameters refuses any (400 naming it), as the README promises.
+  // that takes no query parameters refuses any (400 naming it), as docs/api.md promises.
   await v1.register(async (user) => {
     user.addHook('onRoute', (route) => {
       route.schema ??= {};

@@ -22,28 +22,49 @@ export function periodSeconds(period: string): number {
 }
 
 export const pricingSchema = z.discriminatedUnion('mode', [
-  z.strictObject({ mode: z.literal('per_request'), perRequest: priceSchema }),
+  z.strictObject({
+    mode: z.literal('per_request'),
+    perRequest: priceSchema.describe('Price of one request.'),
+  }),
   z.strictObject({
     mode: z.literal('per_token'),
-    inputPerMillion: priceSchema,
+    inputPerMillion: priceSchema.describe('Price of 1M input tokens.'),
     /** Optional: 0 when omitted (embeddings produce no output tokens). */
-    outputPerMillion: priceSchema.optional(),
+    outputPerMillion: priceSchema.optional().describe('Price of 1M output tokens (default 0).'),
     /** Optional: the price of input tokens the provider reports as cached; the input price when omitted. */
-    cachedInputPerMillion: priceSchema.optional(),
+    cachedInputPerMillion: priceSchema
+      .optional()
+      .describe('Price of 1M cached input tokens (default: the input price).'),
     /**
      * Optional: the prices of input tokens the provider writes to its cache (Anthropic's
      * `cache_creation_input_tokens`), for 5 minutes and for one hour; when omitted, 1.25× and 2× the
      * input price on a Claude-family model (Anthropic's multipliers), the input price otherwise.
      */
-    cacheWritePerMillion: priceSchema.optional(),
-    cacheWrite1hPerMillion: priceSchema.optional(),
+    cacheWritePerMillion: priceSchema
+      .optional()
+      .describe(
+        'Price of 1M input tokens written to the cache for 5 minutes (default: 1.25× the input price on Claude models, else the input price).',
+      ),
+    cacheWrite1hPerMillion: priceSchema
+      .optional()
+      .describe(
+        'Price of 1M input tokens written to the cache for 1 hour (default: 2× the input price on Claude models, else the input price).',
+      ),
     /**
      * Optional: the multiplier of Tollgate's prompt estimate in the hold (1 to 10); the default of the
      * upstream model's tokenizer family when omitted (src/models/hold-margin.ts).
      */
-    holdMargin: holdMarginSchema.optional(),
+    holdMargin: holdMarginSchema
+      .optional()
+      .describe(
+        "Multiplier of the prompt estimate in the hold, 1 to 10 (default: the upstream model's tokenizer family's).",
+      ),
   }),
-  z.strictObject({ mode: z.literal('subscription'), fee: priceSchema, period: periodSchema }),
+  z.strictObject({
+    mode: z.literal('subscription'),
+    fee: priceSchema.describe('Subscription fee per period.'),
+    period: periodSchema.describe('Subscription period: <n>h, <n>d or <n>w.'),
+  }),
 ]);
 export type Pricing = z.infer<typeof pricingSchema>;
 
@@ -62,7 +83,10 @@ export const endpointsSchema = z
 
 /** A route of a model (src/routing): a provider of the project and the model name it serves. */
 export const routeSchema = z.strictObject({
-  provider: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, { message: 'must be a provider name' }),
+  provider: z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, { message: 'must be a provider name' })
+    .describe('A provider of the project (a ModelProvider providerName).'),
   model: z.string().min(1).max(256),
   priority: z.number().int().min(0).max(1000).optional(),
   weight: z.number().positive().max(1_000_000).optional(),
@@ -82,21 +106,33 @@ export const limitsSchema = z.strictObject({
 });
 
 export const modelSpecSchema = z.strictObject({
-  id: modelIdSchema,
+  id: modelIdSchema.describe('What clients send as model.'),
   upstreamModel: z
     .string()
     .min(1)
     .max(256)
     .refine(isPlainText, { message: 'must not contain control characters' })
-    .optional(),
+    .optional()
+    .describe('What the provider gets (default: id).'),
   /** Tried in order (`priority`, then `weight` among equals); default: the provider `default`. */
-  routes: z.array(routeSchema).min(1).max(16).optional(),
+  routes: z
+    .array(routeSchema)
+    .min(1)
+    .max(16)
+    .optional()
+    .describe(
+      'Providers tried in order of priority, then by weight among equals (default: the provider "default").',
+    ),
   pricing: pricingSchema,
   /** Which APIs serve the model (default: chat and responses). */
-  endpoints: endpointsSchema.optional(),
+  endpoints: endpointsSchema.optional().describe('APIs serving it (default chat, responses).'),
   /** Output bound when the client sets none, and the most input accepted (default: the family's; src/models/output-limits.ts). */
-  maxOutputTokens: tokenLimitSchema.optional(),
-  contextWindow: tokenLimitSchema.optional(),
+  maxOutputTokens: tokenLimitSchema
+    .optional()
+    .describe("Output bound when the client sets none (default: the provider model family's)."),
+  contextWindow: tokenLimitSchema
+    .optional()
+    .describe("Most input tokens the provider accepts (default: the provider model family's)."),
 });
 export type ModelSpec = z.infer<typeof modelSpecSchema>;
 

@@ -107,3 +107,15 @@ export const updateEvent = (r: Resource, what: string) =>
   r.status?.observedGeneration !== r.metadata.generation
     ? normal('Updated', `Updated ${what}`)
     : normal('DriftCorrected', `Put back ${what} changed outside the resource`);
+
+/** A Secret the resource reads changed (rotated): its new value was written to `what`. */
+export const secretRotated = (what: string, secret: string): RecordedEvent =>
+  normal('SecretRotated', `Wrote the new value of Secret ${secret} to ${what}`);
+
+/**
+ * The project the resource's Project names is another one now (the Project was deleted and applied
+ * again): the resource's rows were written there, and those of the old project released as deleting the
+ * resource would (`released`: what was done there).
+ */
+export const projectChanged = (to: string, released: string): RecordedEvent =>
+  normal('ProjectChanged', `Moved to project ${to}, the one its Project manages now; ${released}`);

@@ -19,6 +19,7 @@ import { subscriptionsChangedChannel } from '../webhooks/filter.ts';
 import {
   createSubscription,
   findSubscriptionByManager,
+  releaseSubscription,
   setSubscriptionActive,
   updateSubscription,
   validateSubscriptionInput,
@@ -179,13 +180,21 @@ function providerStore(
       await upsertProvider(db, sealer, projectId, provider, { managedBy, actor: operatorActor(managedBy) });
       await projects.changed(projectId);
     },
-    async remove(projectId, name, managedBy) {
-      const removed = await removeProvider(db, projectId, name, {
-        managedBy,
-        actor: operatorActor(managedBy),
-      });
-      await projects.changed(projectId);
-      return removed;
+    async release(managedBy, keep) {
+      let query = db
+        .selectFrom('providers')
+        .select(['project_id', 'name'])
+        .where('managed_by', '=', managedBy);
+      if (keep)
+        query = query.where((eb) =>
+          eb.not(eb.and([eb('project_id', '=', keep.projectId), eb('name', '=', keep.name)])),
+        );
+      const rows = await query.orderBy('project_id').orderBy('name').execute();
+      for (const row of rows) {
+        await removeProvider(db, row.project_id, row.name, { managedBy, actor: operatorActor(managedBy) });
+        await projects.changed(row.project_id);
+      }
+      return rows.map((row) => ({ projectId: row.project_id, name: row.name }));
     },
     check: (input) => admin.checkProvider(input),
   };
@@ -228,26 +237,36 @@ function priceListStore(
         .execute();
       return new Set(rows.map((p) => p.name));
     },
-    async release(projectId, managedBy) {
-      const row = await db
-        .selectFrom('projects')
-        .select('pricing_managed_by')
-        .where('id', '=', projectId)
-        .executeTakeFirst();
-      if (row?.pricing_managed_by !== managedBy) return false;
-      const models = await db
-        .selectFrom('models')
-        .select('id')
-        .where('project_id', '=', projectId)
-        .orderBy('id')
-        .execute();
-      await deleteAllModels(db, projectId, { managedBy });
-      const target = { action: 'pricing.delete', type: 'pricing', id: null };
-      await audit(db, managedBy, projectId, target, { models: models.map((m) => m.id) }, null);
-      await projects.changed(projectId);
-      return true;
+    async release(managedBy, keep) {
+      const released: string[] = [];
+      for (const projectId of await managedProjects(db, 'pricing_managed_by', managedBy, keep)) {
+        const models = await db
+          .selectFrom('models')
+          .select('id')
+          .where('project_id', '=', projectId)
+          .orderBy('id')
+          .execute();
+        await deleteAllModels(db, projectId, { managedBy });
+        const target = { action: 'pricing.delete', type: 'pricing', id: null };
+        await audit(db, managedBy, projectId, target, { models: models.map((m) => m.id) }, null);
+        await projects.changed(projectId);
+        released.push(projectId);
+      }
+      return released;
     },
   };
+}
+
+/** The projects whose pricing (or limits) `managedBy` manages, but `keep`. */
+async function managedProjects(
+  db: Database,
+  column: 'pricing_managed_by' | 'limits_managed_by',
+  managedBy: string,
+  keep: string | undefined,
+): Promise<string[]> {
+  let query = db.selectFrom('projects').select('id').where(column, '=', managedBy);
+  if (keep) query = query.where('id', '!=', keep);
+  return (await query.orderBy('id').execute()).map((p) => p.id);
 }
 
 function limitPolicyStore({ db, projects }: OperatorServices): Omit<LimitPolicyStore, keyof ProjectLookup> {
@@ -264,13 +283,16 @@ function limitPolicyStore({ db, projects }: OperatorServices): Omit<LimitPolicyS
       if (replaced !== undefined) await audit(db, managedBy, projectId, limitsAudit, replaced, limits);
       await projects.changed(projectId);
     },
-    async release(projectId, managedBy) {
-      const row = await read(projectId).executeTakeFirst();
-      if (row?.limits_managed_by !== managedBy) return false;
-      await setProjectLimits(db, projectId, null, { managedBy, release: true });
-      if (row.limits) await audit(db, managedBy, projectId, limitsAudit, row.limits, null);
-      await projects.changed(projectId);
-      return true;
+    async release(managedBy, keep) {
+      const released: string[] = [];
+      for (const projectId of await managedProjects(db, 'limits_managed_by', managedBy, keep)) {
+        const row = await read(projectId).executeTakeFirstOrThrow();
+        await setProjectLimits(db, projectId, null, { managedBy, release: true });
+        if (row.limits) await audit(db, managedBy, projectId, limitsAudit, row.limits, null);
+        await projects.changed(projectId);
+        released.push(projectId);
+      }
+      return released;
     },
   };
 }
@@ -284,6 +306,7 @@ export function subscriptionStore(services: SubscriptionServices): SubscriptionS
       (await createSubscription(services, projectId, input, opts)).subscription,
     update: (projectId, id, input, opts) => updateSubscription(services, projectId, id, input, opts),
     setActive: (projectId, id, active, opts) => setSubscriptionActive(services, projectId, id, active, opts),
+    release: (projectId, id, managedBy) => releaseSubscription(services, projectId, id, managedBy),
     validate: (input) => validateSubscriptionInput(services, input),
     watchChanges: (onProject) => services.bus.subscribe(subscriptionsChangedChannel, onProject),
   };

@@ -5,7 +5,7 @@ import { html, raw } from '../html/index.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { keyNameOf } from '../users/schema.ts';
 import { useConnectLink } from '../users/sessions.ts';
-import { type Ctx, foreignPost, openToken, problemPage, tokenParam } from './links.ts';
+import { foreignPost, formProof, openToken, problemPage, tokenParam } from './links.ts';
 
 /**
  * The connect page (no API key; the signed token is the credential):
@@ -18,11 +18,6 @@ import { type Ctx, foreignPost, openToken, problemPage, tokenParam } from './lin
  *   redirect) — the key a coding agent is configured with. The link is single-use, so is the key's
  *   showing. A name that is not one (empty, too long, control characters) is ignored.
  */
-
-/** The hidden field value only the rendered connect page carries for this token. */
-function formProof(ctx: Ctx, token: string): string {
-  return ctx.sealer.sign(`connect-form:${token}`);
-}
 
 function foreignPostPage(reply: FastifyReply, why: 'cross_site' | 'not_the_form') {
   return sendPage(
@@ -89,14 +84,14 @@ export const connectPageRoutes = routeModule((app, ctx) => {
     const token = tokenParam(request);
     const opened = await openToken(reply, ctx, 'connect', token);
     if (!opened) return reply;
-    return connectPage(reply, opened.project, formProof(ctx, token), keyNameOf(request.query));
+    return connectPage(reply, opened.project, formProof(ctx, 'connect', token), keyNameOf(request.query));
   });
 
   app.post('/connect/*', async (request, reply) => {
     const token = tokenParam(request);
     const opened = await openToken(reply, ctx, 'connect', token);
     if (!opened) return reply;
-    const foreign = foreignPost(request, formProof(ctx, token));
+    const foreign = foreignPost(request, ctx, 'connect', token);
     if (foreign) return foreignPostPage(reply, foreign);
     const keyName = keyNameOf(request.query);
     const used = await useConnectLink(ctx.db, ctx.events, opened.project, opened.payload, keyName);

@@ -1,5 +1,4 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { safeEqual } from '../core/crypto.ts';
 import { sendPage } from '../html/hosted-page.ts';
 import { html } from '../html/index.ts';
 import type { LinkKind } from '../users/links.ts';
@@ -83,14 +82,27 @@ export async function openToken(
   return opened;
 }
 
+/** The pages with a form whose post must be the rendered page's own. */
+export type HostedForm = 'topup' | 'connect' | 'portal';
+
+/**
+ * The hidden field only the rendered page of `token` carries: signed with the active key, verified under
+ * every key of the ring (a page rendered before a key rotation still posts).
+ */
+export function formProof(ctx: Ctx, form: HostedForm, token: string): string {
+  return ctx.sealer.sign(`${form}-form:${token}`);
+}
+
 /**
  * Why a post is not the page's own form, or undefined when it is: a form content type with the hidden
- * field only the rendered page carries (derived from the token with the signing key: a link scanner
- * that POSTs blindly cannot produce it), and no cross-site post (`Sec-Fetch-Site`).
+ * field only the rendered page carries (`formProof`: a link scanner that POSTs blindly cannot produce
+ * it), and no cross-site post (`Sec-Fetch-Site`).
  */
 export function foreignPost(
   request: FastifyRequest,
-  expected: string,
+  ctx: Ctx,
+  form: HostedForm,
+  token: string,
 ): 'cross_site' | 'not_the_form' | undefined {
   if (request.headers['sec-fetch-site'] === 'cross-site') return 'cross_site';
   const type = String(request.headers['content-type'] ?? '')
@@ -100,7 +112,7 @@ export function foreignPost(
   if (type !== 'application/x-www-form-urlencoded') return 'not_the_form';
   const body = request.body as Record<string, unknown> | undefined;
   const proof = body?.confirm;
-  if (typeof proof !== 'string' || !safeEqual(proof, expected)) return 'not_the_form';
+  if (typeof proof !== 'string' || !ctx.sealer.verify(`${form}-form:${token}`, proof)) return 'not_the_form';
   return undefined;
 }
 
@@ -110,10 +122,13 @@ fieldset{border:0;padding:0;margin:0 0 1rem}
 .amounts{display:flex;flex-wrap:wrap;gap:.5rem;margin:.5rem 0 1rem}
 .amounts label{border:1px solid var(--muted);border-radius:8px;padding:.5rem .9rem;cursor:pointer}
 .amounts input{margin-right:.4rem}
-input[type=text]{font:inherit;padding:.45rem .6rem;border-radius:6px;border:1px solid var(--muted);width:9rem}
-dl{display:grid;grid-template-columns:auto 1fr;gap:.25rem 1rem;margin:0 0 1rem}
-dt{color:var(--muted)}dd{margin:0}
+input[type=text]{font:inherit;padding:.45rem .6rem;border-radius:6px;border:1px solid var(--muted);width:9rem;max-width:100%}
+dl{display:grid;grid-template-columns:auto minmax(0,1fr);gap:.25rem 1rem;margin:0 0 1rem}
+dt{color:var(--muted)}dd{margin:0;overflow-wrap:anywhere}
 .error{color:#c62828;font-weight:600}
 table{border-collapse:collapse;width:100%;margin:0 0 1rem;font-size:.925rem}
-th,td{text-align:left;padding:.3rem .4rem;border-bottom:1px solid rgba(127,127,127,.25)}
+th,td{text-align:left;padding:.3rem .4rem;border-bottom:1px solid rgba(127,127,127,.25);vertical-align:top}
+/* an id in a description breaks anywhere; amounts never break */
+td{overflow-wrap:anywhere}
+td.num,th.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 </style>`;

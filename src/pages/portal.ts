@@ -4,13 +4,13 @@ import { findWallet } from '../billing/ledger.ts';
 import { formatForCurrency, Money } from '../core/money.ts';
 import { routeModule } from '../core/plugins.ts';
 import { sendPage } from '../html/hosted-page.ts';
-import { html, type Raw, raw } from '../html/index.ts';
+import { money as amount, html, type Raw, raw } from '../html/index.ts';
 import { autoRechargeOf, setAutoRecharge } from '../payments/recharge.ts';
 import type { ProjectContext } from '../projects/directory.ts';
 import { issueUserKey } from '../users/keys.ts';
 import { linkSettingsOf, newLinkUrl } from '../users/links.ts';
 import { keyNameOf } from '../users/schema.ts';
-import { CHECKOUT_STYLE, type Ctx, foreignPost, openToken, tokenParam } from './links.ts';
+import { CHECKOUT_STYLE, type Ctx, foreignPost, formProof, openToken, tokenParam } from './links.ts';
 
 /**
  * The user's portal (`/portal/{token}`, a link from `POST /v1/user/portal` and the top-up pages): the
@@ -63,8 +63,7 @@ export const portalPageRoutes = routeModule((app, ctx) => {
   app.post('/portal/*', async (request, reply) => {
     const opened = await openPortal(request, reply);
     if (!opened) return reply;
-    const proof = ctx.sealer.sign(`portal-form:${opened.token}`);
-    if (foreignPost(request, proof))
+    if (foreignPost(request, ctx, 'portal', opened.token))
       return portalPage(reply, ctx, { ...opened, error: 'Press Save on this page.', status: 400 });
     const body = (request.body ?? {}) as Record<string, unknown>;
     if (body.action === 'create_key' || body.action === 'revoke_key')
@@ -93,7 +92,7 @@ async function portalPage(
   },
 ) {
   const { project, user } = input;
-  const money = (v: string) => `${formatForCurrency(v, project.currency)} ${project.currency.toUpperCase()}`;
+  const money = (v: string) => html`${amount(v, project.currency)} ${project.currency.toUpperCase()}`;
   const wallet = await findWallet(ctx.db, project.id, user);
   const payments = wallet
     ? await ctx.db
@@ -135,13 +134,13 @@ ${input.notice ? html`<p class="muted" role="status">${input.notice}</p>` : raw(
 ${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
 <p><a class="button" href="${topupUrl(ctx, project.id, user)}">Top up</a></p>
 ${recharge ? rechargeSection(ctx, input.token, recharge, money, project.currency) : raw('')}
-${keysSection(ctx.sealer.sign(`portal-form:${input.token}`), keys, input.newKey)}
+${keysSection(formProof(ctx, 'portal', input.token), keys, input.newKey)}
 <h2>Top-ups</h2>
-<table><thead><tr><th>Date</th><th>Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
+<table><thead><tr><th>Date</th><th class="num">Amount</th><th>Status</th><th>Receipt</th></tr></thead><tbody>
 ${rows(
   payments.map(
     (p) =>
-      html`<tr><td>${day(p.paid_at ?? p.created_at)}</td><td>${money(p.amount)}${
+      html`<tr><td>${day(p.paid_at ?? p.created_at)}</td><td class="num">${money(p.amount)}${
         p.provider === 'test' ? html` <span class="muted">(test)</span>` : raw('')
       }</td><td>${p.status}${
         new Money(p.refunded).gt(0) ? html` (${money(p.refunded)} refunded)` : raw('')
@@ -151,11 +150,11 @@ ${rows(
 )}
 </tbody></table>
 <h2>Usage and credits</h2>
-<table><thead><tr><th>Date</th><th>What</th><th>Amount</th></tr></thead><tbody>
+<table><thead><tr><th>Date</th><th>What</th><th class="num">Amount</th></tr></thead><tbody>
 ${rows(
   activity.map(
     (e) =>
-      html`<tr><td>${day(e.created_at)}</td><td>${e.description ?? `${e.kind} (${e.source})`}</td><td>${money(e.amount)}</td></tr>`,
+      html`<tr><td>${day(e.created_at)}</td><td>${e.description ?? `${e.kind} (${e.source})`}</td><td class="num">${money(e.amount)}</td></tr>`,
   ),
   3,
 )}
@@ -168,7 +167,7 @@ function rechargeSection(
   ctx: Ctx,
   token: string,
   r: NonNullable<Awaited<ReturnType<typeof autoRechargeOf>>>,
-  money: (v: string) => string,
+  money: (v: string) => Raw,
   currency: string,
 ): Raw {
   const failed = r.failureReason
@@ -179,7 +178,7 @@ function rechargeSection(
   return html`<h2>Automatic recharge</h2>${failed}
 <p>${r.on ? html`On: when your available balance falls below <strong>${money(r.threshold)}</strong>, <strong>${money(r.amount)}</strong> is charged to your saved card (at most ${money(r.settings.monthlyCap)} a month).` : raw('Off.')}</p>
 <form method="post">
-<input type="hidden" name="confirm" value="${ctx.sealer.sign(`portal-form:${token}`)}">
+<input type="hidden" name="confirm" value="${formProof(ctx, 'portal', token)}">
 <p><label><input type="checkbox" name="autoRecharge" value="on"${raw(r.on ? ' checked' : '')}> Recharge automatically</label></p>
 <p><label>When the balance falls below: <input type="text" name="threshold" inputmode="decimal" value="${formatForCurrency(r.threshold, currency)}"></label></p>
 <p><label>Recharge (${money(r.minimum)} to ${money(r.maximum)}): <input type="text" name="rechargeAmount" inputmode="decimal" value="${formatForCurrency(r.amount, currency)}"></label></p>

@@ -4,7 +4,7 @@ import { amountSchema, currencyDecimals, formatForCurrency, Money } from '../cor
 import { routeModule } from '../core/plugins.ts';
 import type { PaymentSettings } from '../db/schema.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
-import { html, raw } from '../html/index.ts';
+import { money as amount, html, raw } from '../html/index.ts';
 import { openConnection } from '../payments/connection.ts';
 import { PaymentProviderError } from '../payments/provider.ts';
 import { startCheckout } from '../payments/service.ts';
@@ -16,6 +16,7 @@ import {
   CHECKOUT_STYLE,
   type Ctx,
   foreignPost,
+  formProof,
   openToken,
   problemPage,
   TOKEN_SHAPE,
@@ -65,10 +66,6 @@ function openDoneToken(
 
 const TEST_NOTICE = html`<p class="muted" role="note"><strong>Test payments</strong> — you pay on a test checkout with a test card; no money moves.</p>`;
 
-function formProof(ctx: Ctx, token: string): string {
-  return ctx.sealer.sign(`topup-form:${token}`);
-}
-
 /**
  * What a top-up link asks for: for a refusal's link, the gap — what the refused request needs less the
  * available balance now (undefined when that already covers it) — otherwise the amount the link names.
@@ -104,7 +101,7 @@ async function checkoutPage(
 ) {
   const { project, user, settings } = input;
   const currency = project.currency;
-  const money = (v: string) => `${formatForCurrency(v, currency)} ${currency.toUpperCase()}`;
+  const money = (v: string) => html`${amount(v, currency)} ${currency.toUpperCase()}`;
   const wallet = await findWallet(ctx.db, project.id, user);
   const available = wallet?.available ?? '0';
   // The first preset that covers what is needed is chosen; none does: the custom amount, prefilled.
@@ -217,7 +214,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
         user: payload.u,
         needed: amount,
         settings: checkSettings(project.currency, connection.settings),
-        proof: formProof(ctx, token),
+        proof: formProof(ctx, 'topup', token),
         notice: cancelled ? 'The payment was cancelled; nothing was charged.' : undefined,
         test: connection.provider === 'test',
       });
@@ -244,11 +241,11 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     if (!connection) return reply.headers(PRIVATE_HEADERS).redirect(`/topup/${token}`, 303);
     const test = connection.provider === 'test';
     const settings = checkSettings(project.currency, connection.settings);
-    const proof = formProof(ctx, token);
+    const proof = formProof(ctx, 'topup', token);
     const needed = await neededOf(ctx, project, payload);
     const again = (error: string, status: number) =>
       checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status, test });
-    if (foreignPost(request, proof)) return again('Press Pay on this page to pay.', 400);
+    if (foreignPost(request, ctx, 'topup', token)) return again('Press Pay on this page to pay.', 400);
     const body = (request.body ?? {}) as Record<string, unknown>;
     const chosen = chosenAmount(body, project.currency, settings);
     if (!chosen.ok) return again(chosen.error, 400);
@@ -282,8 +279,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     if (!payment) return problemPage(reply, 'forged');
     const project = await ctx.projects.get(payment.project_id);
     if (!project) return problemPage(reply, 'unknown_project');
-    const money = (v: string) =>
-      `${formatForCurrency(v, payment.currency)} ${payment.currency.toUpperCase()}`;
+    const money = (v: string) => html`${amount(v, payment.currency)} ${payment.currency.toUpperCase()}`;
     const wallet = await findWallet(ctx.db, project.id, payment.external_id);
     const paid = ['paid', 'refunded', 'disputed'].includes(payment.status);
     const portal = portalLink(linkSettingsOf(ctx), project.id, payment.external_id).url;

@@ -188,6 +188,19 @@ export async function assertProviderWritable(
   assertWritable(`The provider ${name} of ${projectId}`, row?.managed_by, writer);
 }
 
+/**
+ * Refuses a write of the project's provider connection (the provider `default`) with the 409 naming the
+ * resource that manages what is written: the provider's ModelProvider first, else the project's Project.
+ */
+export async function assertConnectionWritable(
+  db: Database,
+  project: Pick<Project, 'id' | 'managed_by'>,
+  writer: string | undefined,
+): Promise<void> {
+  await assertProviderWritable(db, project.id, DEFAULT_PROVIDER, writer);
+  assertWritable(`Project ${project.id}`, project.managed_by, writer);
+}
+
 /** A project as the audit log keeps it: name, currency, settings, the provider without its key. */
 export function auditedProject(p: Project) {
   return {
@@ -244,9 +257,9 @@ export async function updateProject(
 ): Promise<Project> {
   const parsed = parseInput(updateProjectSchema, input, 'project');
   const current = await getProject(db, id);
-  assertWritable(`Project ${id}`, current.managed_by, opts.managedBy);
   if (parsed.upstreamUrl !== undefined || parsed.upstreamKey !== undefined)
-    await assertProviderWritable(db, id, DEFAULT_PROVIDER, opts.managedBy);
+    await assertConnectionWritable(db, current, opts.managedBy);
+  else assertWritable(`Project ${id}`, current.managed_by, opts.managedBy);
   const updated = await db
     .updateTable('projects')
     .set({

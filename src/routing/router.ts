@@ -91,7 +91,7 @@ export class Router {
   constructor(ctx: RouterHost, agent: Agent) {
     const c = ctx.config;
     this.#tracing = ctx.tracing;
-    this.#hop = { [HOP_HEADER]: hopId((data) => ctx.sealer.sign(data)) };
+    this.#hop = { [HOP_HEADER]: hopId(ctx.sealer) };
     this.#settings = {
       maxAttempts: c.ROUTING_MAX_ATTEMPTS,
       deadlineMs: c.ROUTING_DEADLINE_MS,

@@ -399,6 +399,31 @@ export async function setSubscriptionActive(
 }
 
 /**
+ * Hands a subscription back from its resource (deleted, or following its re-created Project elsewhere):
+ * inactive, and no longer managed, so the REST API may edit or delete it.
+ */
+export async function releaseSubscription(
+  ctx: SubscriptionStore,
+  projectId: string,
+  id: string,
+  managedBy: string,
+): Promise<SubscriptionView> {
+  const current = await findRow(ctx, projectId, id);
+  assertManager(current, managedBy);
+  return writeChange(
+    ctx,
+    current,
+    { is_active: false, managed_by: null, disabled_at: null, disabled_reason: null },
+    {
+      actor: auditActor({ managedBy }),
+      action: 'webhook_subscription.release',
+      before: { isActive: current.is_active, managedBy },
+      after: (updated) => ({ isActive: updated.is_active, managedBy: null }),
+    },
+  );
+}
+
+/**
  * Writes a change of one subscription and its audit entry in one transaction, then makes every process
  * refresh its event filter.
  */

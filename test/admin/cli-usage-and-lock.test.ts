@@ -115,7 +115,8 @@ describe('GET /', () => {
       expect(text).toContain('href="/docs"');
       const docs = await fetch(`${server.url}/docs`);
       expect(docs.status).toBe(200);
-      expect(await docs.text()).toMatch(/^# Tollgate/);
+      expect(docs.headers.get('content-type')).toMatch(/text\/html/);
+      expect(await docs.text()).toContain('<h1 id="tollgate-documentation">Tollgate documentation');
     } finally {
       await server.close();
     }

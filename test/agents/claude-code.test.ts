@@ -19,7 +19,7 @@ import {
 /**
  * Claude Code (`@anthropic-ai/claude-code`, the npm package's native binary) with its default
  * settings — `claude -p`, its default model, its betas, its tools and permission mode — configured as
- * the README's "Coding agents" says: `ANTHROPIC_BASE_URL`, a key, and (without an end-user key) the
+ * docs/coding-agents.md says: `ANTHROPIC_BASE_URL`, a key, and (without an end-user key) the
  * end user in `ANTHROPIC_CUSTOM_HEADERS`. Offline: Tollgate on loopback, the echo provider or a
  * scripted provider of kind `anthropic` behind it.
  */

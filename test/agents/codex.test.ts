@@ -18,7 +18,7 @@ import {
 
 /**
  * Codex (`@openai/codex`, the npm package) with its default settings — `codex exec`, its sandbox and
- * approval policy — configured as the README's "Coding agents" says: a `config.toml` provider with
+ * approval policy — configured as docs/coding-agents.md says: a `config.toml` provider with
  * Tollgate's base URL, the key's environment variable and the Responses API. Offline: Tollgate on
  * loopback, the echo provider or a scripted OpenAI-compatible provider behind it.
  */

@@ -116,6 +116,11 @@ const rounds = fc.array(fc.array(op, { minLength: 1, maxLength: 12 }), { minLeng
  *   so it was not run again at all (`floor` 2.778 ≥ 0.01);
  * - one run again after the give-back found the whole balance taken again, by a hold's new slice on the
  *   same pod, and was not run a third time (`floor` 0.009 ≥ 0.000345).
+ *
+ * And one of the test's own: a refund retires the wallet's slices and the pods give them back in the
+ * background, so a give-back can commit after the round; the comparison read the open slices and the
+ * wallet's held amount in two statements, and a slice closed between them showed 0.004 of slices against
+ * 0 held. Both are now read in one statement (one snapshot).
  */
 const FOUND: Op[][][] = [
   [
@@ -146,6 +151,46 @@ const FOUND: Op[][][] = [
       { kind: 'charge', wallet: 0, amount: '0.000345' },
       { kind: 'grant', wallet: 2, amount: '3.85', priority: 0, expiry: 'past' },
       { kind: 'deposit', wallet: 1, amount: '0.394' },
+    ],
+  ],
+  [
+    [
+      { kind: 'charge', wallet: 1, amount: '1.55' },
+      { kind: 'refund', wallet: 0, amount: '0.000001' },
+      { kind: 'hold', wallet: 0, amount: '0.000011' },
+      { kind: 'deposit', wallet: 0, amount: '0.2' },
+    ],
+    [
+      { kind: 'expire' },
+      { kind: 'hold', wallet: 0, amount: '0.000250' },
+      { kind: 'release', pick: 0 },
+      { kind: 'hold', wallet: 1, amount: '0.228' },
+      { kind: 'deposit', wallet: 1, amount: '0.358' },
+      { kind: 'charge', wallet: 1, amount: '2.4' },
+      { kind: 'release', pick: 1509401372 },
+      { kind: 'release', pick: 640369083 },
+      { kind: 'hold', wallet: 2, amount: '0.329' },
+    ],
+    [
+      { kind: 'expire' },
+      { kind: 'hold', wallet: 2, amount: '1.95' },
+      { kind: 'refund', wallet: 2, amount: '0.000176' },
+      { kind: 'release', pick: 1602372130 },
+      { kind: 'hold', wallet: 1, amount: '0.241' },
+      { kind: 'settle', pick: 982906953, cost: '0' },
+    ],
+    [
+      { kind: 'release', pick: 763982051 },
+      { kind: 'release', pick: 506152533 },
+      { kind: 'refund', wallet: 0, amount: '0.000101' },
+      { kind: 'charge', wallet: 1, amount: '0.364' },
+      { kind: 'grant', wallet: 2, amount: '0.46', priority: 2, expiry: 'later' },
+      { kind: 'settle', pick: 178114382, cost: '0' },
+      { kind: 'expire' },
+      { kind: 'settle', pick: 680455229, cost: '', over: 36 },
+      { kind: 'settle', pick: 1041270484, cost: '', over: 32 },
+      { kind: 'grant', wallet: 1, amount: '0.004', priority: 2, expiry: 'later' },
+      { kind: 'refund', wallet: 1, amount: '1.34' },
     ],
   ],
 ];
@@ -449,9 +494,7 @@ async function runProperty(pods: AppContext[], project: Project, runs: number) {
     {
       numRuns: Number(process.env.PROPERTY_RUNS ?? runs),
       examples: FOUND.map((plan): [Op[][]] => [plan]),
-      // One seed by default, so the suite is the same on every run; PROPERTY_SEED explores others. Open:
-      // PROPERTY_SEED=604001136 (escrow on two pods) ends with a wallet's slices 0.224 where the model
-      // has 0.014 (a refund's reclaim among holds in flight), not yet explained.
+      // One seed by default, so the suite is the same on every run; PROPERTY_SEED explores others.
       seed: Number(process.env.PROPERTY_SEED ?? 20_261_128),
       // a loaded machine runs fewer of the random runs rather than time out
       interruptAfterTimeLimit: 100_000,
@@ -498,12 +541,6 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
       });
     }
     await compareEvents(ctx, project, id, wallet.userId, charges, THRESHOLDS[i]!);
-    const openHolds = await ctx.db
-      .selectFrom('holds')
-      .select(['id', 'amount', 'reserved'])
-      .where('user_id', '=', wallet.userId)
-      .where('status', '=', 'open')
-      .execute();
     const grants = await ctx.db
       .selectFrom('credit_grants')
       .select(['id', 'remaining'])
@@ -520,13 +557,31 @@ async function compare(ctx: AppContext, project: Project, ids: string[], model: 
       granted: w.grants.reduce((sum, g) => sum.plus(g.remaining), new Money(0)).toFixed(),
       grants: Object.fromEntries(w.grants.map((g) => [g.id, g.remaining.toFixed()])),
     });
+    // The wallet's slices and its open holds in one statement, so one snapshot: a pod may still be giving
+    // a slice back after the round (a refund retires slices in the background), and a slice closed
+    // between two reads would count in one and not in the other.
     const inside = await ctx.db
-      .selectFrom('end_users')
-      .select(['held', 'reserved'])
-      .where('id', '=', wallet.userId)
+      .selectFrom('end_users as e')
+      .select((eb) => [
+        'e.held',
+        'e.reserved',
+        eb
+          .selectFrom('holds as h')
+          .select(sql<string>`coalesce(sum(h.amount), 0)`.as('s'))
+          .whereRef('h.user_id', '=', 'e.id')
+          .where('h.status', '=', 'open')
+          .as('slices'),
+        eb
+          .selectFrom('holds as h')
+          .select(sql<string>`coalesce(sum(h.reserved), 0)`.as('r'))
+          .whereRef('h.user_id', '=', 'e.id')
+          .where('h.status', '=', 'open')
+          .as('reservations'),
+      ])
+      .where('e.id', '=', wallet.userId)
       .executeTakeFirstOrThrow();
-    const slices = openHolds.reduce((sum, h) => sum.plus(h.amount), new Money(0));
-    const reservations = openHolds.reduce((sum, h) => sum.plus(h.reserved), new Money(0));
+    const slices = new Money(inside.slices ?? 0);
+    const reservations = new Money(inside.reservations ?? 0);
     expect({
       wallet: id,
       balance: new Money(wallet.balance).toFixed(),

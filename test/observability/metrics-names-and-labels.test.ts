@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { Metrics } from '../../src/metrics/registry.ts';
 import { parseMetrics } from '../helpers/metrics-text.ts';
 
-/** The metric set the README documents: name → [type, label names]. */
+/** The metric set docs/operations.md documents: name → [type, label names]. */
 const EXPECTED: Record<string, [string, string[]]> = {
   tollgate_build_info: ['gauge', ['version', 'node_version']],
   tollgate_http_requests_total: ['counter', ['project', 'route', 'method', 'status']],
@@ -118,9 +118,9 @@ describe('metric names and labels', () => {
   });
 });
 
-describe("the README's metrics table", () => {
+describe('the metrics table of docs/operations.md', () => {
   it('lists every metric with its type and labels', () => {
-    const readme = readFileSync(join(import.meta.dirname, '..', '..', 'README.md'), 'utf8');
+    const readme = readFileSync(join(import.meta.dirname, '..', '..', 'docs', 'operations.md'), 'utf8');
     const section = readme.slice(readme.indexOf('\n## Metrics'));
     const rows = new Map<string, [string, string[]]>();
     for (const line of section.split('\n')) {

@@ -120,6 +120,9 @@ async function row(managedBy: string) {
     .executeTakeFirst();
 }
 
+const rowById = (id: string) =>
+  ctx.db.selectFrom('webhook_subscriptions').selectAll().where('id', '=', id).executeTakeFirstOrThrow();
+
 async function eventsFor(name: string) {
   const list = await kube.core.listNamespacedEvent({ namespace: ns });
   return list.items.filter((e) => e.involvedObject.name === name);
@@ -267,7 +270,7 @@ describe('WebhookSubscription reconcile', () => {
     expect(restored.url).toBe(`${HOOK}/v2`);
     expect(
       (await eventsFor('billing')).some(
-        (e) => e.reason === 'Updated' && /outside the resource/.test(e.message ?? ''),
+        (e) => e.reason === 'DriftCorrected' && /outside the resource/.test(e.message ?? ''),
       ),
     ).toBe(true);
     // Re-activating resets the failure count; the status mirrors what the row says.
@@ -278,7 +281,7 @@ describe('WebhookSubscription reconcile', () => {
     );
   });
 
-  it('keeps a subscription on its paywall: changing paywallId is refused', async () => {
+  it('follows a changed paywallId where the API server lets it: the old row released, a new one made', async () => {
     await apply('moving', { paywallId, url: HOOK, events: ['*'] });
     const before = await untilReady('moving');
     const other = await seedProject(ctx);
@@ -291,13 +294,23 @@ describe('WebhookSubscription reconcile', () => {
       expect(typeof body === 'string' ? body : JSON.stringify(body)).toContain('paywallId cannot change');
       return;
     }
-    const r = await untilReady('moving', 'InvalidSpec');
-    expect(ready(r)?.message).toContain('spec.paywallId cannot change');
+    const moved = await untilReady(
+      'moving',
+      'Synced',
+      (r) => r.status?.subscriptionId !== before.status?.subscriptionId,
+    );
     expect(await row(`WebhookSubscription ${ns}/moving`)).toMatchObject({
-      id: before.status?.subscriptionId,
-      project_id: paywallId,
+      id: moved.status?.subscriptionId,
+      project_id: other.projectId,
       is_active: true,
     });
+    // the old row: inactive, and the REST API's again
+    expect(await rowById(before.status!.subscriptionId!)).toMatchObject({
+      project_id: paywallId,
+      is_active: false,
+      managed_by: null,
+    });
+    expect((await eventsFor('moving')).map((e) => e.reason)).toContain('ProjectChanged');
   });
 
   it('pauses with active: false and re-enables with active: true', async () => {
@@ -339,12 +352,16 @@ describe('WebhookSubscription reconcile', () => {
     expect(await row(`WebhookSubscription ${ns}/billing`)).toMatchObject({ is_active: true });
   });
 
-  it('deactivates the row through the finalizer when the resource is deleted', async () => {
+  it('releases the row through the finalizer when the resource is deleted: inactive, the REST API’s again', async () => {
     const managedBy = `WebhookSubscription ${ns}/audit`;
-    expect(await row(managedBy)).toMatchObject({ is_active: true });
+    const managed = await row(managedBy);
+    expect(managed).toMatchObject({ is_active: true });
     await kube.custom.deleteNamespacedCustomObject(ref('audit'));
     await target.until(async () => !(await read('audit')), 'audit to be gone');
-    expect(await row(managedBy)).toMatchObject({ is_active: false });
+    expect(await rowById(managed!.id)).toMatchObject({ is_active: false, managed_by: null });
+    // no 409 any more: the REST side may enable it again
+    await setSubscriptionActive(ctx, paywallId, managed!.id, true);
+    expect(await rowById(managed!.id)).toMatchObject({ is_active: true });
   });
 
   it('shows a subscription disabled by endpoint health as Ready=False/EndpointDisabled until the spec changes', async () => {
@@ -496,10 +513,11 @@ describe.skipIf(realCluster)('against the fake API server only', () => {
   });
 
   it('garbage-collects the generated Secret with its resource', async () => {
+    const managed = await row(`WebhookSubscription ${ns}/billing`);
     await kube.custom.deleteNamespacedCustomObject(ref('billing'));
     await target.until(async () => !(await read('billing')), 'billing to be gone');
     expect(target.fake!.get('', 'secrets', ns, 'billing-webhook-secret')).toBeUndefined();
-    expect(await row(`WebhookSubscription ${ns}/billing`)).toMatchObject({ is_active: false });
+    expect(await rowById(managed!.id)).toMatchObject({ is_active: false, managed_by: null });
   });
 });
 
@@ -560,7 +578,7 @@ describe('change notices from the database', () => {
       await subscriptionsChanged(ctx, paywallId);
       await target.until(async () => {
         const list = await kube.core.listNamespacedEvent({ namespace: ns2 });
-        return list.items.some((e) => e.reason === 'Updated');
+        return list.items.some((e) => e.reason === 'DriftCorrected');
       }, 'the row to be put back');
       expect(await row(managedBy)).toMatchObject({ is_active: true });
     } finally {

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Principal } from '../../src/admin/accounts.ts';
-import { applyModels, revokeApiKey, updateOwnedProject } from '../../src/admin/service.ts';
+import { applyModels, connectProvider, revokeApiKey, updateOwnedProject } from '../../src/admin/service.ts';
 import type { AppContext } from '../../src/app/context.ts';
 import { applyPricing } from '../../src/models/service.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
@@ -225,6 +225,9 @@ describe('ModelProvider', () => {
         ).key_sealed!,
       );
     await target.until(async () => (await keyOf()) === 'sk-rotated', 'the rotated key');
+    // a rotation is named as one, not as a drift put back
+    await target.until(async () => (await eventsFor('openai')).includes('SecretRotated'), 'SecretRotated');
+    expect(await eventsFor('openai')).not.toContain('DriftCorrected');
     await ctx.db
       .updateTable('providers')
       .set({ base_url: 'http://127.0.0.1:9/v1' })
@@ -241,6 +244,7 @@ describe('ModelProvider', () => {
         )?.base_url === upstream.baseUrl,
       'the base URL put back',
     );
+    await target.until(async () => (await eventsFor('openai')).includes('DriftCorrected'), 'DriftCorrected');
   });
 
   it('is read-only elsewhere', async () => {
@@ -248,6 +252,12 @@ describe('ModelProvider', () => {
       upsertProvider(ctx.db, ctx.sealer, projectId, { name: 'default', baseUrl: 'https://example.com/v1' }),
     ).rejects.toMatchObject({ status: 409, message: expect.stringContaining(`ModelProvider ${ns}/openai`) });
     await expect(removeProvider(ctx.db, projectId, 'default')).rejects.toMatchObject({ status: 409 });
+    // PUT …/provider: the 409 names the ModelProvider that manages the provider, not the Project
+    const put = connectProvider(ctx, admin, projectId, { baseUrl: upstream.baseUrl, apiKey: 'sk-hand' });
+    await expect(put).rejects.toMatchObject({
+      status: 409,
+      message: expect.stringContaining(`ModelProvider ${ns}/openai`),
+    });
   });
 
   it('reports an unreachable provider; refuses an unknown type at the API server', async () => {

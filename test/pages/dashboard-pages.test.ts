@@ -168,7 +168,7 @@ describe('dashboard pages', () => {
     const userPage = (await get(granted.location!)).text;
     expect(userPage).toContain('Credit granted.');
     expect(userPage).toMatch(
-      /<td>goodwill<\/td><td class="num">1.50<\/td><td class="num">1.50<\/td><td>2<\/td><td>2099-01-31 23:59<\/td>/,
+      /<td data-label="Reason"><div>goodwill<\/div><\/td><td class="num" data-label="Amount"><div>1.50<\/div><\/td><td class="num" data-label="Left"><div>1.50<\/div><\/td><td data-label="Priority"><div>2<\/div><\/td><td data-label="Expires \(UTC\)"><div>2099-01-31 23:59<\/div><\/td>/,
     );
     expect(userPage).toContain('credits 1.50');
     const badGrant = await post(`${path}/users/credits`, { user: 'u1', amount: '1', reason: 'Free Money' });

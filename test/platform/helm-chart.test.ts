@@ -469,6 +469,8 @@ describe('the chart metadata', () => {
     const crds = readdirSync(join(root, 'crds')).map((f) => readFileSync(join(root, 'crds', f), 'utf8'));
     expect(crds.some((text) => /fieldPath:/.test(text))).toBe(true);
     expect(meta.kubeVersion).toBe('>=1.28.0-0');
-    expect(readFileSync(join(root, 'README.md'), 'utf8')).toContain('It needs Kubernetes 1.28 or later');
+    expect(readFileSync(join(root, 'docs', 'kubernetes.md'), 'utf8')).toContain(
+      'It needs Kubernetes 1.28 or later',
+    );
   });
 });

@@ -7,6 +7,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rotateKeys, SEALED_COLUMNS } from '../../src/app/key-rotation.ts';
 import { Sealer } from '../../src/core/crypto.ts';
+import { HOP_HEADER, hopId } from '../../src/net/hop.ts';
 import { getProject } from '../../src/projects/service.ts';
 import { upsertProvider } from '../../src/routing/providers.ts';
 import { connectUser } from '../../src/users/service.ts';
@@ -58,6 +59,9 @@ describe.skipIf(!realPostgres)('rotating on Postgres while two pods serve', () =
   let projectId: string;
   let apiKey: string;
   let topupUrl: string;
+  let connectUrl: string;
+  /** The connect page's form as a browser rendered it from a pod on the old key. */
+  let connectForm: string;
 
   beforeAll(async () => {
     mock = await startMockUpstream();
@@ -97,6 +101,13 @@ describe.skipIf(!realPostgres)('rotating on Postgres while two pods serve', () =
     await podA.ctx.billing.deposit({ project, externalId: 'load', amount: '100', source: 'test', trigger });
     // a top-up link signed with the old key
     topupUrl = (await api(podA, apiKey, 'POST', '/v1/user/topup', { user: 'load' })).body.url as string;
+    connectUrl = (await api(podA, apiKey, 'POST', '/v1/user/connect', { user: 'formy' })).body.url as string;
+    const page = await (await fetch(`${podA.url}${new URL(connectUrl).pathname}`)).text();
+    connectForm = new URLSearchParams(
+      [...page.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)].map(
+        ([, name, value]) => [name!, value!] as [string, string],
+      ),
+    ).toString();
     await podA.close();
     // the rolling update: every pod now runs the ring, the new key first
     pods = [
@@ -155,6 +166,38 @@ describe.skipIf(!realPostgres)('rotating on Postgres while two pods serve', () =
     // the top-up link the old key signed still opens (links stay valid until they expire)
     const link = await fetch(`${pods[1]!.url}${new URL(topupUrl).pathname}`, { redirect: 'manual' });
     expect(link.status).toBeLessThan(400);
+  });
+
+  it('a form rendered under the old key still posts to a pod on the ring; a forged one does not', async () => {
+    expect(connectForm).toMatch(/confirm=/);
+    const path = new URL(connectUrl).pathname;
+    const post = (body: string) =>
+      fetch(`${pods[1]!.url}${path}`, {
+        method: 'POST',
+        redirect: 'manual',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body,
+      });
+    const connected = async () =>
+      (await api(pods[1]!, apiKey, 'GET', '/v1/user/balance?user=formy')).body.connected as boolean;
+    const forged = await post(connectForm.replace(/confirm=[^&]+/, `confirm=${'A'.repeat(43)}`));
+    expect(forged.status).toBe(400);
+    await forged.arrayBuffer();
+    expect(await connected()).toBe(false);
+    const res = await post(connectForm);
+    expect(res.status).toBeLessThan(400);
+    await res.arrayBuffer();
+    expect(await connected()).toBe(true);
+  });
+
+  it('a request a pod on the old key sent upstream comes back to a pod on the ring: refused as a loop', async () => {
+    const oldPodHop = hopId(new Sealer(Buffer.from(KEY_A, 'hex')));
+    expect(oldPodHop).not.toBe(hopId(pods[0]!.ctx.sealer));
+    for (const hop of [oldPodHop, hopId(pods[0]!.ctx.sealer)]) {
+      const res = await fetch(`${pods[0]!.url}/v1/models`, { headers: { [HOP_HEADER]: hop } });
+      expect(res.status).toBe(508);
+      await res.arrayBuffer();
+    }
   });
 
   it('afterwards the new key alone serves; the old key alone is refused at start', async () => {

@@ -4,10 +4,10 @@ import { describe, expect, it } from 'vitest';
 import { dataDirFor, devEnv, startDev } from '../helpers/dev-process.ts';
 
 /**
- * The README's quick start, step by step against a real `tollgate dev` on the embedded database, offline:
- * a new user gets the connect link, connects on the hosted page, gets the top-up link, pays on the test
- * checkout with the test card, chats and pays for it; then is funded with the CLI over the admin API
- * (the printed variables).
+ * The README's "From `make dev` to a paid chat", step by step against a real `tollgate dev` on the
+ * embedded database, offline: a new user gets the connect link, connects on the hosted page, gets the
+ * top-up link, pays on the test checkout with the test card, chats and pays for it; then is funded with
+ * the CLI over the admin API (the printed variables).
  */
 describe('the README walkthrough', () => {
   let child: ChildProcess | undefined;

@@ -10,6 +10,7 @@ describe('route families', () => {
     expect(familyOf('/portal/*')).toBe('public');
     expect(familyOf('/')).toBe('public');
     expect(familyOf('/docs')).toBe('public');
+    expect(familyOf('/docs/:page')).toBe('public');
     expect(familyOf('/dashboard/projects/:id')).toBe('dashboard');
     expect(familyOf('/admin/v1/projects')).toBe('admin');
     expect(familyOf('/metrics')).toBe('internal');

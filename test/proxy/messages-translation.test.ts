@@ -13,7 +13,7 @@ import {
 import type { SseMessage } from '../../src/upstream/types.ts';
 
 /**
- * The Messages ⇄ Chat Completions translation as pure functions, table-tested: each row of the README's
+ * The Messages ⇄ Chat Completions translation as pure functions, table-tested: each row of docs/api.md's
  * mapping tables, both directions, and the fields that are refused with a 400 naming them.
  */
 const base = { model: 'm', max_tokens: 10 };

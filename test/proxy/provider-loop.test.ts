@@ -57,7 +57,7 @@ describe('a provider that is this Tollgate', () => {
   });
 
   it('refuses its own hop id with 508, and lets another deployment’s through', async () => {
-    const own = hopId((data) => server.ctx.sealer.sign(data));
+    const own = hopId(server.ctx.sealer);
     const res = await fetch(`${server.url}/v1/models`, { headers: { [HOP_HEADER]: own } });
     expect(res.status).toBe(508);
     expect(((await res.json()) as { error: { code: string } }).error.code).toBe('loop_detected');

@@ -13,7 +13,7 @@ import {
 } from '../../admin/accounts.ts';
 import { ApiError } from '../../core/errors.ts';
 import { routeModule } from '../../core/plugins.ts';
-import { html } from '../../html/index.ts';
+import { html, type Raw, raw } from '../../html/index.ts';
 import {
   CSRF_COOKIE,
   csrfField,
@@ -32,6 +32,10 @@ import {
  * is a signed cookie (@fastify/csrf-protection with @fastify/cookie). Sign-up answers the same whether
  * or not the address had an account, then the developer signs in; both are limited per address
  * (../../admin/rate-limit.ts), sign-in also per e-mail and address, counted before the password check.
+ *
+ * A form that does not validate comes back at once (400) with what was typed (never the password) and
+ * each problem beside its field. The e-mail address carries over to the next form (signing in after
+ * signing up, or after a refusal) in a short-lived signed cookie, never in a URL.
  */
 
 const signUpForm = formBody({
@@ -43,6 +47,53 @@ const signUpForm = formBody({
 const signUpQuery = flashQuery.extend({ invite: z.string().max(2000).optional() });
 const signInForm = formBody({ email: emailSchema, password: passwordSchema });
 
+/** The signed cookie that carries the e-mail address to the next sign-in or sign-up form. */
+const EMAIL_COOKIE = 'tollgate_email';
+
+const FIELDS = { email: 'E-mail', password: 'Password', invite: 'Invite code' } as const;
+type Field = keyof typeof FIELDS;
+/** What the form shows again: the values typed (no password) and the problems, by field. */
+interface FormState {
+  email?: string | undefined;
+  invite?: string | undefined;
+  errors?: Partial<Record<Field | 'form', string>>;
+}
+
+/** The problems of a form body by field, in words (`Password must be at least 10 characters.`). */
+function formErrors(schema: z.ZodType, body: unknown): FormState['errors'] {
+  const parsed = schema.safeParse(body);
+  if (parsed.success) return {};
+  const errors: FormState['errors'] = {};
+  for (const issue of parsed.error.issues) {
+    const name = issue.path[0];
+    if (typeof name === 'string' && Object.hasOwn(FIELDS, name))
+      errors[name as Field] ??= `${FIELDS[name as Field]} ${issue.message}.`;
+    else errors.form ??= 'The form could not be read. Reload the page and try again.';
+  }
+  return errors;
+}
+
+const typed = (body: unknown, name: string) => {
+  const value = (body as Record<string, unknown> | undefined)?.[name];
+  return typeof value === 'string' ? value.slice(0, 2000) : undefined;
+};
+
+/** A field's problem beside it, tied to the input by `aria-describedby`. */
+function fieldError(id: Field, errors: FormState['errors']): Raw {
+  const error = errors?.[id];
+  return error ? html`<p class="field-error" id="${id}-error">${error}</p>` : raw('');
+}
+function invalid(id: Field, errors: FormState['errors'], first: boolean): Raw {
+  const error = errors?.[id];
+  return raw(
+    error
+      ? ` aria-invalid="true" aria-describedby="${id}-error"${first ? ' autofocus' : ''}`
+      : first
+        ? ' autofocus'
+        : '',
+  );
+}
+
 /** Sign-in failures shown on the form (by code); anything else is an error page. */
 const FORM_ERRORS = new Set<string>([
   'invalid_credentials',
@@ -52,6 +103,84 @@ const FORM_ERRORS = new Set<string>([
   'invalid_invite',
   'signup_closed',
 ]);
+
+/** The e-mail address the previous form left in its cookie. */
+function rememberedEmail(request: FastifyRequest): string | undefined {
+  const cookie = request.cookies[EMAIL_COOKIE];
+  const read = cookie ? request.unsignCookie(cookie) : undefined;
+  return read?.valid ? (read.value ?? undefined) : undefined;
+}
+function rememberEmail(reply: FastifyReply, email: string) {
+  reply.setCookie(EMAIL_COOKIE, email, {
+    path: '/dashboard',
+    httpOnly: true,
+    sameSite: 'strict',
+    secure: 'auto',
+    signed: true,
+    maxAge: 600,
+  });
+}
+
+/** The sign-up or sign-in form (`mode`: TOLLGATE_SIGNUP), again with `form` after a problem. */
+function credentialsPage(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  mode: string,
+  kind: 'signup' | 'signin',
+  form: FormState = {},
+) {
+  if (request.dashboard) return reply.redirect('/dashboard', 303);
+  const errors = form.errors;
+  const email = form.email ?? rememberedEmail(request) ?? '';
+  const invite = form.invite ?? (request.query as { invite?: string }).invite ?? '';
+  // the first field with a problem has the focus; else the first empty one
+  const focus: Field = errors?.email ? 'email' : errors?.password || email ? 'password' : 'email';
+  const signup = kind === 'signup';
+  const closed = mode === 'closed';
+  if (signup && closed) {
+    // No form to fill in for nothing: an administrator creates accounts.
+    return page(
+      request,
+      reply,
+      'Sign up',
+      () => html`<section class="card" style="max-width:28rem;margin:2rem auto">
+<h1>Sign-up is closed</h1>
+<p>Sign-up is closed on this server; an administrator creates accounts.</p>
+<p class="muted">Already have an account? <a href="/dashboard/signin">Sign in</a>.</p>
+</section>`,
+    );
+  }
+  return page(
+    request,
+    reply,
+    signup ? 'Sign up' : 'Sign in',
+    ({ csrf, flash }) => html`<section class="card" style="max-width:28rem;margin:2rem auto">
+<h1>${signup ? 'Create your Tollgate account' : 'Sign in to Tollgate'}</h1>
+${flash}${errors?.form ? html`<p class="error" role="alert">${errors.form}</p>` : ''}${
+  errors && !errors.form ? html`<p class="error" role="alert">Check the fields marked below.</p>` : ''
+}
+<form method="post" action="/dashboard/${kind}">
+${csrfField(csrf)}
+<label for="email">E-mail</label>
+<input id="email" name="email" type="email" autocomplete="email" required value="${email}"${invalid('email', errors, focus === 'email')}>
+${fieldError('email', errors)}
+<label for="password">Password${signup ? ' (at least 10 characters, not a common one)' : ''}</label>
+<input id="password" name="password" type="password" autocomplete="${signup ? 'new-password' : 'current-password'}" minlength="${signup ? 10 : 1}" required${invalid('password', errors, focus === 'password')}>
+${fieldError('password', errors)}
+${signup && mode === 'invite' ? html`<label for="invite">Invite code</label><input id="invite" name="invite" value="${invite}" required${invalid('invite', errors, false)}>${fieldError('invite', errors)}` : ''}
+<button type="submit">${signup ? 'Sign up' : 'Sign in'}</button>
+</form>
+<p class="muted">${
+      signup
+        ? html`Already have an account? <a href="/dashboard/signin">Sign in</a>.`
+        : closed
+          ? ''
+          : html`New here? <a href="/dashboard/signup">Create an account</a>.`
+    }</p>
+</section>`,
+    { status: errors ? 400 : 200 },
+  );
+}
 
 export default routeModule(async (app, ctx) => {
   await app.register(csrfProtection, {
@@ -68,80 +197,51 @@ export default routeModule(async (app, ctx) => {
   });
   app.addHook('preValidation', csrfOnPost(app));
 
-  function credentialsPage(request: FastifyRequest, reply: FastifyReply, kind: 'signup' | 'signin') {
-    if (request.dashboard) return reply.redirect('/dashboard', 303);
-    const signup = kind === 'signup';
-    const closed = ctx.config.TOLLGATE_SIGNUP === 'closed';
-    if (signup && closed) {
-      // No form to fill in for nothing: an administrator creates accounts.
-      return page(
-        request,
-        reply,
-        'Sign up',
-        () => html`<section class="card" style="max-width:28rem;margin:2rem auto">
-<h1>Sign-up is closed</h1>
-<p>Sign-up is closed on this server; an administrator creates accounts.</p>
-<p class="muted">Already have an account? <a href="/dashboard/signin">Sign in</a>.</p>
-</section>`,
-      );
-    }
-    return page(
-      request,
-      reply,
-      signup ? 'Sign up' : 'Sign in',
-      ({ csrf, flash }) => html`<section class="card" style="max-width:28rem;margin:2rem auto">
-<h1>${signup ? 'Create your Tollgate account' : 'Sign in to Tollgate'}</h1>
-${flash}
-<form method="post" action="/dashboard/${kind}">
-${csrfField(csrf)}
-<label for="email">E-mail</label>
-<input id="email" name="email" type="email" autocomplete="email" required autofocus>
-<label for="password">Password${signup ? ' (at least 10 characters, not a common one)' : ''}</label>
-<input id="password" name="password" type="password" autocomplete="${signup ? 'new-password' : 'current-password'}" minlength="${signup ? 10 : 1}" required>
-${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">Invite code</label><input id="invite" name="invite" value="${(request.query as { invite?: string }).invite ?? ''}" required>` : ''}
-<button type="submit">${signup ? 'Sign up' : 'Sign in'}</button>
-</form>
-<p class="muted">${
-        signup
-          ? html`Already have an account? <a href="/dashboard/signin">Sign in</a>.`
-          : closed
-            ? ''
-            : html`New here? <a href="/dashboard/signup">Create an account</a>.`
-      }</p>
-</section>`,
-    );
-  }
-
-  /** Back to a form with a message chosen by code (a 429 keeps its Retry-After). */
-  function backWith(reply: FastifyReply, path: string, err: unknown): FastifyReply {
+  /** Back to a form with a message chosen by code (a 429 keeps its Retry-After), the e-mail kept. */
+  function backWith(reply: FastifyReply, path: string, err: unknown, email: string): FastifyReply {
     if (err instanceof ApiError && err.code && FORM_ERRORS.has(err.code)) {
       reply.headers(err.headers);
+      rememberEmail(reply, email);
       return reply.redirect(`${path}?error=${err.code as ErrorCode}`, 303);
     }
     throw err;
   }
 
   app.get('/signup', { schema: { querystring: signUpQuery } }, async (request, reply) =>
-    credentialsPage(request, reply, 'signup'),
+    credentialsPage(request, reply, ctx.config.TOLLGATE_SIGNUP, 'signup'),
   );
   app.get('/signin', { schema: { querystring: flashQuery } }, async (request, reply) =>
-    credentialsPage(request, reply, 'signin'),
+    credentialsPage(request, reply, ctx.config.TOLLGATE_SIGNUP, 'signin'),
   );
 
   // The same answer whether or not the address had an account: sign in next.
-  app.post('/signup', { schema: { body: signUpForm } }, async (request, reply) => {
+  /** The form again, with what was typed and its problems (the body did not validate). */
+  function formAgain(request: FastifyRequest, reply: FastifyReply, kind: 'signup' | 'signin') {
+    const schema = kind === 'signup' ? signUpForm : signInForm;
+    const { body } = request;
+    return credentialsPage(request, reply, ctx.config.TOLLGATE_SIGNUP, kind, {
+      email: typed(body, 'email'),
+      invite: typed(body, 'invite'),
+      errors: formErrors(schema, body),
+    });
+  }
+
+  app.post('/signup', { schema: { body: signUpForm }, attachValidation: true }, async (request, reply) => {
+    if (request.validationError) return formAgain(request, reply, 'signup');
     const { email, password, invite } = request.body;
     try {
       await app.accountLimits.signUp(request);
       admitSignUp(ctx.config.TOLLGATE_SIGNUP, ctx.sealer, { email, invite }, false);
     } catch (err) {
-      return backWith(reply, '/dashboard/signup', err);
+      return backWith(reply, '/dashboard/signup', err, email);
     }
     await signUp(ctx.db, { email, password });
+    rememberEmail(reply, email);
     return reply.redirect('/dashboard/signin?done=signed_up', 303);
   });
 
-  app.post('/signin', { schema: { body: signInForm } }, async (request, reply) => {
+  app.post('/signin', { schema: { body: signInForm }, attachValidation: true }, async (request, reply) => {
+    if (request.validationError) return formAgain(request, reply, 'signin');
     const { email, password } = request.body;
     let developerId: string;
     try {
@@ -149,7 +249,7 @@ ${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">I
       await app.accountLimits.signIn(request, email);
       developerId = (await checkCredentials(ctx.db, { email, password })).id;
     } catch (err) {
-      return backWith(reply, '/dashboard/signin', err);
+      return backWith(reply, '/dashboard/signin', err, email);
     }
     const created = await createSession(ctx.db, developerId);
     reply.setCookie(SESSION_COOKIE, created.token, {
@@ -160,6 +260,7 @@ ${signup && ctx.config.TOLLGATE_SIGNUP === 'invite' ? html`<label for="invite">I
       maxAge: SESSION_TTL_SECONDS,
     });
     reply.clearCookie(CSRF_COOKIE, { path: '/dashboard' });
+    reply.clearCookie(EMAIL_COOKIE, { path: '/dashboard' });
     return reply.redirect('/dashboard', 303);
   });
 });

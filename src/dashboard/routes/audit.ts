@@ -3,7 +3,7 @@ import { projectView } from '../../admin/service.ts';
 import { type AuditView, auditCsv, listAudit } from '../../audit/index.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { textInput } from '../../core/validation.ts';
-import { html } from '../../html/index.ts';
+import { dataTable, html } from '../../html/index.ts';
 import { flashQuery, optionalField, projectPage, projectParams, projectPath } from '../pages.ts';
 
 /**
@@ -50,7 +50,21 @@ function search(f: Filters, extra: Record<string, string> = {}): string {
   return text ? `?${text}` : '';
 }
 
-const json = (v: unknown) => (v === null || v === undefined ? '' : JSON.stringify(v, null, 1));
+/** Settings before or after a change, as JSON; nothing (a creation's before, a deletion's after): "(none)". */
+const json = (v: unknown) =>
+  v === null || v === undefined
+    ? html`<span class="muted">(none)</span>`
+    : html`<pre>${JSON.stringify(v, null, 1)}</pre>`;
+
+const COLUMNS = [
+  { label: 'When (UTC)' },
+  { label: 'Who' },
+  { label: 'From' },
+  { label: 'Action' },
+  { label: 'Target' },
+  { label: 'Before', wide: true },
+  { label: 'After', wide: true },
+];
 
 function who(e: AuditView) {
   const a = e.actor;
@@ -78,12 +92,19 @@ export default routeModule((app, ctx) => {
 <div><label for="until">To</label><input id="until" name="until" type="date" value="${f.until ?? ''}"></div>
 <div><button type="submit">Filter</button></div></div></form>
 <p><a href="${path}.csv${search(f)}">Download as CSV</a></p></section>
-<section class="card"><table><thead><tr><th>When (UTC)</th><th>Who</th><th>From</th><th>Action</th><th>Target</th><th>Before</th><th>After</th></tr></thead><tbody>
-${data.map(
-  (e) =>
-    html`<tr><td>${e.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${who(e)}</td><td>${e.actor.ip ?? ''} <span class="muted">${e.actor.via}</span></td><td><code>${e.action}</code></td><td>${e.target.type}${e.target.id ? html` <code>${e.target.id}</code>` : ''}</td><td><pre>${json(e.before)}</pre></td><td><pre>${json(e.after)}</pre></td></tr>`,
-)}
-</tbody></table>${data.length ? '' : html`<p class="muted">No entries${f.action || f.actor || f.since || f.until ? ' match' : ' yet'}.</p>`}
+<section class="card">${dataTable(
+          COLUMNS,
+          data.map((e) => [
+            e.createdAt.replace('T', ' ').slice(0, 19),
+            who(e),
+            html`${e.actor.ip ?? ''} <span class="muted">${e.actor.via}</span>`,
+            html`<code>${e.action}</code>`,
+            html`${e.target.type}${e.target.id ? html` <code>${e.target.id}</code>` : ''}`,
+            json(e.before),
+            json(e.after),
+          ]),
+          { id: 'audit' },
+        )}${data.length ? '' : html`<p class="muted">No entries${f.action || f.actor || f.since || f.until ? ' match' : ' yet'}.</p>`}
 ${hasMore && last ? html`<p><a href="${path}${search(f, { starting_after: last.id })}">Older entries</a></p>` : ''}</section>`,
       );
     },

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
 import { testPaymentsAllowed } from '../../config/index.ts';
 import { routeModule } from '../../core/plugins.ts';
-import { html } from '../../html/index.ts';
+import { dataTable, html, money } from '../../html/index.ts';
 import {
   connectPayments,
   disconnectPayments,
@@ -59,20 +59,27 @@ function topUpsCard(
 ): Raw {
   return html`<section class="card" aria-labelledby="topups-h"><h2 id="topups-h">Top-ups${user ? html` of ${user}` : ''}</h2>
 <form method="get" action="${path}" class="row"><div><label for="user">User</label><input id="user" name="user" value="${user ?? ''}" maxlength="256"></div><div><button type="submit" class="secondary">Show</button></div></form>
-<table><thead><tr><th>Payment</th><th>User</th><th>Amount</th><th>Status</th><th>Receipt</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${
-  payments.length
-    ? payments.map(
-        (p) =>
-          html`<tr><td><code>${p.id}</code></td><td>${p.user}</td><td>${p.amount} ${p.currency}${p.provider === 'test' ? html` <span class="muted">(test)</span>` : ''}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${p.refunded} refunded)` : ''}</td><td>${p.status}</td><td>${p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—'}</td><td>${
-            p.status === 'paid'
-              ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
-              : ''
-          }</td></tr>`,
-      )
-    : html`<tr><td colspan="6">No top-ups yet.</td></tr>`
-}
-</tbody></table></section>`;
+${dataTable(
+  [
+    { label: 'Payment' },
+    { label: 'User' },
+    { label: 'Amount' },
+    { label: 'Status' },
+    { label: 'Receipt' },
+    { label: 'Action', action: true },
+  ],
+  payments.map((p) => [
+    html`<code>${p.id}</code>`,
+    p.user,
+    html`${money(p.amount, p.currency)} ${p.currency}${p.provider === 'test' ? html` <span class="muted">(test)</span>` : ''}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${money(p.refunded, p.currency)} refunded)` : ''}`,
+    p.status,
+    p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—',
+    p.status === 'paid'
+      ? html`<form method="post" action="${path}/${encodeURIComponent(p.id)}/refund">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Refund ${p.id}">Refund</button></form>`
+      : '',
+  ]),
+  { id: 'topups', empty: 'No top-ups yet.' },
+)}</section>`;
 }
 
 /** What is connected: test payments (labelled so), or the Stripe key's hint and mode. */
@@ -130,7 +137,7 @@ ${
 <h2>Automatic recharge</h2>
 <p class="muted">Users who tick “save this card and recharge automatically” at checkout have their saved card charged off session when their available balance falls below the threshold (their own, set in their portal, within these limits), at most the monthly cap per user. A declined card turns it off for that user (<code>payment.recharge.failed</code>).</p>
 <form method="post" action="${path}/auto-recharge">${csrfField(csrf)}
-<label><input type="checkbox" name="offered" value="on"${c.settings.autoRecharge?.offered ? ' checked' : ''}> Offer automatic recharge</label>
+<label class="check"><input type="checkbox" name="offered" value="on"${c.settings.autoRecharge?.offered ? ' checked' : ''}> Offer automatic recharge</label>
 <div class="row"><div><label for="ar-threshold">Threshold</label><input id="ar-threshold" name="threshold" value="${c.settings.autoRecharge?.threshold ?? ''}"></div>
 <div><label for="ar-amount">Recharge amount</label><input id="ar-amount" name="amount" value="${c.settings.autoRecharge?.amount ?? ''}"></div>
 <div><label for="ar-cap">Monthly cap per user</label><input id="ar-cap" name="monthlyCap" value="${c.settings.autoRecharge?.monthlyCap ?? ''}"></div></div>

@@ -3,7 +3,7 @@ import { applyModels, deleteModel, listModels, projectView, putModel } from '../
 import { routeModule } from '../../core/plugins.ts';
 import { parseInput } from '../../core/validation.ts';
 import { yaml as yamlLibrary } from '../../core/yaml.ts';
-import { html } from '../../html/index.ts';
+import { dataTable, html } from '../../html/index.ts';
 import type { ModelSpec } from '../../models/pricing.ts';
 import { modelSpecSchema } from '../../models/pricing.ts';
 import { parsePricingFile, pricingSummary } from '../../models/service.ts';
@@ -48,13 +48,66 @@ function modelsCard(
   return html`<section class="card"><h2>Models</h2>
 ${
   models.length
-    ? html`<table><thead><tr><th>Model</th><th>Provider model</th><th>Price (${currency})</th><th>APIs</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${models.map(
-  (m) =>
-    html`<tr><td><code>${m.id}</code></td><td><code>${m.upstreamModel ?? m.id}</code></td><td>${pricingSummary(m.pricing, '; ')}</td><td>${(m.endpoints ?? []).join(', ')}</td><td>${managed ? '' : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`}</td></tr>`,
-)}</tbody></table>`
+    ? dataTable(
+        [
+          { label: 'Model' },
+          { label: 'Provider model' },
+          { label: `Price (${currency})` },
+          { label: 'APIs' },
+          { label: 'Action', action: true },
+        ],
+        models.map((m) => [
+          html`<code>${m.id}</code>`,
+          html`<code>${m.upstreamModel ?? m.id}</code>`,
+          pricingSummary(m.pricing, '; '),
+          (m.endpoints ?? []).join(', '),
+          managed
+            ? ''
+            : html`<form method="post" action="${path}/pricing/${encodeURIComponent(m.id)}/delete">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Delete model ${m.id}">Delete</button></form>`,
+        ]),
+      )
     : html`<p>No models yet: clients can use only the models priced here.</p>`
 }</section>`;
+}
+
+/**
+ * The form that sets one model's price. Each pricing mode's fields are in a fieldset of their own:
+ * the style sheet shows the chosen mode's only (CSS `:has()`, no script); without it, all of them,
+ * each labelled with its mode.
+ */
+function priceFormCard(path: string, currency: string, csrf: string): ReturnType<typeof html> {
+  return html`<section class="card"><h2>Set a price</h2>
+<form method="post" action="${path}/pricing">${csrfField(csrf)}
+<div class="row">
+<div><label for="model">Model (what clients send)</label><input id="model" name="model" required maxlength="128" placeholder="gpt-4o-mini"></div>
+<div><label for="upstreamModel">Provider model (optional)</label><input id="upstreamModel" name="upstreamModel" maxlength="256" placeholder="the same"></div>
+<div><label for="mode">Pricing</label><select id="mode" name="mode" aria-describedby="mode-help"><option value="per_request">Per request</option><option value="per_token">Per token</option><option value="subscription">Subscription</option></select></div>
+</div>
+<p class="muted" id="mode-help">Fill in the fields of the pricing you chose (the others are ignored); prices are in ${currency}.</p>
+<fieldset data-mode="per_request"><legend>If per request</legend>
+<div class="row"><div><label for="perRequest">Price per request</label><input id="perRequest" name="perRequest" inputmode="decimal" placeholder="0.01"></div></div>
+</fieldset>
+<fieldset data-mode="per_token"><legend>If per token</legend>
+<div class="row">
+<div><label for="inputPerMillion">Input per 1M tokens</label><input id="inputPerMillion" name="inputPerMillion" inputmode="decimal" placeholder="0.15"></div>
+<div><label for="outputPerMillion">Output per 1M tokens</label><input id="outputPerMillion" name="outputPerMillion" inputmode="decimal" placeholder="0.60"></div>
+<div><label for="cacheWritePerMillion">Cache writes per 1M, 5 min (optional; Claude: 1.25 × input)</label><input id="cacheWritePerMillion" name="cacheWritePerMillion" inputmode="decimal"></div>
+<div><label for="cacheWrite1hPerMillion">Cache writes per 1M, 1 h (optional; Claude: 2 × input)</label><input id="cacheWrite1hPerMillion" name="cacheWrite1hPerMillion" inputmode="decimal"></div>
+<div><label for="holdMargin">Hold margin (optional, 1 to 10)</label><input id="holdMargin" name="holdMargin" inputmode="decimal" aria-describedby="hold-help"></div>
+</div>
+<p class="muted" id="hold-help">The prompt Tollgate counts is held times the hold margin, by default the measured one of the provider model's tokenizer family; the charge is always the provider's usage.</p>
+</fieldset>
+<fieldset data-mode="subscription"><legend>If subscription</legend>
+<div class="row">
+<div><label for="fee">Subscription fee</label><input id="fee" name="fee" inputmode="decimal" placeholder="10.00"></div>
+<div><label for="period">Period</label><input id="period" name="period" placeholder="30d"></div>
+</div>
+</fieldset>
+<div class="row">
+<div><label for="maxOutputTokens">Max output tokens (optional; default: the provider model's)</label><input id="maxOutputTokens" name="maxOutputTokens" inputmode="numeric"></div>
+<div><label for="contextWindow">Context window (optional; default: the provider model's)</label><input id="contextWindow" name="contextWindow" inputmode="numeric"></div>
+</div>
+<button type="submit">Save the price</button></form></section>`;
 }
 
 /** The form's token limits, as numbers when given (the schema says what is wrong with them). */
@@ -90,29 +143,7 @@ ${modelsCard(path, project.currency, pricing.models, managed, csrf)}
 ${
   managed
     ? ''
-    : html`<section class="card"><h2>Set a price</h2>
-<form method="post" action="${path}/pricing">${csrfField(csrf)}
-<div class="row">
-<div><label for="model">Model (what clients send)</label><input id="model" name="model" required maxlength="128" placeholder="gpt-4o-mini"></div>
-<div><label for="upstreamModel">Provider model (optional)</label><input id="upstreamModel" name="upstreamModel" maxlength="256" placeholder="same as the model"></div>
-<div><label for="mode">Pricing</label><select id="mode" name="mode"><option value="per_request">Per request</option><option value="per_token">Per token</option><option value="subscription">Subscription</option></select></div>
-</div>
-<div class="row">
-<div><label for="perRequest">Per request</label><input id="perRequest" name="perRequest" inputmode="decimal" placeholder="0.01"></div>
-<div><label for="inputPerMillion">Input per 1M tokens</label><input id="inputPerMillion" name="inputPerMillion" inputmode="decimal" placeholder="0.15"></div>
-<div><label for="outputPerMillion">Output per 1M tokens</label><input id="outputPerMillion" name="outputPerMillion" inputmode="decimal" placeholder="0.60"></div>
-<div><label for="cacheWritePerMillion">Cache writes per 1M, 5 min (optional)</label><input id="cacheWritePerMillion" name="cacheWritePerMillion" inputmode="decimal" placeholder="Claude: 1.25 × input"></div>
-<div><label for="cacheWrite1hPerMillion">Cache writes per 1M, 1 h (optional)</label><input id="cacheWrite1hPerMillion" name="cacheWrite1hPerMillion" inputmode="decimal" placeholder="Claude: 2 × input"></div>
-<div><label for="holdMargin">Hold margin (optional)</label><input id="holdMargin" name="holdMargin" inputmode="decimal" placeholder="from the provider model"></div>
-<div><label for="fee">Subscription fee</label><input id="fee" name="fee" inputmode="decimal" placeholder="10.00"></div>
-<div><label for="period">Period</label><input id="period" name="period" placeholder="30d"></div>
-</div>
-<div class="row">
-<div><label for="maxOutputTokens">Max output tokens (optional)</label><input id="maxOutputTokens" name="maxOutputTokens" inputmode="numeric" placeholder="from the provider model"></div>
-<div><label for="contextWindow">Context window (optional)</label><input id="contextWindow" name="contextWindow" inputmode="numeric" placeholder="from the provider model"></div>
-</div>
-<p class="muted">Fill in the fields of the pricing you chose; prices are in ${project.currency}. Per token, the prompt Tollgate counts is held times the hold margin (1 to 10), by default the measured one of the provider model's tokenizer family; the charge is always the provider's usage.</p>
-<button type="submit">Save the price</button></form></section>
+    : html`${priceFormCard(path, project.currency, csrf)}
 <section class="card"><h2>Pricing file</h2>
 <p class="muted">The whole pricing as a file (as <code>tollgate models apply</code> takes it): applying it makes the models, their routes and the limits exactly these.</p>
 <form method="post" action="${path}/pricing/file">${csrfField(csrf)}

@@ -12,12 +12,13 @@ import {
   revokeApiKey,
   updateOwnedProject,
 } from '../../admin/service.ts';
+import { displayAmount } from '../../core/money.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { storableText } from '../../core/validation.ts';
-import { html } from '../../html/index.ts';
+import { dataTable, html, money } from '../../html/index.ts';
 import { DEFAULT_PROVIDER, projectSettingsSchema } from '../../projects/service.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
-import { barChart, lastDays } from '../charts.ts';
+import { type Bar, barChart, lastDays, rankChart } from '../charts.ts';
 import { keyPage } from '../key-page.ts';
 import {
   csrfField,
@@ -29,6 +30,7 @@ import {
   projectPageSchema,
   projectParams,
   projectPath,
+  revocableColumns,
   revocableRows,
 } from '../pages.ts';
 
@@ -60,6 +62,12 @@ type KeyRow = Awaited<ReturnType<typeof listApiKeys>>['data'][number];
 function usageCharts(currency: string, byDay: UsageRow[], byModel: UsageRow[]): Raw {
   const days = new Map(byDay.map((r) => [r.key, r]));
   const dayRows = lastDays(14).map((d) => ({ d, r: days.get(d) }));
+  const revenue = (label: string, amount: string): Bar => ({
+    label,
+    value: Number(amount),
+    shown: displayAmount(amount, currency),
+    exact: amount,
+  });
   return html`<section class="card" aria-labelledby="charts-h"><h2 id="charts-h">Usage</h2>
 <div class="charts">
 ${barChart(
@@ -74,26 +82,22 @@ ${barChart(
 )}
 ${barChart(
   `Revenue per day (${currency})`,
-  dayRows.map(({ d, r }) => ({
-    label: d.slice(5),
-    value: Number(r?.revenue ?? 0),
-    shown: r?.revenue ?? '0',
-  })),
+  dayRows.map(({ d, r }) => revenue(d.slice(5), r?.revenue ?? '0')),
   'chart-revenue-day',
 )}
-${barChart(
+${rankChart(
   'Requests per model (30 days)',
   byModel.map((r) => ({ label: r.key, value: r.requests })),
   'chart-requests-model',
 )}
-${barChart(
+${rankChart(
   'Tokens per model (30 days)',
   byModel.map((r) => ({ label: r.key, value: r.inputTokens + r.outputTokens })),
   'chart-tokens-model',
 )}
-${barChart(
+${rankChart(
   `Revenue per model (30 days, ${currency})`,
-  byModel.map((r) => ({ label: r.key, value: Number(r.revenue), shown: r.revenue })),
+  byModel.map((r) => revenue(r.key, r.revenue)),
   'chart-revenue-model',
 )}
 </div></section>`;
@@ -133,13 +137,36 @@ function reconciliationCard(project: ProjectView, rows: ReconciliationRow[]): Ra
 <p class="muted">Charges are the provider's reported usage × your prices. Per day and model: the tokens charged, those the provider reported (compare them with its invoice), estimates where it reported none, what went above the holds or below zero, and the tokens reported above a request's bounds (not charged).</p>
 ${
   rows.length
-    ? html`<table><thead><tr><th>Day</th><th>Model</th><th>Requests</th><th>Estimated</th><th>Provider input tokens</th><th>Provider output tokens</th><th>Charged (${project.currency})</th><th>Above holds</th><th>Debt</th><th>Tokens above bounds</th></tr></thead><tbody>
-${rows.map(
-  (r) =>
-    html`<tr><td>${r.day}</td><td><code>${r.model}</code></td><td>${r.requests}</td><td>${r.estimated}</td><td>${r.providerInputTokens}</td><td>${r.providerOutputTokens}</td><td>${r.amount}</td><td>${r.overage}</td><td>${r.debt}</td><td>${r.anomalousTokens}</td></tr>`,
-)}</tbody></table>`
+    ? dataTable(
+        [
+          { label: 'Day' },
+          { label: 'Model' },
+          { label: 'Requests', num: true },
+          { label: 'Estimated', num: true },
+          { label: 'Provider input tokens', num: true },
+          { label: 'Provider output tokens', num: true },
+          { label: `Charged (${project.currency})`, num: true },
+          { label: 'Above holds', num: true },
+          { label: 'Debt', num: true },
+          { label: 'Tokens above bounds', num: true },
+        ],
+        rows.map((r) => [
+          r.day,
+          html`<code>${r.model}</code>`,
+          r.requests,
+          r.estimated,
+          r.providerInputTokens,
+          r.providerOutputTokens,
+          money(r.amount, project.currency),
+          money(r.overage, project.currency),
+          money(r.debt, project.currency),
+          r.anomalousTokens,
+        ]),
+        { id: 'reconciliation' },
+      )
     : html`<p>No metered charges in the last 30 days.</p>`
 }
+${rows.length ? html`<p class="muted">Amounts are shown at the currency's precision (the exact value on hover); the CSV has them exact.</p>` : ''}
 <p><a href="${path}/reconciliation.csv">Download as CSV</a></p>
 </section>`;
 }
@@ -147,14 +174,15 @@ ${rows.map(
 /** The API keys: revoke one, create one. */
 function keysCard(path: string, keys: KeyRow[], csrf: string): Raw {
   return html`<section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
-<table><thead><tr><th>Name</th><th>Key</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${revocableRows(
-  keys,
-  csrf,
-  (k) => `${path}/keys/${encodeURIComponent(k.id)}/revoke`,
-  (k) => `key ${k.prefix}`,
+${dataTable(
+  revocableColumns('Key'),
+  revocableRows(
+    keys,
+    csrf,
+    (k) => `${path}/keys/${encodeURIComponent(k.id)}/revoke`,
+    (k) => `key ${k.prefix}`,
+  ),
 )}
-</tbody></table>
 <form method="post" action="${path}/keys">${csrfField(csrf)}<div class="row"><div><label for="keyName">New key name</label><input id="keyName" name="name" value="default" required maxlength="200"></div><div><button type="submit">Create an API key</button></div></div></form>
 </section>`;
 }

@@ -10,10 +10,10 @@ import {
 } from '../../admin/service.ts';
 import { createStarterProject } from '../../admin/starter.ts';
 import { routeModule } from '../../core/plugins.ts';
-import { html, type Raw } from '../../html/index.ts';
+import { dataTable, html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { keyPage } from '../key-page.ts';
-import { csrfField, flashQuery, formBody, page, revocableRows } from '../pages.ts';
+import { csrfField, flashQuery, formBody, page, revocableColumns, revocableRows } from '../pages.ts';
 
 /** The projects list (`/dashboard`) with the admin tokens, and the first run (`/dashboard/start`). */
 
@@ -40,13 +40,17 @@ export default routeModule((app, ctx) => {
       reply,
       'Projects',
       ({ csrf, flash }) => html`<h1>Projects</h1>${flash}
-<section class="card"><table><caption class="muted" style="text-align:left">Your projects (paywalls)</caption>
-<thead><tr><th>Name</th><th>Id</th><th>Currency</th><th>Provider</th></tr></thead><tbody>
-${projects.data.map(
-  (p) =>
-    html`<tr><td><a href="/dashboard/projects/${encodeURIComponent(p.id)}">${p.name}</a></td><td><code>${p.id}</code></td><td>${p.currency}</td><td>${p.provider.baseUrl ?? html`<a href="/dashboard/projects/${encodeURIComponent(p.id)}#provider">connect a provider</a>`}</td></tr>`,
-)}
-</tbody></table>
+<section class="card">${dataTable(
+        [{ label: 'Name' }, { label: 'Id' }, { label: 'Currency' }, { label: 'Provider' }],
+        projects.data.map((p) => [
+          html`<a href="/dashboard/projects/${encodeURIComponent(p.id)}">${p.name}</a>`,
+          html`<code>${p.id}</code>`,
+          p.currency,
+          p.provider.baseUrl ??
+            html`<a href="/dashboard/projects/${encodeURIComponent(p.id)}#provider">connect a provider</a>`,
+        ]),
+        { caption: 'Your projects (paywalls)' },
+      )}
 <p><a class="button" href="/dashboard/start">New project</a></p></section>
 ${tokens(csrf)}`,
     );
@@ -59,13 +63,15 @@ ${tokens(csrf)}`,
 <p class="muted">For the admin API and the CLI (<code>TOLLGATE_URL=${ctx.publicBaseUrl} TOLLGATE_ADMIN_TOKEN=…</code>); a token acts as you.</p>
 ${
   tokens.length
-    ? html`<table><thead><tr><th>Name</th><th>Token</th><th>Created</th><th>Status</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${revocableRows(
-  tokens,
-  csrf,
-  (t) => `/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke`,
-  (t) => `admin token ${t.name}`,
-)}</tbody></table>`
+    ? dataTable(
+        revocableColumns('Token'),
+        revocableRows(
+          tokens,
+          csrf,
+          (t) => `/dashboard/admin-tokens/${encodeURIComponent(t.id)}/revoke`,
+          (t) => `admin token ${t.name}`,
+        ),
+      )
     : ''
 }
 <form method="post" action="/dashboard/admin-tokens">${csrfField(csrf)}<div class="row"><div><label for="tokenName">New admin token name</label><input id="tokenName" name="name" value="cli" required maxlength="200"></div><div><button type="submit">Create an admin token</button></div></div></form>

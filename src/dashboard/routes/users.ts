@@ -6,7 +6,7 @@ import { ApiError } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
-import { html, type Raw } from '../../html/index.ts';
+import { dataTable, html, money, type Raw } from '../../html/index.ts';
 import { grantBody, userIdSchema } from '../../users/schema.ts';
 import { getBalance, listActivity, listGrants } from '../../users/service.ts';
 import {
@@ -51,14 +51,30 @@ function depositForm(path: string, csrf: string, currency: string, user?: string
 }
 
 /** The users found, with the search form. */
-function usersCard(path: string, q: string, users: Awaited<ReturnType<typeof searchUsers>>['data']): Raw {
+function usersCard(
+  path: string,
+  q: string,
+  currency: string,
+  users: Awaited<ReturnType<typeof searchUsers>>['data'],
+): Raw {
   return html`<section class="card"><form method="get" action="${path}/users" role="search"><div class="row"><div><label for="q">Search users by id</label><input id="q" name="q" value="${q}"></div><div><button type="submit">Search</button></div></div></form>
-<table><thead><tr><th>User</th><th>Connected</th><th class="num">Balance</th><th class="num">Held</th><th class="num">Available</th></tr></thead><tbody>
-${users.map(
-  (u) =>
-    html`<tr><td><a href="${path}/users/${encodeURIComponent(u.user)}">${u.user}</a></td><td>${u.connected ? 'yes' : 'no'}</td><td class="num">${u.balance}</td><td class="num">${u.held}</td><td class="num">${u.available}</td></tr>`,
-)}
-</tbody></table>${users.length ? '' : html`<p class="muted">No users${q ? ' match' : ' yet'}.</p>`}</section>`;
+${dataTable(
+  [
+    { label: 'User' },
+    { label: 'Connected' },
+    { label: `Balance (${currency})`, num: true },
+    { label: 'Held', num: true },
+    { label: 'Available', num: true },
+  ],
+  users.map((u) => [
+    html`<a href="${path}/users/${encodeURIComponent(u.user)}">${u.user}</a>`,
+    u.connected ? 'yes' : 'no',
+    money(u.balance, currency),
+    money(u.held, currency),
+    money(u.available, currency),
+  ]),
+  { id: 'users' },
+)}${users.length ? '' : html`<p class="muted">No users${q ? ' match' : ' yet'}.</p>`}</section>`;
 }
 
 /** The grant a credit form asks for, checked as the API checks one. */
@@ -102,11 +118,27 @@ function creditCard(
 <p class="muted">Credit that is not money (a promotion, a trial, goodwill): spent before the paid balance, highest priority first, then soonest expiry; what is left at its expiry leaves the balance.</p>
 ${
   grants.length
-    ? html`<table id="grants"><thead><tr><th>Grant</th><th>Reason</th><th class="num">Amount</th><th class="num">Left</th><th>Priority</th><th>Expires (UTC)</th></tr></thead><tbody>
-${grants.map(
-  (g) =>
-    html`<tr><td><code>${g.id}</code></td><td>${g.reason}</td><td class="num">${g.amount}</td><td class="num">${g.expired ? html`expired (${g.expiredAmount})` : g.remaining}</td><td>${g.priority}</td><td>${g.expiresAt ? g.expiresAt.replace('T', ' ').slice(0, 16) : 'never'}</td></tr>`,
-)}</tbody></table>`
+    ? dataTable(
+        [
+          { label: 'Grant' },
+          { label: 'Reason' },
+          { label: 'Amount', num: true },
+          { label: 'Left', num: true },
+          { label: 'Priority' },
+          { label: 'Expires (UTC)' },
+        ],
+        grants.map((g) => [
+          html`<code>${g.id}</code>`,
+          g.reason,
+          money(g.amount, currency),
+          g.expired
+            ? html`expired (${money(g.expiredAmount ?? '0', currency)})`
+            : money(g.remaining, currency),
+          g.priority,
+          g.expiresAt ? g.expiresAt.replace('T', ' ').slice(0, 16) : 'never',
+        ]),
+        { id: 'grants' },
+      )
     : ''
 }
 <form method="post" action="${path}/users/credits">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
@@ -118,14 +150,27 @@ ${grants.map(
 }
 
 /** A user's ledger entries, newest first. */
-function activityCard(activity: Awaited<ReturnType<typeof listActivity>>['data']): Raw {
+function activityCard(activity: Awaited<ReturnType<typeof listActivity>>['data'], currency: string): Raw {
   return html`<section class="card"><h2>Activity</h2>
-<table id="activity"><thead><tr><th>When (UTC)</th><th>Type</th><th class="num">Amount</th><th class="num">Balance after</th><th>Source</th><th>Details</th></tr></thead><tbody>
-${activity.map(
-  (a) =>
-    html`<tr><td>${a.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${a.type}</td><td class="num">${a.amount}</td><td class="num">${a.balance}</td><td>${a.source}</td><td>${a.description ?? (typeof a.metadata.model === 'string' ? a.metadata.model : '')}</td></tr>`,
-)}
-</tbody></table>${activity.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`;
+${dataTable(
+  [
+    { label: 'When (UTC)' },
+    { label: 'Type' },
+    { label: 'Amount', num: true },
+    { label: 'Balance after', num: true },
+    { label: 'Source' },
+    { label: 'Details' },
+  ],
+  activity.map((a) => [
+    a.createdAt.replace('T', ' ').slice(0, 19),
+    a.type,
+    money(a.amount, currency),
+    money(a.balance, currency),
+    a.source,
+    a.description ?? (typeof a.metadata.model === 'string' ? a.metadata.model : ''),
+  ]),
+  { id: 'activity' },
+)}${activity.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`;
 }
 
 export default routeModule((app, ctx) => {
@@ -143,7 +188,7 @@ export default routeModule((app, ctx) => {
         reply,
         { project, title: `Users · ${project.name}`, heading: 'End users', tab: 'Users' },
         (csrf) => html`
-${usersCard(path, q, users.data)}
+${usersCard(path, q, project.currency, users.data)}
 <section class="card"><h2>Deposit to a user</h2>
 ${depositForm(path, csrf, project.currency)}
 </section>`,
@@ -218,13 +263,13 @@ ${depositForm(path, csrf, project.currency)}
         { project, title: `${user} · ${project.name}`, heading: `User ${user}`, tab: 'Users' },
         (csrf) => html`
 <section class="card"><h2>Balance</h2>
-<p><strong id="balance">${balance.balance}</strong> ${project.currency} (held ${balance.held}, available ${balance.available}; paid ${balance.paid}, credits ${balance.credits}); ${balance.connected ? 'connected' : 'not connected'}.</p>
+<p><strong id="balance">${money(balance.balance, project.currency)}</strong> ${project.currency} (held ${money(balance.held, project.currency)}, available ${money(balance.available, project.currency)}; paid ${money(balance.paid, project.currency)}, credits ${money(balance.credits, project.currency)}); ${balance.connected ? 'connected' : 'not connected'}.</p>
 <form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
 </section>
 <section class="card"><h2>Deposit</h2>${depositForm(path, csrf, project.currency, user)}</section>
 ${chargeCard(path, user, project.currency, csrf)}
 ${creditCard(path, user, project.currency, grants.data, csrf)}
-${activityCard(activity.data)}`,
+${activityCard(activity.data, project.currency)}`,
       );
     },
   );

@@ -3,7 +3,7 @@ import { actorOf } from '../../admin/accounts.ts';
 import { projectView } from '../../admin/service.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { isStorable, NOT_STORABLE } from '../../core/validation.ts';
-import { html } from '../../html/index.ts';
+import { dataTable, html } from '../../html/index.ts';
 import { listDeliveryLogs, retryDelivery } from '../../webhooks/logs.ts';
 import {
   createSubscription,
@@ -43,32 +43,54 @@ export default routeModule((app, ctx) => {
       { project, title: `Webhooks · ${project.name}`, heading: 'Webhooks', tab: 'Webhooks' },
       (csrf) => html`
 <section class="card"><h2>Subscriptions</h2>
-<table><thead><tr><th>URL</th><th>Events</th><th>Active</th><th class="num">Failures</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${subs.data.map(
-  (w) =>
-    html`<tr><td><code>${w.url}</code>${w.description ? html`<br><span class="muted">${w.description}</span>` : ''}</td><td>${w.events.join(', ')}</td><td>${w.isActive ? 'yes' : 'no'}</td><td class="num">${w.consecutiveFailures}</td><td>${
-      w.isActive && !w.managedBy
-        ? html`<form method="post" action="${path}/webhooks/${encodeURIComponent(w.id)}/deactivate">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Deactivate ${w.url}">Deactivate</button></form>`
-        : w.managedBy
-          ? html`<span class="muted">managed by ${w.managedBy}</span>`
-          : ''
-    }</td></tr>`,
-)}</tbody></table>
+${dataTable(
+  [
+    { label: 'URL' },
+    { label: 'Events' },
+    { label: 'Active' },
+    { label: 'Failures', num: true },
+    { label: 'Action', action: true },
+  ],
+  subs.data.map((w) => [
+    html`<code>${w.url}</code>${w.description ? html`<br><span class="muted">${w.description}</span>` : ''}`,
+    w.events.join(', '),
+    w.isActive ? 'yes' : 'no',
+    w.consecutiveFailures,
+    w.isActive && !w.managedBy
+      ? html`<form method="post" action="${path}/webhooks/${encodeURIComponent(w.id)}/deactivate">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Deactivate ${w.url}">Deactivate</button></form>`
+      : w.managedBy
+        ? html`<span class="muted">managed by ${w.managedBy}</span>`
+        : '',
+  ]),
+  { id: 'subscriptions' },
+)}
 <form method="post" action="${path}/webhooks">${csrfField(csrf)}
 <div class="row"><div><label for="url">Endpoint URL</label><input id="url" name="url" type="url" required placeholder="https://example.com/tollgate"></div>
 <div><label for="events">Events (patterns, separated by spaces or commas)</label><input id="events" name="events" required value="balance.* user.*"></div></div>
 <label for="description">Description (optional)</label><input id="description" name="description" maxlength="512">
 <button type="submit">Add the subscription</button></form></section>
 <section class="card"><h2>Delivery log</h2>
-<table><thead><tr><th>When (UTC)</th><th>Event</th><th>Status</th><th class="num">Attempts</th><th>Last answer</th><th><span class="muted">Action</span></th></tr></thead><tbody>
-${logs.data.map(
-  (d) =>
-    html`<tr><td>${d.createdAt.replace('T', ' ').slice(0, 19)}</td><td>${d.eventType}</td><td>${d.status}</td><td class="num">${d.attempts}</td><td>${d.lastResponseStatus ?? d.lastError ?? ''}</td><td>${
-      d.status === 'pending'
-        ? ''
-        : html`<form method="post" action="${path}/webhooks/deliveries/${encodeURIComponent(d.id)}/resend">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Resend delivery ${d.id}">Resend</button></form>`
-    }</td></tr>`,
-)}</tbody></table>${logs.data.length ? '' : html`<p class="muted">No deliveries yet.</p>`}</section>`,
+${dataTable(
+  [
+    { label: 'When (UTC)' },
+    { label: 'Event' },
+    { label: 'Status' },
+    { label: 'Attempts', num: true },
+    { label: 'Last answer' },
+    { label: 'Action', action: true },
+  ],
+  logs.data.map((d) => [
+    d.createdAt.replace('T', ' ').slice(0, 19),
+    d.eventType,
+    d.status,
+    d.attempts,
+    d.lastResponseStatus ?? d.lastError ?? '',
+    d.status === 'pending'
+      ? ''
+      : html`<form method="post" action="${path}/webhooks/deliveries/${encodeURIComponent(d.id)}/resend">${csrfField(csrf)}<button type="submit" class="secondary" aria-label="Resend delivery ${d.id}">Resend</button></form>`,
+  ]),
+  { id: 'deliveries' },
+)}${logs.data.length ? '' : html`<p class="muted">No deliveries yet.</p>`}</section>`,
     );
   });
 

@@ -1,7 +1,16 @@
 import type { V1Secret } from '@kubernetes/client-node';
 import { sha256Hex } from '../../core/crypto.ts';
 import { Failure } from '../failure.ts';
-import { finalized, type HandlerContext, type KindHandler, normal, secretWatch, synced } from '../handler.ts';
+import {
+  finalized,
+  type HandlerContext,
+  type KindHandler,
+  normal,
+  projectChanged,
+  type RecordedEvent,
+  secretWatch,
+  synced,
+} from '../handler.ts';
 import { FIELD_MANAGER, statusOf } from '../runtime/kube.ts';
 import type { Resource } from '../status.ts';
 import {
@@ -59,13 +68,16 @@ export function apiKeyHandler(store: ApiKeyStore): KindHandler<Resource<ApiKeySp
       const namespace = r.metadata.namespace ?? '';
       const project = await projectOf(store, r);
       const secretName = apiKeySecretName(r);
+      const events: RecordedEvent[] = [];
       let key = await store.findByManager(h.managedBy);
-      if (key && key.project_id !== project.id)
-        throw new Failure(
-          'InvalidSpec',
-          `spec.projectRef cannot change (key ${key.id} belongs to ${key.project_id}); delete and re-create the resource`,
-          false,
+      if (key && key.project_id !== project.id) {
+        // Its Project was re-created (a new project): a key of the old one is revoked, one of the new issued.
+        await store.revoke(key, h.managedBy);
+        events.push(
+          projectChanged(project.id, `revoked key ${key.prefix}… (${key.id}) of ${key.project_id}`),
         );
+        key = undefined;
+      }
       let secret = await h.secret(namespace, secretName);
       let value = secret ? secretValue(secret, API_KEY_SECRET_KEY) : undefined;
       if (key && (!value || sha256Hex(value) !== key.key_hash)) {
@@ -80,7 +92,6 @@ export function apiKeyHandler(store: ApiKeyStore): KindHandler<Resource<ApiKeySp
           `Secret ${namespace}/${secretName} exists and is not owned by this ApiKey; choose another spec.secretName`,
           true,
         );
-      const events = [];
       if (!key || !value || sha256Hex(value) !== key.key_hash) {
         // The value is shown once and only its hash is stored: a key whose Secret is gone or altered cannot
         // be written back, so it is revoked and a new one issued (as cert-manager re-issues a certificate).

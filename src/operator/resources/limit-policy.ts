@@ -2,8 +2,8 @@ import { parseInput } from '../../core/validation.ts';
 import type { ProjectLimits } from '../../db/schema.ts';
 import { limitsSchema } from '../../models/pricing.ts';
 import { Failure } from '../failure.ts';
-import { finalized, type KindHandler, normal, synced, updateEvent } from '../handler.ts';
-import { type Resource, statusProject } from '../status.ts';
+import { finalized, type KindHandler, normal, projectChanged, synced, updateEvent } from '../handler.ts';
+import type { Resource } from '../status.ts';
 import { canonical, type ProjectLookup, type ProjectRef, projectOf, projectScoped } from './common.ts';
 
 /** The LimitPolicy kind: the limits of a project. */
@@ -20,8 +20,11 @@ export interface LimitPolicyStore extends ProjectLookup {
     managedBy: string,
     replaced: ProjectLimits | null | undefined,
   ): Promise<void>;
-  /** Removes the limits if `managedBy` manages them (audited, then published). */
-  release(projectId: string, managedBy: string): Promise<boolean>;
+  /**
+   * Removes the limits of every project whose limits `managedBy` manages but `keep`, and hands them back
+   * (audited, then published): the projects released.
+   */
+  release(managedBy: string, keep?: string): Promise<string[]>;
 }
 
 export function limitPolicyHandler(store: LimitPolicyStore): KindHandler<Resource<LimitPolicySpec>> {
@@ -47,14 +50,17 @@ export function limitPolicyHandler(store: LimitPolicyStore): KindHandler<Resourc
             : updateEvent(r, `the limits of ${project.id}`),
         );
       }
+      // Its Project was re-created (a new project): the limits moved there, the old project's go.
+      const left = await store.release(h.managedBy, project.id);
+      if (left.length) events.push(projectChanged(project.id, `removed the limits of ${left.join(', ')}`));
       return synced(`Limits of ${project.id} are in sync`, { status: { projectId: project.id }, events });
     },
-    async finalize(r, h) {
-      const projectId = statusProject(r);
-      if (!projectId) return [];
-      return finalized(
-        (await store.release(projectId, h.managedBy)) ? `Removed the limits of ${projectId}` : undefined,
-      );
+    async finalize(_r, h) {
+      const left = await store.release(h.managedBy);
+      return finalized(left.length ? `Removed the limits of ${left.join(', ')}` : undefined);
+    },
+    async orphan(managedBy) {
+      await store.release(managedBy);
     },
   };
 }

@@ -2,8 +2,16 @@ import { parseInput } from '../../core/validation.ts';
 import { DEFAULT_ENDPOINTS, type PricingFile, pricingFileSchema } from '../../models/pricing.ts';
 import type { ApplyResult } from '../../models/service.ts';
 import { Failure } from '../failure.ts';
-import { finalized, type KindHandler, namespaceWatch, normal, synced, updateEvent } from '../handler.ts';
-import { type Resource, statusProject } from '../status.ts';
+import {
+  finalized,
+  type KindHandler,
+  namespaceWatch,
+  normal,
+  projectChanged,
+  synced,
+  updateEvent,
+} from '../handler.ts';
+import type { Resource } from '../status.ts';
 import { canonical, type ProjectLookup, type ProjectRef, projectOf, projectScoped } from './common.ts';
 
 /** The PriceList kind: the models of a project and their prices, as a pricing file declares them. */
@@ -24,8 +32,11 @@ export interface PriceListStore extends ProjectLookup {
     managedBy: string,
   ): Promise<ApplyResult>;
   providerNames(projectId: string): Promise<Set<string>>;
-  /** Deletes the project's models if `managedBy` manages its pricing (audited, then published). */
-  release(projectId: string, managedBy: string): Promise<boolean>;
+  /**
+   * Deletes the models of every project whose pricing `managedBy` manages but `keep`, and hands their
+   * pricing back (audited, then published): the projects released.
+   */
+  release(managedBy: string, keep?: string): Promise<string[]>;
 }
 
 /** Decimal strings compared by value ("0.150000" from the database equals "0.15"). */
@@ -96,6 +107,9 @@ export function priceListHandler(store: PriceListStore): KindHandler<PriceList> 
           current.managedBy !== h.managedBy ? normal('Applied', `Applied ${what}`) : updateEvent(r, what),
         );
       }
+      // Its Project was re-created (a new project): the prices moved there, the old project's go.
+      const left = await store.release(h.managedBy, project.id);
+      if (left.length) events.push(projectChanged(project.id, `deleted the models of ${left.join(', ')}`));
       const status = { projectId: project.id, models: file.models.length };
       // Routes naming a provider the project lacks would fail at request time: say so now.
       const missing = missingProviders(file, await store.providerNames(project.id));
@@ -109,12 +123,12 @@ export function priceListHandler(store: PriceListStore): KindHandler<PriceList> 
         };
       return synced(`${file.models.length} models priced in ${file.currency}`, { status, events });
     },
-    async finalize(r, h) {
-      const projectId = statusProject(r);
-      if (!projectId) return [];
-      return finalized(
-        (await store.release(projectId, h.managedBy)) ? `Deleted the models of ${projectId}` : undefined,
-      );
+    async finalize(_r, h) {
+      const left = await store.release(h.managedBy);
+      return finalized(left.length ? `Deleted the models of ${left.join(', ')}` : undefined);
+    },
+    async orphan(managedBy) {
+      await store.release(managedBy);
     },
   };
 }

@@ -4,11 +4,14 @@ import { DESCRIPTION_MAX, MAX_CUSTOM_HEADERS, type SubscriptionView } from '../.
 import { FINALIZER, KIND, PLURAL } from '../api.ts';
 import { classifyServiceError, Failure } from '../failure.ts';
 import {
+  finalized,
   type HandlerContext,
   type KindHandler,
   managedByOf as managedByKind,
   normal,
+  projectChanged,
   type RecordedEvent,
+  secretRotated,
   secretWatch,
   synced,
 } from '../handler.ts';
@@ -104,6 +107,8 @@ export interface SubscriptionStore extends ProjectLookup {
     active: boolean,
     opts: { managedBy: string },
   ): Promise<SubscriptionRow>;
+  /** Deactivates the row and hands it back to the REST API (its resource is deleted, or moved). */
+  release(projectId: string, id: string, managedBy: string): Promise<SubscriptionRow>;
   /** Refuses (with the service's 400) what create or update would refuse, writing nothing. */
   validate(input: DesiredInput): Promise<void>;
   /** Subscribes to "the subscriptions of this project changed" notices; resolves with the unsubscribe. */
@@ -270,12 +275,8 @@ async function target(store: SubscriptionStore, r: WebhookSubscription, check: V
     row: await store.findByManager(managedBy),
   }));
   if (projectId === undefined) throw projectNotFound(namespace, ref ?? '');
-  if (row && row.paywallId !== projectId)
-    throw new Failure(
-      'InvalidSpec',
-      `spec.${ref !== undefined ? 'projectRef' : 'paywallId'} cannot change (the subscription ${row.id} belongs to ${row.paywallId}); delete and re-create the resource to move it`,
-      false,
-    );
+  // Another project than the row's (its Project was re-created): the row is released, a new one made.
+  if (row && row.paywallId !== projectId) return { projectId, row: undefined, moved: row };
   return { projectId, row };
 }
 
@@ -323,6 +324,7 @@ async function createGeneratedSecret(
 }
 
 const rowStatus = (row: SubscriptionRow, observedSecret: string) => ({
+  projectId: row.paywallId,
   subscriptionId: row.id,
   secretSuffix: row.secretSuffix,
   observedSecret,
@@ -335,7 +337,7 @@ export function webhookSubscriptionHandler(store: SubscriptionStore): KindHandle
   async function write(
     r: WebhookSubscription,
     check: ValidSpec,
-    found: { projectId: string; row: SubscriptionRow | undefined },
+    found: { projectId: string; row?: SubscriptionRow | undefined },
     secret: { value: string; observed: string },
     managedBy: string,
   ) {
@@ -358,15 +360,22 @@ export function webhookSubscriptionHandler(store: SubscriptionStore): KindHandle
     const specChanged = r.status?.observedGeneration !== r.metadata.generation;
     const input = { ...check.input, isActive: check.active, ...(pushSecret ? { secret: secret.value } : {}) };
     row = await store.update(row.paywallId, row.id, input, { managedBy });
-    const what = [...drift, ...(pushSecret ? ['secret'] : [])].join(', ');
-    events.push(
-      normal(
-        'Updated',
-        specChanged || pushSecret
-          ? `Updated webhook subscription ${row.id} (${what})`
-          : `Put back webhook subscription ${row.id} changed outside the resource (${what})`,
-      ),
-    );
+    // A new Secret since the last write is a rotation; a secret that differs from an unchanged Secret
+    // was changed in the row, as the rest of a drift.
+    const rotated = pushSecret && r.status?.observedSecret !== secret.observed;
+    const what = `webhook subscription ${row.id}`;
+    if (specChanged) {
+      const fields = [...drift, ...(pushSecret ? ['secret'] : [])].join(', ');
+      events.push(normal('Updated', `Updated ${what} (${fields})`));
+      return { row, events };
+    }
+    if (rotated)
+      events.push(secretRotated(`the signing secret of ${what}`, `${namespace}/${secretSourceOf(r).name}`));
+    const putBack = [...drift, ...(pushSecret && !rotated ? ['secret'] : [])];
+    if (putBack.length)
+      events.push(
+        normal('DriftCorrected', `Put back ${what} changed outside the resource (${putBack.join(', ')})`),
+      );
     return { row, events };
   }
 
@@ -398,7 +407,16 @@ export function webhookSubscriptionHandler(store: SubscriptionStore): KindHandle
           events: warn ? [{ type: 'Warning', reason: 'EndpointDisabled', message }] : [],
         };
       }
-      const { row, events } = await service(() => write(r, check, found, secret, h.managedBy));
+      const released: RecordedEvent[] = [];
+      if (found.moved) {
+        const old = found.moved;
+        await service(() => store.release(old.paywallId, old.id, h.managedBy));
+        const what = `released webhook subscription ${old.id} of ${old.paywallId} (inactive)`;
+        released.push(projectChanged(found.projectId, what));
+      }
+      const written = await service(() => write(r, check, found, secret, h.managedBy));
+      const { row } = written;
+      const events = [...released, ...written.events];
       const state = row.isActive
         ? `Subscription ${row.id} is active`
         : `Subscription ${row.id} is inactive (spec.active is false)`;
@@ -406,17 +424,17 @@ export function webhookSubscriptionHandler(store: SubscriptionStore): KindHandle
     },
     async finalize(_r, h) {
       const row = await service(() => store.findByManager(h.managedBy));
-      if (!row?.isActive) return [];
-      await service(() => store.setActive(row.paywallId, row.id, false, { managedBy: h.managedBy }));
-      h.log.info(`${h.managedBy} is being deleted; deactivated subscription ${row.id}`);
-      return [normal('Deactivated', `Deactivated webhook subscription ${row.id}`)];
+      if (!row) return [];
+      await service(() => store.release(row.paywallId, row.id, h.managedBy));
+      h.log.info(`${h.managedBy} is being deleted; released subscription ${row.id}`);
+      return finalized(`Released webhook subscription ${row.id}: inactive, editable through the API again`);
     },
     /** The resource is gone without passing the finalizer (removed by hand): its row must not stay active. */
     async orphan(managedBy, h) {
       const row = await store.findByManager(managedBy);
-      if (!row?.isActive) return;
-      await store.setActive(row.paywallId, row.id, false, { managedBy });
-      h.log.info(`${managedBy} is gone; deactivated subscription ${row.id}`);
+      if (!row) return;
+      await store.release(row.paywallId, row.id, managedBy);
+      h.log.info(`${managedBy} is gone; released subscription ${row.id}`);
     },
   };
 }

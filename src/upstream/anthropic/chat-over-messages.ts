@@ -8,7 +8,7 @@ import { TranslatingProvider } from './translating-provider.ts';
  * Chat Completions over Anthropic's Messages API: a `POST /v1/chat/completions` whose route is a
  * provider of kind `anthropic` is sent as a Messages request, and its answer — JSON or stream — comes
  * back as a chat completion / chunk stream. What cannot be carried is a 400 naming the field. The
- * mapping (also in the README):
+ * mapping (also in docs/api.md):
  *
  * | Chat Completions request                     | Messages request                                     |
  * |----------------------------------------------|------------------------------------------------------|

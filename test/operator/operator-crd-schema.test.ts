@@ -1,0 +1,74 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { generatedPriceListCrd, PRICELIST_CRD, SPEC_PATH } from '../../scripts/crd-schemas.ts';
+import { pricingFileSchema } from '../../src/models/pricing.ts';
+import { priceListSchemas } from '../../src/operator/crd-schema.ts';
+import { ALL_CRD_FILES, FakeKubeApiServer } from '../helpers/fake-kube-apiserver.ts';
+
+/**
+ * The PriceList CRD's `spec.currency` and `spec.models` are the pricing file's zod schema
+ * (src/models/pricing.ts) made structural (src/operator/crd-schema.ts): the file in crds/ (the chart's
+ * copy is a link to it) is what scripts/crd-schemas.ts writes, and what a pricing file takes the API
+ * server takes in a PriceList — holdMargin included.
+ */
+
+const text = readFileSync(PRICELIST_CRD, 'utf8');
+
+describe('the PriceList CRD', () => {
+  it('is the pricing file schema as scripts/crd-schemas.ts writes it (run it after changing the schema)', () => {
+    expect(text).toBe(generatedPriceListCrd(text));
+    const spec = SPEC_PATH.reduce<any>((node, key) => node[key], parse(text));
+    const generated = priceListSchemas();
+    expect(spec.models).toEqual(generated.models);
+    expect(spec.currency).toMatchObject(generated.currency);
+  });
+
+  it('has every field of every pricing mode of the pricing file', () => {
+    const spec = SPEC_PATH.reduce<any>((node, key) => node[key], parse(text));
+    const pricing = spec.models.items.properties.pricing.properties;
+    const fields = pricingFileSchema.shape.models.element.shape.pricing.options.flatMap((o) =>
+      Object.keys(o.shape),
+    );
+    expect(fields).toContain('holdMargin');
+    for (const field of fields) expect(pricing, field).toHaveProperty(field);
+  });
+
+  it('lets the API server take what the pricing file takes, and refuse what it refuses', async () => {
+    const fake = new FakeKubeApiServer({ crdFiles: ALL_CRD_FILES, cel: true });
+    const url = await fake.start();
+    const create = async (pricing: Record<string, unknown>) => {
+      const res = await fetch(`${url}/apis/tollgate.dev/v1alpha1/namespaces/default/pricelists?dryRun=All`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          apiVersion: 'tollgate.dev/v1alpha1',
+          kind: 'PriceList',
+          metadata: { name: 'p' },
+          spec: { projectRef: { name: 'acme' }, currency: 'usd', models: [{ id: 'm', pricing }] },
+        }),
+      });
+      await res.arrayBuffer();
+      const file = pricingFileSchema.safeParse({ currency: 'usd', models: [{ id: 'm', pricing }] });
+      return { status: res.status, file: file.success };
+    };
+    try {
+      for (const pricing of [
+        { mode: 'per_token', inputPerMillion: '3', holdMargin: '1.25' },
+        { mode: 'per_token', inputPerMillion: '3', cacheWrite1hPerMillion: '6', outputPerMillion: '15' },
+        { mode: 'per_request', perRequest: '0.01' },
+        { mode: 'subscription', fee: '10', period: '30d' },
+      ])
+        expect(await create(pricing), JSON.stringify(pricing)).toEqual({ status: 201, file: true });
+      for (const pricing of [
+        { mode: 'per_request', perRequest: '0.01', holdMargin: '1.5' },
+        { mode: 'per_token', inputPerMillion: '3', holdMargin: '1.2345' },
+        { mode: 'per_token', inputPerMillion: '-3' },
+        { mode: 'subscription', fee: '10' },
+      ])
+        expect(await create(pricing), JSON.stringify(pricing)).toEqual({ status: 422, file: false });
+    } finally {
+      await fake.stop();
+    }
+  });
+});
