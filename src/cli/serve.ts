@@ -8,7 +8,7 @@ import { CLI_ACTOR } from '../audit/index.ts';
 import { findWallet } from '../billing/ledger.ts';
 import { type Config, isProduction, publicBaseUrl, testPaymentsAllowed } from '../config/index.ts';
 import { randomToken } from '../core/ids.ts';
-import { currencyDecimals, Money } from '../core/money.ts';
+import { displayAmount } from '../core/money.ts';
 import { pendingMigrations } from '../db/index.ts';
 import { buildServer } from '../http/server.ts';
 import { applyPricing } from '../models/service.ts';
@@ -274,8 +274,8 @@ async function demoUserLine(ctx: AppContext, state: DevState, firstStart: boolea
   if (firstStart) return `${DEV_USER} (connected, 10.00 usd to start)`;
   const wallet = await findWallet(ctx.db, state.projectId, DEV_USER);
   if (!wallet) return `${DEV_USER} (not connected)`;
-  // at the currency's precision (cents), rounded down: never more than is there
-  const usd = (v: string) => new Money(v).toFixed(currencyDecimals('usd'), Money.ROUND_DOWN);
+  // at the currency's precision, as the dashboard shows it
+  const usd = (v: string) => displayAmount(v, 'usd');
   return `${DEV_USER} (balance ${usd(wallet.balance)} usd, ${usd(wallet.available)} available)`;
 }
 
