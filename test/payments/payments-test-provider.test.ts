@@ -5,6 +5,7 @@ import { providerKind } from '../../src/payments/providers.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { eventually } from '../helpers/eventually.ts';
 import { api, seedProject, startTestServer } from '../helpers/server.ts';
+import { developerWithProject } from './fixture.ts';
 
 /**
  * The `test` payment provider (issue 38): connected without a key, its checkout is a page Tollgate
@@ -181,6 +182,24 @@ describe('the test checkout', () => {
     );
     expect(more.status).toBe(400);
     expect(await balance('cy')).toBe('6.00');
+  });
+});
+
+describe('the dashboard', () => {
+  it('offers “Use test payments” where they are on, connects them, and labels them', async () => {
+    const { projectId, cookie } = await developerWithProject(f.server, 'test-payments', 'Dashboard test');
+    const path = `${f.server.url}/dashboard/projects/${projectId}/payments`;
+    const before = await (await fetch(path, { headers: { cookie } })).text();
+    expect(before).toContain('Use test payments');
+    const csrf = /name="csrf" value="([^"]+)"/.exec(before)![1]!;
+    const connected = await fetch(`${path}/test`, {
+      ...form({ csrf }),
+      headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+    });
+    expect(connected.status).toBe(303);
+    const after = await (await fetch(path, { headers: { cookie } })).text();
+    expect(after).toContain('<strong>Test payments</strong> are connected');
+    expect(after).not.toContain('Use test payments');
   });
 });
 
