@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../../src/config/index.ts';
 import { Money } from '../../src/core/money.ts';
@@ -200,6 +202,32 @@ describe('the dashboard', () => {
     const after = await (await fetch(path, { headers: { cookie } })).text();
     expect(after).toContain('<strong>Test payments</strong> are connected');
     expect(after).not.toContain('Use test payments');
+  });
+});
+
+describe('the CLI', () => {
+  it('payments connect --provider test, over the admin API', async () => {
+    const { projectId } = await seedProject(f.ctx, { name: 'CLI test payments' });
+    const env = {
+      ...process.env,
+      TOLLGATE_URL: f.server.url,
+      TOLLGATE_ADMIN_TOKEN: ROOT,
+      DATABASE_URL: '',
+      TOLLGATE_ENCRYPTION_KEY: '',
+      LOG_LEVEL: 'silent',
+    };
+    const { stdout } = await promisify(execFile)(
+      process.execPath,
+      ['cmd/tollgate.ts', 'payments', 'connect', '--provider', 'test', '--project', projectId],
+      { env, timeout: 30_000 },
+    );
+    expect(stdout).toContain(`Payments: test payments connected to ${projectId}`);
+    expect((await api(f.server, ROOT, 'GET', `/admin/v1/projects/${projectId}/payments`)).body).toMatchObject(
+      {
+        connected: true,
+        provider: 'test',
+      },
+    );
   });
 });
 
