@@ -7,9 +7,9 @@ import type { Database } from '../db/index.ts';
  * The payment provider boundary (Medusa's shape): what Tollgate asks of a provider, on plain inputs,
  * and the provider's webhooks turned into provider-neutral actions. The webhook route only verifies and
  * normalises (`parseWebhook`); ./service.ts applies an action once, with the provider's object id in its
- * movement key. Stripe is ./stripe; a second provider implements the same interface and is listed in
- * ./providers.ts (the registry keyed by name: the webhook URL, the connection row and the ledger's
- * `source` carry that name).
+ * movement key. Stripe is ./stripe, the test provider (payments offline, never in production)
+ * ./test-provider; another provider implements the same interface and is listed in ./providers.ts (the
+ * registry keyed by name: the webhook URL, the connection row and the ledger's `source` carry that name).
  *
  * Saved cards and off-session recharges (issue 25): `saveCard` on `CheckoutInput` keeps the card for
  * later (the checkout's customer and payment method come back on `CheckoutState`), `chargeSavedCard`
