@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
+import { testPaymentsAllowed } from '../../config/index.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { dataTable, html, money } from '../../html/index.ts';
 import {
@@ -27,7 +28,8 @@ import {
  * A project's Payments page (`/dashboard/projects/:id/payments`): connect Stripe (a secret or restricted
  * key, checked live and sealed; the webhook endpoint is created, or a pasted signing secret is used),
  * the top-up options, disconnect, and the top-ups with a Refund button (through Stripe's API: the
- * refund's webhook does the ledger work).
+ * refund's webhook does the ledger work). Where test payments are on (`tollgate dev`), "Use test
+ * payments" connects the test provider instead: a test checkout, no account, no money.
  */
 
 const text = (max: number) => optionalField(z.string().trim().max(max));
@@ -69,7 +71,7 @@ ${dataTable(
   payments.map((p) => [
     html`<code>${p.id}</code>`,
     p.user,
-    html`${money(p.amount, p.currency)} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${money(p.refunded, p.currency)} refunded)` : ''}`,
+    html`${money(p.amount, p.currency)} ${p.currency}${p.provider === 'test' ? html` <span class="muted">(test)</span>` : ''}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${money(p.refunded, p.currency)} refunded)` : ''}`,
     p.status,
     p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—',
     p.status === 'paid'
@@ -78,6 +80,35 @@ ${dataTable(
   ]),
   { id: 'topups', empty: 'No top-ups yet.' },
 )}</section>`;
+}
+
+/** What is connected: test payments (labelled so), or the Stripe key's hint and mode. */
+function connectedLine(c: { provider: string; keyHint: string; livemode: boolean }): Raw {
+  return c.provider === 'test'
+    ? html`<p><strong>Test payments</strong> are connected: users pay on a test checkout with test cards, and no money moves. Connect Stripe below to take real payments.</p>`
+    : html`<p>Connected: <code>${c.keyHint}</code> (${c.livemode ? 'live' : 'test'} mode). The key is sealed and never shown again.</p>`;
+}
+
+/** Where test payments are on (`tollgate dev`): connect the test provider instead of Stripe. */
+function useTestPayments(path: string, csrf: string): Raw {
+  return html`<h2>Test payments</h2><p class="muted">Try the whole top-up flow without a Stripe account or the network: a test checkout with test cards (succeeds, declined, asks for authentication), credited through the same webhooks. Only in development (TOLLGATE_TEST_PAYMENTS; never in production).</p>
+<form method="post" action="${path}/test">${csrfField(csrf)}<button type="submit" class="secondary">Use test payments</button></form>`;
+}
+
+/** Connect Stripe (or replace the Stripe connection): the key, a pasted signing secret, the top-up options. */
+function stripeForm(
+  path: string,
+  csrf: string,
+  c: { provider: string; settings: { presets?: string[]; minimum?: string; maximum?: string } } | undefined,
+): Raw {
+  return html`<h2>${c && c.provider !== 'test' ? 'Replace the connection' : 'Connect Stripe'}</h2>
+<form method="post" action="${path}">${csrfField(csrf)}
+<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required>
+<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off">
+<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets" value="${c?.settings.presets?.join(', ') ?? ''}">
+<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum" value="${c?.settings.minimum ?? ''}"></div>
+<div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
+<button type="submit">Check and connect</button></form>`;
 }
 
 export default routeModule((app, ctx) => {
@@ -95,13 +126,13 @@ export default routeModule((app, ctx) => {
       const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
       return projectPage(
         reply,
-        { project, title: `Payments · ${project.name}`, heading: 'Payments (Stripe)', tab: 'Payments' },
+        { project, title: `Payments · ${project.name}`, heading: 'Payments', tab: 'Payments' },
         (csrf) => html`
-<section class="card" aria-labelledby="pay-h"><h2 id="pay-h">Stripe</h2>
+<section class="card" aria-labelledby="pay-h"><h2 id="pay-h">${c?.provider === 'test' ? 'Test payments' : 'Stripe'}</h2>
 ${
   c
-    ? html`<p>Connected: <code>${c.keyHint}</code> (${c.livemode ? 'live' : 'test'} mode). The key is sealed and never shown again.</p>
-<p>Webhook: <code>${c.webhook.url}</code> — ${c.webhook.managed ? html`endpoint <code>${c.webhook.endpointId}</code> created in your Stripe account` : 'an endpoint you made by hand'}.</p>
+    ? html`${connectedLine(c)}
+<p>Webhook: <code>${c.webhook.url}</code> — ${c.webhook.managed ? html`endpoint <code>${c.webhook.endpointId}</code> created in your ${c.provider === 'test' ? 'test' : 'Stripe'} account` : 'an endpoint you made by hand'}.</p>
 <p>Top-ups: presets ${c.settings.presets?.join(', ')}; minimum ${c.settings.minimum}; maximum ${c.settings.maximum} ${project.currency.toUpperCase()}.</p>
 <h2>Automatic recharge</h2>
 <p class="muted">Users who tick “save this card and recharge automatically” at checkout have their saved card charged off session when their available balance falls below the threshold (their own, set in their portal, within these limits), at most the monthly cap per user. A declined card turns it off for that user (<code>payment.recharge.failed</code>).</p>
@@ -111,17 +142,11 @@ ${
 <div><label for="ar-amount">Recharge amount</label><input id="ar-amount" name="amount" value="${c.settings.autoRecharge?.amount ?? ''}"></div>
 <div><label for="ar-cap">Monthly cap per user</label><input id="ar-cap" name="monthlyCap" value="${c.settings.autoRecharge?.monthlyCap ?? ''}"></div></div>
 <button type="submit">Save automatic recharge</button></form>
-<form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect Stripe</button></form>`
+<form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect ${c.provider === 'test' ? 'test payments' : 'Stripe'}</button></form>`
     : html`<p>Connect your Stripe account and users who run out pay on a hosted checkout from their top-up link; each payment becomes exactly one deposit.</p>`
 }
-<h2>${c ? 'Replace the connection' : 'Connect Stripe'}</h2>
-<form method="post" action="${path}">${csrfField(csrf)}
-<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required>
-<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off">
-<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets" value="${c?.settings.presets?.join(', ') ?? ''}">
-<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum" value="${c?.settings.minimum ?? ''}"></div>
-<div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
-<button type="submit">Check and connect</button></form>
+${testPaymentsAllowed(ctx.config) && c?.provider !== 'test' ? useTestPayments(path, csrf) : ''}
+${stripeForm(path, csrf, c)}
 </section>
 ${topUpsCard(path, user, payments.data, csrf)}`,
       );
@@ -148,6 +173,15 @@ ${topUpsCard(path, user, payments.data, csrf)}`,
         },
         actorOf(request.developer),
       );
+      return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/payments/test',
+    { schema: { params: projectParams, body: formBody({}) } },
+    async (request, reply) => {
+      await connectPayments(ctx, request.params.id, { provider: 'test' }, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
   );

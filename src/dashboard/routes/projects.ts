@@ -8,6 +8,7 @@ import {
   listProjects,
   providerBody,
 } from '../../admin/service.ts';
+import { createStarterProject } from '../../admin/starter.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { dataTable, html, type Raw } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
@@ -15,6 +16,11 @@ import { keyPage } from '../key-page.ts';
 import { csrfField, flashQuery, formBody, page, revocableColumns, revocableRows } from '../pages.ts';
 
 /** The projects list (`/dashboard`) with the admin tokens, and the first run (`/dashboard/start`). */
+
+const starterForm = formBody({
+  name: createProjectBody.shape.name,
+  currency: createProjectBody.shape.currency,
+});
 
 const startForm = formBody({
   name: createProjectBody.shape.name,
@@ -96,9 +102,28 @@ ${csrfField(csrf)}
 <label for="currency">Currency your users pay in</label>
 <input id="currency" name="currency" value="usd" pattern="[a-z]{3}" required>
 <button type="submit">Connect and create the API key</button>
+</form></section>
+<section class="card" style="max-width:40rem" aria-labelledby="starter-h">
+<h2 id="starter-h">No provider key at hand? Try it now</h2>
+<p>Start on Tollgate's built-in echo provider (it answers with your own message, offline) with a starter
+price list, so your API key works at once. Connect your model provider later on the project's page.</p>
+<form method="post" action="/dashboard/start/echo">
+${csrfField(csrf)}
+<label for="starter-name">Project name</label>
+<input id="starter-name" name="name" value="My app" required maxlength="200">
+<label for="starter-currency">Currency your users pay in</label>
+<input id="starter-currency" name="currency" value="usd" pattern="[a-z]{3}" required>
+<button type="submit" class="secondary">Start with the echo provider</button>
 </form></section>`,
     ),
   );
+
+  app.post('/start/echo', { schema: { body: starterForm } }, async (request, reply) => {
+    const created = await createStarterProject(ctx, request.developer, request.body);
+    return keyPage(request, reply, created.project, created.apiKey.key, created.models[0]!, true, {
+      echo: true,
+    });
+  });
 
   app.post('/start', { schema: { body: startForm } }, async (request, reply) => {
     const { name, currency, baseUrl, apiKey, kind } = request.body;
