@@ -212,8 +212,7 @@ export async function retryDelivery(
     .executeTakeFirst();
   if (Number(updated.numUpdatedRows) === 0)
     throw conflict('This delivery is still pending; it will be retried automatically.', 'delivery_pending');
-  await ctx.bus.publish(channels.deliveriesDue, '').catch(() => {});
-  return getDeliveryLog(ctx, projectId, id);
+  return queued(ctx, projectId, id);
 }
 
 /**
@@ -273,6 +272,15 @@ export async function sendTestPing(
       })
       .execute();
   });
+  return queued(ctx, project.id, deliveryId);
+}
+
+/**
+ * A delivery just queued, as the answer describes it (pending), read before the workers are woken: a
+ * worker that delivers at once must not turn the 202 into a report of the delivery's end.
+ */
+async function queued(ctx: DeliveryLogStore, projectId: string, id: string): Promise<DeliveryLogView> {
+  const view = await getDeliveryLog(ctx, projectId, id);
   await ctx.bus.publish(channels.deliveriesDue, '').catch(() => {});
-  return getDeliveryLog(ctx, project.id, deliveryId);
+  return view;
 }
