@@ -77,6 +77,11 @@ export class Escrow {
    * was already closed in memory by an earlier give-back still in flight.
    */
   readonly #applying = new Map<string, Promise<void>>();
+  /**
+   * The give-back of each wallet's retired slices (a refund's `retire`), by wallet (project, user id),
+   * until it is applied: this pod's own request refused meanwhile waits for it before it tries again.
+   */
+  readonly #retiring = new Map<string, Promise<void>>();
   /** Asks the other pods to give slices back, and answers their asks (the bus). */
   readonly #reclaims: Reclaims;
   readonly #timers: NodeJS.Timeout[] = [];
@@ -330,6 +335,9 @@ export class Escrow {
    */
   async reclaim(projectId: string, userIds: string[], options: { others?: boolean } = {}): Promise<void> {
     if (!userIds.length) return;
+    // Asked for a request of this pod: this pod's own slices of the wallets being given back (retired by a
+    // refund, or given back to another pod) stand in the way until that is applied — waited for first.
+    if (options.others) await this.#ownChanges(projectId, userIds);
     const owners = await this.#database.db
       .selectFrom('holds')
       .select('owner')
@@ -390,11 +398,22 @@ export class Escrow {
       const key = walletKey(slice.projectId, slice.externalId);
       if (this.#current.get(key) === slice) this.#current.delete(key);
     }
-    if (slices.length) {
-      void this.#giveBack(slices).catch((err) =>
-        this.#log.warn({ err }, 'giving retired slices back failed (the sweeper takes them)'),
-      );
+    if (!slices.length) return;
+    const done = this.#giveBack(slices).catch((err) =>
+      this.#log.warn({ err }, 'giving retired slices back failed (the sweeper takes them)'),
+    );
+    for (const key of new Set(slices.map((s) => walletKey(projectId, s.userId)))) {
+      this.#retiring.set(key, done);
+      void done.then(() => {
+        if (this.#retiring.get(key) === done) this.#retiring.delete(key);
+      });
     }
+  }
+
+  /** Resolves once this pod's changes of these wallets submitted so far (and their retired slices' give-back) are applied. */
+  async #ownChanges(projectId: string, userIds: string[]): Promise<void> {
+    await Promise.all(userIds.map((userId) => this.#retiring.get(walletKey(projectId, userId))));
+    await Promise.all(userIds.map((userId) => this.#applying.get(walletKey(projectId, userId))));
   }
 
   /** Gives back the free part of this pod's slices of these wallets (all of a slice without requests). */

@@ -116,6 +116,9 @@ const rounds = fc.array(fc.array(op, { minLength: 1, maxLength: 12 }), { minLeng
  *   so it was not run again at all (`floor` 2.778 ≥ 0.01);
  * - one run again after the give-back found the whole balance taken again, by a hold's new slice on the
  *   same pod, and was not run a third time (`floor` 0.009 ≥ 0.000345).
+ * - one refused on the pod whose slice a refund had just retired (the slice still held, its give-back not
+ *   yet in the database) asked only the other pods, found none, and was refused again (`floor` 3.43 ≥
+ *   1.9): a pod's own request now waits for its own give-back of the wallet first.
  *
  * And one of the test's own: a refund retires the wallet's slices and the pods give them back in the
  * background, so a give-back can commit after the round; the comparison read the open slices and the
@@ -191,6 +194,39 @@ const FOUND: Op[][][] = [
       { kind: 'settle', pick: 1041270484, cost: '', over: 32 },
       { kind: 'grant', wallet: 1, amount: '0.004', priority: 2, expiry: 'later' },
       { kind: 'refund', wallet: 1, amount: '1.34' },
+    ],
+  ],
+  [
+    [
+      { kind: 'release', pick: 1636958456 },
+      { kind: 'settle', pick: 1148584474, cost: '0.004' },
+      { kind: 'settle', pick: 1079328344, cost: '0.278' },
+      { kind: 'settle', pick: 2102142267, cost: '0' },
+      { kind: 'hold', wallet: 2, amount: '0.011' },
+      { kind: 'grant', wallet: 0, amount: '0.98', priority: 0, expiry: 'none' },
+      { kind: 'settle', pick: 1412634359, cost: '', over: 23 },
+      { kind: 'refund', wallet: 2, amount: '0.228' },
+    ],
+    [
+      { kind: 'hold', wallet: 0, amount: '0.273' },
+      { kind: 'grant', wallet: 2, amount: '0.15', priority: 2, expiry: 'later' },
+      { kind: 'deposit', wallet: 2, amount: '0.08' },
+      { kind: 'deposit', wallet: 1, amount: '3.64' },
+      { kind: 'settle', pick: 1811014935, cost: '0.000367' },
+      { kind: 'charge', wallet: 0, amount: '2.97' },
+      { kind: 'settle', pick: 412401491, cost: '0.169' },
+    ],
+    [
+      { kind: 'deposit', wallet: 2, amount: '0.000041' },
+      { kind: 'charge', wallet: 2, amount: '0.000136' },
+      { kind: 'deposit', wallet: 0, amount: '0.000167' },
+      { kind: 'hold', wallet: 1, amount: '1.9' },
+      { kind: 'refund', wallet: 1, amount: '0.000296' },
+      { kind: 'grant', wallet: 2, amount: '0.000076', priority: 1, expiry: 'none' },
+      { kind: 'hold', wallet: 1, amount: '0.209' },
+      { kind: 'hold', wallet: 0, amount: '2.48' },
+      { kind: 'charge', wallet: 1, amount: '0.000198' },
+      { kind: 'charge', wallet: 0, amount: '0.000312' },
     ],
   ],
 ];
