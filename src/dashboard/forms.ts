@@ -16,8 +16,11 @@ import { html, type Raw, raw } from '../html/index.ts';
 /** A form of a page: its name among the page's forms, its fields in the order shown. */
 export interface FormSpec {
   name: string;
-  /** Field name → the id of its input and its label (`secret`: never sent back). */
-  fields: Record<string, { id: string; label: string; secret?: boolean }>;
+  /**
+   * Field name → the id of its input and its label; `secret`: never sent back; `help`: the id of the
+   * text that describes the field (kept in its `aria-describedby` beside its problem).
+   */
+  fields: Record<string, { id: string; label: string; secret?: boolean; help?: string }>;
   /** Names the service gives fields in its errors (`param`), when they differ: e.g. `id` → `model`. */
   params?: Record<string, string>;
 }
@@ -140,7 +143,12 @@ export function formView(spec: FormSpec, refused?: Refused, focus?: string): For
     value: (name, fallback = '') => (mine ? (mine.values[name] ?? '') : fallback),
     input: (name, fallback) => html` value="${view.value(name, fallback)}"${view.invalid(name)}`,
     invalid(name) {
-      const described = errors[name] ? `${id(name)}-error` : secretNote(name) ? `${id(name)}-note` : '';
+      const described = [
+        spec.fields[name]?.help,
+        errors[name] ? `${id(name)}-error` : secretNote(name) ? `${id(name)}-note` : undefined,
+      ]
+        .filter(Boolean)
+        .join(' ');
       return raw(
         `${errors[name] ? ' aria-invalid="true"' : ''}${described ? ` aria-describedby="${described}"` : ''}${autofocus === name ? ' autofocus' : ''}`,
       );

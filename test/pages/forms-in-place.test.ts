@@ -61,11 +61,11 @@ function tag(text: string, id: string): string {
 }
 
 /** The field `id` is marked invalid, described by its error (with `message`), and has the focus. */
-function expectInvalid(text: string, id: string, message: RegExp | string, focus = true) {
+function expectInvalid(text: string, id: string, message: RegExp | string, help?: string) {
   const field = tag(text, id);
   expect(field).toContain('aria-invalid="true"');
-  expect(field).toContain(`aria-describedby="${id}-error"`);
-  if (focus) expect(field).toContain('autofocus');
+  expect(field).toContain(`aria-describedby="${help ? `${help} ` : ''}${id}-error"`);
+  expect(field).toContain('autofocus');
   expect(text.match(/ autofocus/g)?.length ?? 0).toBe(1);
   const error = new RegExp(`<p class="field-error" id="${id}-error">([^<]*)</p>`).exec(text);
   expect(error, `no error beside #${id}`).not.toBeNull();
@@ -194,9 +194,10 @@ describe('refused dashboard forms come back in place', () => {
       `${path}/pricing`,
     );
     expect(price.status).toBe(400);
-    expectInvalid(price.text, 'holdMargin', /^Hold margin .*at least 1/);
+    expectInvalid(price.text, 'holdMargin', /^Hold margin .*at least 1/, 'hold-help');
     expect(price.text).toMatch(/<option value="per_token" selected>/);
     expect(price.text).not.toMatch(/<option value="per_request" selected>/);
+    expect(tag(price.text, 'mode')).toContain('aria-describedby="mode-help"');
     expect([
       value(price.text, 'model'),
       value(price.text, 'inputPerMillion'),

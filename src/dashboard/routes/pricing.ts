@@ -48,13 +48,13 @@ const FORMS = {
     fields: {
       model: { id: 'model', label: 'Model' },
       upstreamModel: { id: 'upstreamModel', label: 'Provider model' },
-      mode: { id: 'mode', label: 'Pricing' },
+      mode: { id: 'mode', label: 'Pricing', help: 'mode-help' },
       perRequest: { id: 'perRequest', label: 'Price per request' },
       inputPerMillion: { id: 'inputPerMillion', label: 'Input per 1M tokens' },
       outputPerMillion: { id: 'outputPerMillion', label: 'Output per 1M tokens' },
       cacheWritePerMillion: { id: 'cacheWritePerMillion', label: 'Cache writes per 1M, 5 min' },
       cacheWrite1hPerMillion: { id: 'cacheWrite1hPerMillion', label: 'Cache writes per 1M, 1 h' },
-      holdMargin: { id: 'holdMargin', label: 'Hold margin' },
+      holdMargin: { id: 'holdMargin', label: 'Hold margin', help: 'hold-help' },
       fee: { id: 'fee', label: 'Subscription fee' },
       period: { id: 'period', label: 'Period' },
       maxOutputTokens: { id: 'maxOutputTokens', label: 'Max output tokens' },
@@ -118,7 +118,7 @@ function priceFormCard(
 <div class="row">
 ${input('model', 'Model (what clients send)', ' required maxlength="128" placeholder="gpt-4o-mini"')}
 ${input('upstreamModel', 'Provider model (optional)', ' maxlength="256" placeholder="the same"')}
-<div><label for="mode">Pricing</label><select id="mode" name="mode" aria-describedby="mode-help"${f.invalid('mode')}><option value="per_request"${f.selected('mode', 'per_request', true)}>Per request</option><option value="per_token"${f.selected('mode', 'per_token', false)}>Per token</option><option value="subscription"${f.selected('mode', 'subscription', false)}>Subscription</option></select>${f.error('mode')}</div>
+<div><label for="mode">Pricing</label><select id="mode" name="mode"${f.invalid('mode')}><option value="per_request"${f.selected('mode', 'per_request', true)}>Per request</option><option value="per_token"${f.selected('mode', 'per_token', false)}>Per token</option><option value="subscription"${f.selected('mode', 'subscription', false)}>Subscription</option></select>${f.error('mode')}</div>
 </div>
 <p class="muted" id="mode-help">Fill in the fields of the pricing you chose (the others are ignored); prices are in ${currency}.</p>
 <fieldset data-mode="per_request"><legend>If per request</legend>
@@ -130,7 +130,7 @@ ${input('inputPerMillion', 'Input per 1M tokens', ' inputmode="decimal" placehol
 ${input('outputPerMillion', 'Output per 1M tokens', ' inputmode="decimal" placeholder="0.60"')}
 ${input('cacheWritePerMillion', 'Cache writes per 1M, 5 min (optional; Claude: 1.25 × input)', ' inputmode="decimal"')}
 ${input('cacheWrite1hPerMillion', 'Cache writes per 1M, 1 h (optional; Claude: 2 × input)', ' inputmode="decimal"')}
-<div><label for="holdMargin">Hold margin (optional, 1 to 10)</label><input id="holdMargin" name="holdMargin" inputmode="decimal"${f.input('holdMargin')}${raw(f.refused && refused?.errors.holdMargin ? '' : ' aria-describedby="hold-help"')}>${f.error('holdMargin')}</div>
+${input('holdMargin', 'Hold margin (optional, 1 to 10)', ' inputmode="decimal"')}
 </div>
 <p class="muted" id="hold-help">The prompt Tollgate counts is held times the hold margin, by default the measured one of the provider model's tokenizer family; the charge is always the provider's usage.</p>
 </fieldset>
