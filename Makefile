@@ -3,8 +3,8 @@ RUN := ./scripts/with-node.sh
 
 .PHONY: dev test test-tools tollgate lint build bench install image
 
-dev:        ## start Tollgate on its embedded default (tollgate dev)
-	$(RUN) npm run dev
+dev:        ## start Tollgate on its embedded default (tollgate dev); installs the runtime dependencies only
+	WITH_NODE_DEPS=runtime $(RUN) npm run dev
 
 test: test-tools  ## run the whole test suite (installs what its tests need first, as CI does)
 	$(RUN) npm test

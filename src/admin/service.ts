@@ -137,13 +137,15 @@ export const createProjectBody = z.strictObject({
     .string()
     .regex(/^[a-z]{3}$/, { message: 'must be a lowercase three-letter currency code such as usd' })
     .default('usd'),
+  /** Begin on the built-in echo provider with a starter price list (./starter.ts); connect one later. */
+  starter: z.boolean().optional(),
 });
 
 /** Creates a project owned by the developer (full access: owned by no account), with its first API key. */
 export async function createOwnedProject(
   ctx: AdminServices,
   principal: Principal,
-  input: Pick<CreateProjectInput, 'name' | 'currency'>,
+  input: Pick<CreateProjectInput, 'name' | 'currency' | 'upstreamUrl'>,
 ) {
   // the project, its first key and their audit entries: one transaction
   const created = await createProject(
@@ -152,6 +154,7 @@ export async function createOwnedProject(
     {
       name: input.name,
       currency: input.currency ?? 'usd',
+      ...(input.upstreamUrl ? { upstreamUrl: input.upstreamUrl } : {}),
       ...(principal.developerId ? { ownerUserId: principal.developerId } : {}),
     },
     { actor: actorOf(principal) },

@@ -228,8 +228,20 @@ export async function createContext(config: Config, options: ContextOptions = {}
     await database.close();
     throw err;
   }
-  const payments = new PaymentsModule({ db: database.db, sealer, billing, events, config, log, projects });
-  return {
+  const payments = new PaymentsModule({
+    db: database.db,
+    sealer,
+    billing,
+    events,
+    config,
+    log,
+    projects,
+    // (as the server sets it once bound)
+    get publicBaseUrl() {
+      return context.publicBaseUrl;
+    },
+  });
+  const context: AppContext = {
     config,
     log,
     database,
@@ -259,4 +271,5 @@ export async function createContext(config: Config, options: ContextOptions = {}
       await tracing.shutdown();
     },
   };
+  return context;
 }

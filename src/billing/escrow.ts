@@ -217,6 +217,7 @@ export class Escrow {
       if (row.take !== null) {
         slice.wrote(seq, reserved);
         slice.taken = true;
+        slice.debtLimit = debtLimit;
         slice.userId = row.user_id ?? slice.userId;
         slice.amount = slice.amount.plus(row.take);
         if (slice.free.gte(need)) {
@@ -277,6 +278,10 @@ export class Escrow {
     // the reservations of the slice's other requests in flight; above that it comes from the balance. A
     // suspended slice (given back) gives back all of its free part.
     const free = Money.max(slice.unreserved, 0);
+    // A charge above the slice's free part takes the rest from the balance, which may then no longer cover
+    // what the slice's other requests reserved: the slice admits no more (their reservations are given
+    // back as they finish), and the wallet's next request asks the database.
+    if (cost.gt(free)) this.#suspend(slice);
     let released = slice.suspended ? free : Money.min(cost, free);
     slice.amount = slice.amount.minus(released);
     const close = slice.inFlight === 0 && !slice.taking && this.#closesWhenDone(slice);
@@ -290,7 +295,14 @@ export class Escrow {
     // wallet's visible held amount returns to what requests in flight reserved: 0).
     const stale = slice.inFlight === 0 && !slice.written.isZero();
     if (cost.lte(0) && !close && released.lte(0) && !stale) return undefined;
-    return this.#change(slice, released, close, charge && cost.gt(0) ? charge : NO_CHARGE);
+    const row = await this.#change(slice, released, close, charge && cost.gt(0) ? charge : NO_CHARGE);
+    // Overdrawn (the charge went below what the wallet's slices hold, on any pod): every pod gives back
+    // the free part of its slices of the wallet before this settle resolves, so none admits a request
+    // from money the balance no longer has.
+    if (row?.held && new Money(row.balance!).plus(slice.debtLimit).lt(row.held)) {
+      await this.reclaim(reservation.projectId, [row.user_id ?? slice.userId]);
+    }
+    return row;
   }
 
   /**
@@ -393,11 +405,7 @@ export class Escrow {
     const slices = [...this.#slices.values()].filter(
       (s) => s.projectId === projectId && (userIds.has(s.userId) || externalIds.has(s.externalId)),
     );
-    for (const slice of slices) {
-      slice.suspended = true;
-      const key = walletKey(slice.projectId, slice.externalId);
-      if (this.#current.get(key) === slice) this.#current.delete(key);
-    }
+    for (const slice of slices) this.#suspend(slice);
     if (!slices.length) return;
     const done = this.#giveBack(slices).catch((err) =>
       this.#log.warn({ err }, 'giving retired slices back failed (the sweeper takes them)'),
@@ -505,6 +513,13 @@ export class Escrow {
     work().catch((err) => this.#log.warn({ err }, 'escrow upkeep failed (retried at the next tick)'));
   }
 
+  /** The slice admits no more requests (it is given back once those in flight are done). */
+  #suspend(slice: Slice): void {
+    slice.suspended = true;
+    const key = walletKey(slice.projectId, slice.externalId);
+    if (this.#current.get(key) === slice) this.#current.delete(key);
+  }
+
   #forget(slice: Slice): void {
     const key = walletKey(slice.projectId, slice.externalId);
     if (this.#current.get(key) === slice) this.#current.delete(key);
@@ -517,11 +532,7 @@ export class Escrow {
    * longer be what it thinks), so the next requests ask the database (and get a 503 while it is down).
    */
   #suspendAll(): void {
-    for (const slice of [...this.#slices.values()]) {
-      slice.suspended = true;
-      const key = walletKey(slice.projectId, slice.externalId);
-      if (this.#current.get(key) === slice) this.#current.delete(key);
-    }
+    for (const slice of [...this.#slices.values()]) this.#suspend(slice);
   }
 
   async #apply(projectId: string, item: ApplyItem, slice?: Slice): Promise<ApplyRow | undefined> {

@@ -40,6 +40,8 @@ export class Slice {
   taken = false;
   /** A take of this slice in flight. */
   taking: Promise<void> | undefined;
+  /** How far below zero its wallet may go (the project's `debtLimit` at the last take). */
+  debtLimit = '0';
 
   constructor(id: string, projectId: string, externalId: string) {
     this.id = id;

@@ -272,6 +272,10 @@ function webhookSwitch(active: boolean): AdminCommand {
 /** The payment connection in a few lines. */
 function describePayments(view: Json): string[] {
   if (!view.connected) return [`Payments: not connected (${view.projectId})`];
+  if (view.provider === 'test')
+    return [
+      `Payments: test payments connected to ${view.projectId} (a test checkout with test cards; no money moves)`,
+    ];
   return [
     `Payments: ${view.provider} connected to ${view.projectId} (${view.livemode ? 'live' : 'test'} mode)`,
     `  key: ${view.keyHint} (sealed; never shown again)`,
@@ -301,8 +305,9 @@ const paymentCommands: Record<string, AdminCommand> = {
       ...(presets ? { presets: presets.split(',').map((p) => p.trim()) } : {}),
       ...given(values, { minimum: 'minimum', maximum: 'maximum' }),
     };
+    const test = optional(values, 'provider') === 'test';
     const view = await api.connectPayments(projectId, {
-      stripeKey: required(values, 'stripe-key'),
+      ...(test ? { provider: 'test' } : { stripeKey: required(values, 'stripe-key') }),
       ...given(values, { 'webhook-secret': 'webhookSecret' }),
       ...(Object.keys(settings).length ? { settings } : {}),
     });

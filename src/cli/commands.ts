@@ -253,13 +253,14 @@ export const COMMANDS: CommandSpec[] = [
   {
     name: 'payments connect',
     usage:
-      'payments connect --project ID --stripe-key sk_… [--webhook-secret whsec_…] [--presets 5,10,20] [--minimum 5] [--maximum 500]',
+      'payments connect --project ID (--stripe-key sk_… [--webhook-secret whsec_…] | --provider test) [--presets 5,10,20] [--minimum 5] [--maximum 500]',
     summary: 'connect Stripe: the key is checked live and sealed; the webhook endpoint is created for you',
     details: [
       '--webhook-secret   the signing secret of an endpoint you made by hand (then none is created)',
+      '--provider test    test payments instead: a test checkout, no key (only where TOLLGATE_TEST_PAYMENTS is on)',
       'The webhook URL is PUBLIC_BASE_URL/payments/stripe/PROJECT/webhook: set PUBLIC_BASE_URL first.',
     ],
-    options: ['project', 'stripe-key', 'webhook-secret', 'presets', 'minimum', 'maximum'],
+    options: ['project', 'stripe-key', 'webhook-secret', 'provider', 'presets', 'minimum', 'maximum'],
     group: 'Payments',
   },
   {
@@ -352,6 +353,7 @@ export const OPTIONS = {
     'presets',
     'priority',
     'project',
+    'provider',
     'reason',
     'response-timeout-ms',
     'return-url',

@@ -4,11 +4,16 @@ import type { FastifyInstance } from 'fastify';
 import { hashPassword, signUp } from '../admin/accounts.ts';
 import { type AppContext, createContext } from '../app/context.ts';
 import { startJobs } from '../app/jobs.ts';
-import { type Config, publicBaseUrl } from '../config/index.ts';
+import { CLI_ACTOR } from '../audit/index.ts';
+import { findWallet } from '../billing/ledger.ts';
+import { type Config, isProduction, publicBaseUrl, testPaymentsAllowed } from '../config/index.ts';
 import { randomToken } from '../core/ids.ts';
+import { displayAmount } from '../core/money.ts';
 import { pendingMigrations } from '../db/index.ts';
 import { buildServer } from '../http/server.ts';
 import { applyPricing } from '../models/service.ts';
+import { connectionOf } from '../payments/connection.ts';
+import { connectPayments } from '../payments/service.ts';
 import { createProject, ECHO_UPSTREAM } from '../projects/service.ts';
 import { connectUser } from '../users/service.ts';
 import { startDeliveryWorker } from '../webhooks/worker/index.ts';
@@ -141,6 +146,8 @@ async function prepareProxy(ctx: AppContext, options: { migrate: boolean }): Pro
 interface DevState {
   projectId: string;
   apiKey: string;
+  /** The demo project was given test payments once (a developer who disconnects them keeps that). */
+  testPayments?: boolean;
   /** The first dashboard login (made on first start; older data directories get one on the next). */
   admin?: { email: string; password: string };
 }
@@ -250,6 +257,28 @@ export async function seedDev(ctx: AppContext): Promise<DevState> {
   return state;
 }
 
+/**
+ * The demo project pays through the test provider (a test checkout, no account, no network): connected
+ * once, when test payments are on and nothing else is connected; dev.json remembers it was done.
+ */
+async function ensureDemoPayments(ctx: AppContext, state: DevState): Promise<void> {
+  if (state.testPayments || !testPaymentsAllowed(ctx.config)) return;
+  if (!(await connectionOf(ctx, state.projectId)))
+    await connectPayments(ctx, state.projectId, { provider: 'test' }, CLI_ACTOR);
+  const file = join(resolve(ctx.config.TOLLGATE_DATA_DIR), 'dev.json');
+  writeFileSync(file, JSON.stringify({ ...state, testPayments: true }, null, 2), { mode: 0o600 });
+}
+
+/** The demo user's line: what it was given on the first start, what it has on the next ones. */
+async function demoUserLine(ctx: AppContext, state: DevState, firstStart: boolean): Promise<string> {
+  if (firstStart) return `${DEV_USER} (connected, 10.00 usd to start)`;
+  const wallet = await findWallet(ctx.db, state.projectId, DEV_USER);
+  if (!wallet) return `${DEV_USER} (not connected)`;
+  // at the currency's precision, as the dashboard shows it
+  const usd = (v: string) => displayAmount(v, 'usd');
+  return `${DEV_USER} (balance ${usd(wallet.balance)} usd, ${usd(wallet.available)} available)`;
+}
+
 export async function runDev(config: Config): Promise<number> {
   const signals = untilSignal();
   try {
@@ -275,12 +304,20 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
       ? config.TOLLGATE_ALLOW_PRIVATE_PROVIDERS
       : true,
     TOLLGATE_SIGNUP: process.env.TOLLGATE_SIGNUP?.trim() ? config.TOLLGATE_SIGNUP : 'open',
+    // Test payments (a test checkout, no network), unless the environment says otherwise; never in production.
+    TOLLGATE_TEST_PAYMENTS: process.env.TOLLGATE_TEST_PAYMENTS?.trim()
+      ? config.TOLLGATE_TEST_PAYMENTS
+      : !isProduction(config),
   });
-  const { state, running } = await starting(ctx, async () => {
+  const firstStart = !existsSync(join(resolve(config.TOLLGATE_DATA_DIR), 'dev.json'));
+  const { state, running, demoUser } = await starting(ctx, async () => {
     const applied = await ctx.migrate();
     if (applied.length) ctx.log.info(`applied migrations: ${applied.join(', ')}`);
     const state = await seedDev(ctx);
-    return { state, running: await startServing(ctx) };
+    const running = await startServing(ctx);
+    // (after binding: the test provider's webhook endpoint is this server's address)
+    await ensureDemoPayments(ctx, state);
+    return { state, running, demoUser: await demoUserLine(ctx, state, firstStart) };
   });
   // Webhooks are fanned out and delivered in this process.
   const worker = startDeliveryWorker(ctx);
@@ -302,7 +339,8 @@ async function dev(config: Config, stopRequested: Promise<string>): Promise<numb
       `  API key:    ${state.apiKey}`,
       `  models:     ${DEV_MODEL} (per token), demo-per-request (0.01 per request), ${DEV_EMBEDDING_MODEL} (embeddings)`,
       '              answered by the built-in echo provider (Chat Completions, Responses, Embeddings, Messages)',
-      `  demo user:  ${DEV_USER} (connected, 10.00 usd to start)`,
+      `  demo user:  ${demoUser}`,
+      `  payments:   ${testPaymentsAllowed(ctx.config) ? 'test payments (a test checkout with test cards; no money moves)' : 'none connected'}`,
       '',
       `Dashboard:    ${base}/dashboard`,
       `  sign in as  ${state.admin?.email ?? DEV_ADMIN_EMAIL} / ${state.admin?.password ?? '(see dev.json)'}`,

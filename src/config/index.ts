@@ -148,6 +148,8 @@ export const configSchema = z.object({
     .enum(['open', 'invite', 'closed'], { message: "must be 'open', 'invite' or 'closed'" })
     .default('invite'),
   STRIPE_API_URL: url(['http:', 'https:']).optional(),
+  TOLLGATE_TEST_PAYMENTS: bool.default(false),
+  NODE_ENV: z.string().min(1).optional(),
   OTEL_TRACES_EXPORTER: z.enum(['otlp', 'none'], { message: "must be 'otlp' or 'none'" }).optional(),
   OTEL_EXPORTER_OTLP_ENDPOINT: url(['http:', 'https:']).optional(),
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: url(['http:', 'https:']).optional(),
@@ -269,6 +271,10 @@ export const configDocs: Record<keyof Config, string> = {
     'For the CLI: the address of a running Tollgate (e.g. `http://127.0.0.1:8080`); with `TOLLGATE_ADMIN_TOKEN` the admin commands go over the admin API instead of the database.',
   STRIPE_API_URL:
     'Tests and stand-ins only: the address of a Stripe API stand-in (e.g. `http://127.0.0.1:12111`) that the `stripe` library calls instead of Stripe. Unset in production.',
+  TOLLGATE_TEST_PAYMENTS:
+    'The `test` payment provider: a checkout page Tollgate hosts with test cards (succeed, decline, authentication) that credits balances through the same webhooks as Stripe, with no account and no network. `dev` turns it on. Refused in a production configuration (`NODE_ENV=production`, as the image sets).',
+  NODE_ENV:
+    '`production` (the container image sets it) marks a production configuration: `TOLLGATE_TEST_PAYMENTS` is refused at start-up and the `test` payment provider cannot be selected.',
   OTEL_TRACES_EXPORTER:
     '`otlp` turns traces on (to `http://localhost:4318` when no endpoint is set), `none` off whatever else is set. Unset: traces are on exactly when an OTLP endpoint is set. See [Traces (OpenTelemetry)](operations.md#traces-opentelemetry).',
   OTEL_EXPORTER_OTLP_ENDPOINT:
@@ -312,7 +318,26 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     const suffix = shown !== undefined && !secret ? ` (got "${shown}")` : '';
     throw new ConfigError(variable, `${issue.message}${suffix}`);
   }
+  if (result.data.TOLLGATE_TEST_PAYMENTS && isProduction(result.data)) {
+    throw new ConfigError(
+      'TOLLGATE_TEST_PAYMENTS',
+      'must not be on in a production configuration (NODE_ENV=production): test payments credit balances without money',
+    );
+  }
   return result.data;
+}
+
+/** A production configuration: NODE_ENV=production (the container image sets it). */
+export function isProduction(config: Pick<Config, 'NODE_ENV'>): boolean {
+  return config.NODE_ENV === 'production';
+}
+
+/**
+ * Whether the `test` payment provider may be connected and used: turned on (TOLLGATE_TEST_PAYMENTS;
+ * `tollgate dev` turns it on) and never in a production configuration, whatever else says so.
+ */
+export function testPaymentsAllowed(config: Pick<Config, 'NODE_ENV' | 'TOLLGATE_TEST_PAYMENTS'>): boolean {
+  return config.TOLLGATE_TEST_PAYMENTS && !isProduction(config);
 }
 
 export function publicBaseUrl(config: Config, boundPort?: number): string {

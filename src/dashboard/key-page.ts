@@ -40,6 +40,7 @@ export function keyPage(
   key: string,
   model: string,
   first: boolean,
+  options: { echo?: boolean } = {},
 ) {
   const base = request.server.ctx.publicBaseUrl;
   const link = `/dashboard/projects/${encodeURIComponent(project.id)}`;
@@ -53,6 +54,11 @@ ${secretBox('api-key', 'Your API key', key)}
 ${snippets(base, key, model)}
 <h2>Next</h2>
 <ol>
+${
+  options.echo
+    ? html`<li>The built-in echo provider answers <code>${model}</code> for now: <a href="${link}#provider">connect your model provider</a> when you are ready.</li>`
+    : ''
+}
 <li><a href="${link}/pricing">Set a price</a> for each model you sell (clients may use only priced models).</li>
 <li><a href="${link}/users">Fund a user</a>, or let users connect and top up through the links Tollgate sends them.</li>
 <li>Watch requests, tokens and revenue on the <a href="${link}">project overview</a>.</li>

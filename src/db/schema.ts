@@ -196,7 +196,8 @@ export interface AutoRechargeSettings {
 
 export interface PaymentConnectionsTable {
   project_id: string;
-  provider: 'stripe';
+  /** `test`: the test provider (src/payments/test-provider; never in a production configuration). */
+  provider: 'stripe' | 'test';
   key_sealed: string;
   /** e.g. `sk_test_…4242`: the kind of key and its last four characters. */
   key_hint: string;
@@ -207,6 +208,16 @@ export interface PaymentConnectionsTable {
   settings: Json<PaymentSettings>;
   created_at: Timestamp;
   updated_at: Timestamp;
+}
+
+/** An object of a test provider account (migration 0029): an endpoint, checkout, payment, card or refund. */
+export interface TestPaymentObjectsTable {
+  id: string;
+  account: string;
+  kind: string;
+  idempotency_key: string | null;
+  data: Json<Record<string, unknown>>;
+  created_at: Timestamp;
 }
 
 /** `uncredited`: paid, but it could not be credited (migration 0023); `problem` says why. */
@@ -571,6 +582,7 @@ export interface DB {
   spend_caps: SpendCapsTable;
   spend_reservations: SpendReservationsTable;
   payment_connections: PaymentConnectionsTable;
+  test_payment_objects: TestPaymentObjectsTable;
   payments: PaymentsTable;
   payment_movements: PaymentMovementsTable;
   payment_customers: PaymentCustomersTable;

@@ -186,7 +186,8 @@ export function layout(options: LayoutOptions, body: Raw): string {
 <span class="muted">${options.email}</span> <button type="submit" class="link">Sign out</button></form>`
     : html`<nav aria-label="Main"><a href="/dashboard/signin">Sign in</a><a href="/dashboard/signup">Sign up</a></nav>`;
   return htmlDocument(
-    `${options.title} · Tollgate`,
+    // "Projects · Tollgate"; a page titled Tollgate (the home page) is just "Tollgate"
+    options.title === 'Tollgate' ? 'Tollgate' : `${options.title} · Tollgate`,
     STYLE,
     html`<a class="skip" href="#content">Skip to content</a>
 <header class="top"><a class="brand" href="/dashboard">Tollgate</a>${nav}</header>

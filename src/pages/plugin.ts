@@ -3,12 +3,13 @@ import { sendPage } from '../html/hosted-page.ts';
 import { html } from '../html/index.ts';
 import { connectPageRoutes } from './connect.ts';
 import { portalPageRoutes } from './portal.ts';
+import { testCheckoutRoutes } from './test-checkout.ts';
 import { topupPageRoutes } from './topup.ts';
 
 /**
  * The hosted end-user pages, behind the links a user is given (no API key; the signed token is the
  * credential): connect (./connect.ts), top-up, checkout and the provider's return (./topup.ts), the
- * portal (./portal.ts). A token is checked for shape (base64url, a dot, base64url, bounded length)
+ * portal (./portal.ts), and the test provider's checkout where test payments are on (./test-checkout.ts). A token is checked for shape (base64url, a dot, base64url, bounded length)
  * before anything else, so nothing malformed — NUL and control bytes included — reaches a lookup.
  * Small semantic HTML with inline CSS (../html/hosted-page.ts); no JavaScript. Every answer, redirects
  * included, carries `Referrer-Policy: no-referrer` and `Cache-Control: no-store`.
@@ -40,4 +41,5 @@ export async function pageRoutes(app: FastifyInstance): Promise<void> {
   await app.register(connectPageRoutes);
   await app.register(topupPageRoutes);
   await app.register(portalPageRoutes);
+  await app.register(testCheckoutRoutes);
 }

@@ -140,7 +140,9 @@ ${keysSection(formProof(ctx, 'portal', input.token), keys, input.newKey)}
 ${rows(
   payments.map(
     (p) =>
-      html`<tr><td>${day(p.paid_at ?? p.created_at)}</td><td class="num">${money(p.amount)}</td><td>${p.status}${
+      html`<tr><td>${day(p.paid_at ?? p.created_at)}</td><td class="num">${money(p.amount)}${
+        p.provider === 'test' ? html` <span class="muted">(test)</span>` : raw('')
+      }</td><td>${p.status}${
         new Money(p.refunded).gt(0) ? html` (${money(p.refunded)} refunded)` : raw('')
       }</td><td>${p.receipt_url ? html`<a href="${p.receipt_url}">Receipt</a>` : raw('—')}</td></tr>`,
   ),

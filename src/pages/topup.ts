@@ -5,7 +5,7 @@ import { routeModule } from '../core/plugins.ts';
 import type { PaymentSettings } from '../db/schema.ts';
 import { PRIVATE_HEADERS, sendPage } from '../html/hosted-page.ts';
 import { money as amount, html, raw } from '../html/index.ts';
-import { connectionOf } from '../payments/connection.ts';
+import { openConnection } from '../payments/connection.ts';
 import { PaymentProviderError } from '../payments/provider.ts';
 import { startCheckout } from '../payments/service.ts';
 import { checkSettings } from '../payments/settings.ts';
@@ -64,6 +64,8 @@ function openDoneToken(
   return { paymentId: payload.p };
 }
 
+const TEST_NOTICE = html`<p class="muted" role="note"><strong>Test payments</strong> — you pay on a test checkout with a test card; no money moves.</p>`;
+
 /**
  * What a top-up link asks for: for a refusal's link, the gap — what the refused request needs less the
  * available balance now (undefined when that already covers it) — otherwise the amount the link names.
@@ -93,6 +95,8 @@ async function checkoutPage(
     notice?: string | undefined;
     error?: string | undefined;
     status?: number;
+    /** The test provider is connected: the page says so, and that no money moves. */
+    test: boolean;
   },
 ) {
   const { project, user, settings } = input;
@@ -111,7 +115,7 @@ async function checkoutPage(
     reply,
     input.status ?? 200,
     `Top up your ${project.name} balance`,
-    html`${raw(CHECKOUT_STYLE)}<h1>Top up your ${project.name} balance</h1>
+    html`${raw(CHECKOUT_STYLE)}${input.test ? TEST_NOTICE : raw('')}<h1>Top up your ${project.name} balance</h1>
 ${input.notice ? html`<p class="muted">${input.notice}</p>` : raw('')}
 ${input.error ? html`<p class="error" role="alert">${input.error}</p>` : raw('')}
 <dl>
@@ -202,7 +206,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     const { project, payload } = opened;
     const amount = await neededOf(ctx, project, payload);
     // With a payment provider connected, the hosted checkout page.
-    const connection = await connectionOf(ctx, project.id);
+    const connection = (await openConnection(ctx, project.id))?.connection;
     if (connection) {
       const cancelled = (request.query as Record<string, unknown> | undefined)?.cancelled !== undefined;
       return checkoutPage(reply, ctx, {
@@ -212,6 +216,7 @@ export const topupPageRoutes = routeModule((app, ctx) => {
         settings: checkSettings(project.currency, connection.settings),
         proof: formProof(ctx, 'topup', token),
         notice: cancelled ? 'The payment was cancelled; nothing was charged.' : undefined,
+        test: connection.provider === 'test',
       });
     }
     const checkoutUrl = project.settings.checkoutUrl;
@@ -232,13 +237,14 @@ export const topupPageRoutes = routeModule((app, ctx) => {
     const opened = await openToken(reply, ctx, 'topup', token);
     if (!opened) return reply;
     const { project, payload } = opened;
-    const connection = await connectionOf(ctx, project.id);
+    const connection = (await openConnection(ctx, project.id))?.connection;
     if (!connection) return reply.headers(PRIVATE_HEADERS).redirect(`/topup/${token}`, 303);
+    const test = connection.provider === 'test';
     const settings = checkSettings(project.currency, connection.settings);
     const proof = formProof(ctx, 'topup', token);
     const needed = await neededOf(ctx, project, payload);
     const again = (error: string, status: number) =>
-      checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status });
+      checkoutPage(reply, ctx, { project, user: payload.u, needed, settings, proof, error, status, test });
     if (foreignPost(request, ctx, 'topup', token)) return again('Press Pay on this page to pay.', 400);
     const body = (request.body ?? {}) as Record<string, unknown>;
     const chosen = chosenAmount(body, project.currency, settings);

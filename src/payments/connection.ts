@@ -6,8 +6,8 @@ import { ApiError } from '../core/errors.ts';
 import type { Database } from '../db/index.ts';
 import type { EventRecorder } from '../events/outbox.ts';
 import type { ProjectDirectory } from '../projects/directory.ts';
-import type { PaymentProvider } from './provider.ts';
-import { providerClient } from './providers.ts';
+import type { PaymentProvider, ProviderEnv } from './provider.ts';
+import { providerClient, providerKind } from './providers.ts';
 
 /**
  * What payments use of the process (the application context passes itself), and a project's
@@ -35,12 +35,15 @@ export async function connectionOf(ctx: Pick<PaymentsContext, 'db'>, projectId: 
     .executeTakeFirst();
 }
 
+/** What a connection's client is opened with: the process (as a provider's environment) and the sealer. */
+export type ClientContext = ProviderEnv & Pick<PaymentsContext, 'sealer'>;
+
 /** The client of a connection's provider, with its key unsealed. */
 export function connectionClient(
-  ctx: Pick<PaymentsContext, 'config' | 'sealer'>,
+  ctx: ClientContext,
   connection: Pick<ConnectionRow, 'provider' | 'key_sealed'>,
 ): PaymentProvider {
-  return providerClient(connection.provider, ctx.sealer.open(connection.key_sealed), ctx.config);
+  return providerClient(connection.provider, ctx.sealer.open(connection.key_sealed), ctx);
 }
 
 export interface OpenConnection {
@@ -50,13 +53,16 @@ export interface OpenConnection {
   webhookSecret(): string;
 }
 
-/** The connection of a project with payments connected; undefined otherwise. */
+/**
+ * The connection of a project with payments connected; undefined otherwise, and for a connection of a
+ * provider the configuration rules out (a `test` connection under a production configuration).
+ */
 export async function openConnection(
-  ctx: Pick<PaymentsContext, 'db' | 'config' | 'sealer'>,
+  ctx: ClientContext,
   projectId: string,
 ): Promise<OpenConnection | undefined> {
   const connection = await connectionOf(ctx, projectId);
-  if (!connection) return undefined;
+  if (!connection || !providerKind(connection.provider, ctx.config)) return undefined;
   let provider: PaymentProvider | undefined;
   return {
     connection,

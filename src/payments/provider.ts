@@ -1,13 +1,15 @@
+import type { Logger } from 'pino';
 import type { Config } from '../config/index.ts';
 import { currencyDecimals, formatAmount, Money } from '../core/money.ts';
+import type { Database } from '../db/index.ts';
 
 /**
  * The payment provider boundary (Medusa's shape): what Tollgate asks of a provider, on plain inputs,
  * and the provider's webhooks turned into provider-neutral actions. The webhook route only verifies and
  * normalises (`parseWebhook`); ./service.ts applies an action once, with the provider's object id in its
- * movement key. Stripe is ./stripe; a second provider implements the same interface and is listed in
- * ./providers.ts (the registry keyed by name: the webhook URL, the connection row and the ledger's
- * `source` carry that name).
+ * movement key. Stripe is ./stripe, the test provider (payments offline, never in production)
+ * ./test-provider; another provider implements the same interface and is listed in ./providers.ts (the
+ * registry keyed by name: the webhook URL, the connection row and the ledger's `source` carry that name).
  *
  * Saved cards and off-session recharges (issue 25): `saveCard` on `CheckoutInput` keeps the card for
  * later (the checkout's customer and payment method come back on `CheckoutState`), `chargeSavedCard`
@@ -47,13 +49,24 @@ export interface PaymentProvider {
   parseWebhook(rawBody: Buffer, signature: string | undefined, secret: string): Promise<WebhookAction>;
 }
 
+/** What a provider's client may use of the process: the settings, the database, the log, the address. */
+export interface ProviderEnv {
+  config: Config;
+  db: Database;
+  log: Logger;
+  /** Public address (read when needed: a server sets it once bound). */
+  readonly publicBaseUrl: string;
+}
+
 /** A provider as the registry (./providers.ts) knows it: its name, and how to talk to an account. */
 export interface PaymentProviderKind {
   readonly name: string;
   /** The request header carrying the webhook's signature (`stripe-signature`). */
   readonly signatureHeader: string;
+  /** Whether the configuration allows this provider at all (the test provider: not in production). */
+  available?(config: Config): boolean;
   /** The client of one account, from its secret key (the settings may point it at a stand-in: tests). */
-  create(secretKey: string, config: Config): PaymentProvider;
+  create(secretKey: string, env: ProviderEnv): PaymentProvider;
   /** What may be shown of a key: its kind and last characters, never more. */
   keyHint(secretKey: string): string;
 }

@@ -31,7 +31,7 @@ import { checkSettings } from './settings.ts';
 type RechargeRow = { id: string; project_id: string; user_id: string; amount: string; currency: string };
 
 /** What auto-recharge uses of the process (no public address: it makes no links). */
-export type RechargeContext = Omit<PaymentsContext, 'publicBaseUrl'>;
+export type RechargeContext = PaymentsContext;
 
 /** A recharge's event (`payment.recharge.succeeded` or `.failed`), its provider's as the actor. */
 async function recordRecharge(

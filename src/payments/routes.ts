@@ -24,7 +24,7 @@ export const paymentWebhookRoutes = routeModule((app, ctx) => {
   // The project id is checked like every id in a path (no control characters: 400, not a database error).
   const params = z.object({ provider: z.string(), project: textInput(255, 'a project id') });
   routes.post('/payments/:provider/:project/webhook', { schema: { params } }, async (request, reply) => {
-    const kind = providerKind(request.params.provider);
+    const kind = providerKind(request.params.provider, ctx.config);
     if (!kind) return reply.callNotFound();
     const body = Buffer.isBuffer(request.body) ? request.body : Buffer.alloc(0);
     const signature = request.headers[kind.signatureHeader];

@@ -20,6 +20,7 @@ import { providerKind } from './providers.ts';
 import { findPayment } from './rows.ts';
 import { checkSettings, type PaymentSettingsInput, paymentSettingsSchema } from './settings.ts';
 import { stripeKeySchema, stripeWebhookSecretSchema } from './stripe/index.ts';
+import { newTestAccountKey } from './test-provider/index.ts';
 
 /**
  * Payments as the developer runs them (the admin API, the dashboard and the CLI call these): connecting a
@@ -81,10 +82,17 @@ export async function showPayments(ctx: PaymentsContext, projectId: string) {
 
 export const connectBody = z
   .strictObject({
-    provider: z.literal('stripe').default('stripe'),
-    stripeKey: stripeKeySchema,
+    /** `test`: the test provider (only where test payments are on; never in production). */
+    provider: z.enum(['stripe', 'test']).default('stripe'),
+    stripeKey: stripeKeySchema.optional(),
     webhookSecret: stripeWebhookSecretSchema.optional(),
     settings: paymentSettingsSchema.optional(),
+  })
+  .superRefine((v, issues) => {
+    if (v.provider === 'stripe' && !v.stripeKey)
+      issues.addIssue({ code: 'custom', path: ['stripeKey'], message: 'is required to connect Stripe' });
+    if (v.provider === 'test' && (v.stripeKey || v.webhookSecret))
+      issues.addIssue({ code: 'custom', path: ['stripeKey'], message: 'the test provider takes no key' });
   })
   .describe('payments connection');
 
@@ -99,9 +107,10 @@ function checkFailed(err: unknown): ApiError {
 }
 
 /**
- * Connects a provider (Stripe) to a project: checks the key with a live call, creates the webhook
- * endpoint in the developer's account (or takes the pasted signing secret), and stores both sealed.
- * Connecting again replaces the connection (and deletes the endpoint Tollgate had created).
+ * Connects a provider to a project: checks the key with a live call, creates the webhook endpoint in
+ * the developer's account (or takes the pasted signing secret), and stores both sealed. Connecting
+ * again replaces the connection (and deletes the endpoint Tollgate had created). The test provider takes
+ * no key: a new test account is made for the project (refused where test payments are not allowed).
  */
 export async function connectPayments(
   ctx: PaymentsContext,
@@ -117,8 +126,16 @@ export async function connectPayments(
     .executeTakeFirst();
   if (!project) throw notFound(`No project ${projectId}.`, 'project_not_found', 'project');
   const settings = checkSettings(project.currency, input.settings);
-  const kind = providerKind(input.provider)!;
-  const provider = kind.create(input.stripeKey, ctx.config);
+  const kind = providerKind(input.provider, ctx.config);
+  if (!kind)
+    throw new ApiError(
+      400,
+      'invalid_request_error',
+      'Test payments are off in this configuration (TOLLGATE_TEST_PAYMENTS; never in production).',
+      { param: 'provider', code: 'payment_provider_unavailable' },
+    );
+  const key = input.stripeKey ?? newTestAccountKey();
+  const provider = kind.create(key, ctx);
   let livemode: boolean;
   try {
     ({ livemode } = await provider.verifyKey());
@@ -137,8 +154,8 @@ export async function connectPayments(
   const previous = await connectionOf(ctx, projectId);
   const values = {
     provider: input.provider,
-    key_sealed: ctx.sealer.seal(input.stripeKey),
-    key_hint: kind.keyHint(input.stripeKey),
+    key_sealed: ctx.sealer.seal(key),
+    key_hint: kind.keyHint(key),
     livemode,
     webhook_endpoint_id: endpoint.id,
     webhook_secret_sealed: ctx.sealer.seal(endpoint.secret),

@@ -273,7 +273,7 @@ describe('refused dashboard forms come back in place', () => {
     expect(value(recharge.text, 'ar-amount')).toBe('10');
   });
 
-  it('an admin token and a new project (the provider key never sent back)', async () => {
+  it('an admin token and a new project, on a provider (its key never sent back) or the echo provider', async () => {
     const token = await post('/dashboard/admin-tokens', { name: '' }, '/dashboard');
     expect(token.status).toBe(400);
     expect(token.text).toContain('<h1>Projects</h1>');
@@ -299,6 +299,18 @@ describe('refused dashboard forms come back in place', () => {
       'dollars',
     ]);
     expect(start.text).not.toContain(secret);
+    // the other form of the page (start on the echo provider) is as it was
+    expect(value(start.text, 'starter-currency')).toBe('usd');
+
+    const starter = await post(
+      '/dashboard/start/echo',
+      { name: 'Echo app', currency: 'x' },
+      '/dashboard/start',
+    );
+    expect(starter.status).toBe(400);
+    expectInvalid(starter.text, 'starter-currency', /^Currency /);
+    expect(value(starter.text, 'starter-name')).toBe('Echo app');
+    expect(value(starter.text, 'currency')).toBe('usd');
   });
 
   it('keeps the error page for what is not about the form: a project that is not there, a bad CSRF token', async () => {

@@ -198,7 +198,7 @@ beforeAll(async () => {
   if (!hasChromium) return;
   stand = await startStripeStandIn({ keys: [KEY] });
   mock = await startMockUpstream();
-  server = await startTestServer({ STRIPE_API_URL: stand.url });
+  server = await startTestServer({ STRIPE_API_URL: stand.url, TOLLGATE_TEST_PAYMENTS: 'true' });
   browser = await launchChromium();
   await seed();
 }, 120_000);
@@ -394,6 +394,47 @@ describe('every page fits a 390 px phone and a 1280 px screen', () => {
           amount: '5.00',
         });
         await visit(page, new URL(topup.body.url).pathname, 'top-up, no payments connected');
+      } finally {
+        await context.close();
+      }
+    },
+  );
+
+  it.skipIf(!hasChromium)(
+    'the test payments pages: top-up, the test checkout, its authentication step, a declined card',
+    async () => {
+      const context = await browser.newContext({
+        javaScriptEnabled: false,
+        viewport: { width: 390, height: 900 },
+      });
+      const page = await context.newPage();
+      const testing = await seedProject(server.ctx, { name: 'A project paid with test payments' });
+      await connectPayments(server.ctx, testing.projectId, { provider: 'test' }, CLI_ACTOR);
+      await connectTo(server, testing, LONG_USER);
+      try {
+        const topup = await api(server, testing.apiKey, 'POST', '/v1/user/topup', {
+          user: LONG_USER,
+          amount: '7.50',
+        });
+        await visit(page, new URL(topup.body.url).pathname, 'top-up, test payments');
+        await Promise.all([
+          page.waitForURL(`${server.url}/payments/test/checkout/**`),
+          page.getByRole('button', { name: 'Pay' }).click(),
+        ]);
+        await measure(page, 'test checkout');
+        await page.getByLabel(/0002/).check();
+        await page.getByRole('button', { name: /^Pay/ }).click();
+        await page.getByRole('alert').waitFor();
+        await measure(page, 'test checkout, declined');
+        await page.getByLabel(/3184/).check();
+        await page.getByRole('button', { name: /^Pay/ }).click();
+        await page.getByRole('heading', { name: 'Authenticate this payment' }).waitFor();
+        await measure(page, 'test checkout, authentication');
+        await Promise.all([
+          page.waitForURL(`${server.url}/payments/done/**`),
+          page.getByRole('button', { name: 'Complete authentication' }).click(),
+        ]);
+        expect(await page.getByRole('heading').first().textContent()).toContain('payment received');
       } finally {
         await context.close();
       }

@@ -49,6 +49,10 @@ describe('tollgate dev', () => {
   it('starts on the embedded database with a demo project, and keeps it across restarts', async () => {
     const first = await start();
     expect(first.output()).toMatch(/embedded Postgres/);
+    expect(first.output()).toContain('demo user:  demo-user (connected, 10.00 usd to start)');
+    expect(first.output()).toMatch(/payments: +test payments/);
+    const home = await (await fetch(`${first.base}/`)).text();
+    expect(/<title>([^<]*)<\/title>/.exec(home)?.[1]).toBe('Tollgate');
     const client = new OpenAI({ baseURL: `${first.base}/v1`, apiKey: first.key, maxRetries: 0 });
     const models = await client.models.list();
     expect(models.data.map((m) => m.id).sort()).toEqual(['demo-echo', 'demo-embed', 'demo-per-request']);
@@ -79,8 +83,14 @@ describe('tollgate dev', () => {
     expect(message.content).toEqual([{ type: 'text', text: '[echo provider] Hello from Claude' }]);
     expect(await stop()).toBe(0);
 
+    // A restart says what exists (the demo user's balance now), not the first start's deposit again.
     const second = await start();
     expect(second.key).toBe(first.key);
+    expect(second.output()).not.toContain('10.00 usd to start');
+    expect(second.output()).toMatch(
+      /demo user: {2}demo-user \(balance \d+\.\d{2} usd, \d+\.\d{2} available\)/,
+    );
+    expect(second.output()).toMatch(/payments: +test payments/);
     expect(await stop()).toBe(0);
   }, 180_000);
 });

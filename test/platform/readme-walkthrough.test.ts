@@ -4,9 +4,10 @@ import { describe, expect, it } from 'vitest';
 import { dataDirFor, devEnv, startDev } from '../helpers/dev-process.ts';
 
 /**
- * The README's "From `make dev` to a paid chat", step by step against a real
- * `tollgate dev` on the embedded database: a new user gets the connect link, connects on the hosted
- * page, is funded with the CLI over the admin API (the printed variables), chats, and pays.
+ * The README's "From `make dev` to a paid chat", step by step against a real `tollgate dev` on the
+ * embedded database, offline: a new user gets the connect link, connects on the hosted page, gets the
+ * top-up link, pays on the test checkout with the test card, chats and pays for it; then is funded with
+ * the CLI over the admin API (the printed variables).
  */
 describe('the README walkthrough', () => {
   let child: ChildProcess | undefined;
@@ -51,7 +52,47 @@ describe('the README walkthrough', () => {
     });
     expect(connected.status).toBeLessThan(400);
 
-    // 3. Funded with the CLI over the admin API, using the variables dev printed.
+    // 3. Connected with nothing to spend: the answer is the top-up link.
+    const broke = await ask();
+    expect(broke).toMatch(/top up/i);
+    const topup = /(http:\/\/\S+\/topup\/[A-Za-z0-9_.-]+)/.exec(broke)![1]!;
+
+    // 4. The top-up page (test payments: the demo's), 5.00, Pay → the test checkout → the test card.
+    const topupPage = await (await fetch(topup)).text();
+    expect(topupPage).toContain('Test payments');
+    const proof = /name="confirm" value="([^"]+)"/.exec(topupPage)![1]!;
+    const toCheckout = await fetch(topup, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ confirm: proof, amount: '5' }).toString(),
+      redirect: 'manual',
+    });
+    expect(toCheckout.status).toBe(303);
+    const checkout = toCheckout.headers.get('location')!;
+    expect(await (await fetch(checkout)).text()).toContain('4242 4242 4242 4242');
+    const paid = await fetch(checkout, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ card: '4242424242424242' }).toString(),
+      redirect: 'manual',
+    });
+    expect(paid.status).toBe(303);
+    const done = await (await fetch(paid.headers.get('location')!)).text();
+    expect(done).toContain('payment received');
+
+    // 5. She chats, and her balance goes down.
+    expect(await ask()).toBe('[echo provider] Hello');
+    let balance: { balance: string } = { balance: '' };
+    for (let i = 0; i < 30 && balance.balance !== '4.99'; i++) {
+      const res = await fetch(`${base}/v1/user/balance?user=alice`, {
+        headers: { authorization: `Bearer ${key}` },
+      });
+      balance = (await res.json()) as { balance: string };
+      if (balance.balance !== '4.99') await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(balance).toMatchObject({ user: 'alice', connected: true, balance: '4.99', currency: 'usd' });
+
+    // 6. Funded with the CLI over the admin API, using the variables dev printed.
     const vars = Object.fromEntries(exported.slice(1).map((kv) => kv.split('=', 2) as [string, string]));
     const deposit = spawnSync(
       'npm',
@@ -72,19 +113,7 @@ describe('the README walkthrough', () => {
       { env: { ...env, ...vars }, encoding: 'utf8', timeout: 60_000 },
     );
     expect(deposit.status, deposit.stderr).toBe(0);
-    expect(deposit.stdout).toContain('Deposited 5.00 usd to alice; balance 5.00 usd');
-
-    // 4. She chats, and her balance goes down.
-    expect(await ask()).toBe('[echo provider] Hello');
-    let balance: { balance: string } = { balance: '' };
-    for (let i = 0; i < 30 && balance.balance !== '4.99'; i++) {
-      const res = await fetch(`${base}/v1/user/balance?user=alice`, {
-        headers: { authorization: `Bearer ${key}` },
-      });
-      balance = (await res.json()) as { balance: string };
-      if (balance.balance !== '4.99') await new Promise((r) => setTimeout(r, 100));
-    }
-    expect(balance).toMatchObject({ user: 'alice', connected: true, balance: '4.99', currency: 'usd' });
+    expect(deposit.stdout).toContain('Deposited 5.00 usd to alice; balance 9.99 usd');
 
     // GET / answers the home page.
     const home = await fetch(`${base}/`);

@@ -17,7 +17,7 @@ import { projectParams } from './schemas.ts';
 
 /**
  * The admin API of payments, under `/admin/v1/projects/{id}`:
- * - `PUT /payments` — connect Stripe (`stripeKey`, optional `webhookSecret`, optional `settings`)
+ * - `PUT /payments` — connect Stripe (`stripeKey`, optional `webhookSecret`, optional `settings`) or, where test payments are on, the test provider (`{"provider":"test"}`)
  * - `GET /payments` — the connection (never the key nor the secret)
  * - `PATCH /payments` — top-up options (`presets`, `minimum`, `maximum`)
  * - `DELETE /payments` — disconnect (deletes the webhook endpoint Tollgate created)

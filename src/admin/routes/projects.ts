@@ -14,6 +14,7 @@ import {
   revokeApiKey,
   updateOwnedProject,
 } from '../service.ts';
+import { createStarterProject } from '../starter.ts';
 import { nameBody, pageQuery, projectItemParams, projectParams } from './schemas.ts';
 
 /** Projects: the principal's list and a new project (`projectListRoutes`); one project, its provider and API keys. */
@@ -32,7 +33,10 @@ export const projectListRoutes = routeModule((app, ctx) => {
   );
   app.post('/projects', { schema: { body: createProjectBody } }, async (request, reply) => {
     reply.status(201);
-    return createOwnedProject(ctx, request.principal, request.body);
+    const { starter, ...input } = request.body;
+    return starter
+      ? createStarterProject(ctx, request.principal, input)
+      : createOwnedProject(ctx, request.principal, input);
   });
 });
 

@@ -1,6 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
+import { testPaymentsAllowed } from '../../config/index.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { dataTable, html, money } from '../../html/index.ts';
 import {
@@ -29,7 +30,8 @@ import {
  * A project's Payments page (`/dashboard/projects/:id/payments`): connect Stripe (a secret or restricted
  * key, checked live and sealed; the webhook endpoint is created, or a pasted signing secret is used),
  * the top-up options, disconnect, and the top-ups with a Refund button (through Stripe's API: the
- * refund's webhook does the ledger work).
+ * refund's webhook does the ledger work). Where test payments are on (`tollgate dev`), "Use test
+ * payments" connects the test provider instead: a test checkout, no account, no money.
  */
 
 const text = (max: number) => optionalField(z.string().trim().max(max));
@@ -94,7 +96,7 @@ ${dataTable(
   payments.map((p) => [
     html`<code>${p.id}</code>`,
     p.user,
-    html`${money(p.amount, p.currency)} ${p.currency}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${money(p.refunded, p.currency)} refunded)` : ''}`,
+    html`${money(p.amount, p.currency)} ${p.currency}${p.provider === 'test' ? html` <span class="muted">(test)</span>` : ''}${p.refunded !== '0.00' && p.refunded !== '0' ? html` (${money(p.refunded, p.currency)} refunded)` : ''}`,
     p.status,
     p.receiptUrl ? html`<a href="${p.receiptUrl}">Receipt</a>` : '—',
     p.status === 'paid'
@@ -103,6 +105,37 @@ ${dataTable(
   ]),
   { id: 'topups', empty: 'No top-ups yet.' },
 )}</section>`;
+}
+
+/** What is connected: test payments (labelled so), or the Stripe key's hint and mode. */
+function connectedLine(c: { provider: string; keyHint: string; livemode: boolean }): Raw {
+  return c.provider === 'test'
+    ? html`<p><strong>Test payments</strong> are connected: users pay on a test checkout with test cards, and no money moves. Connect Stripe below to take real payments.</p>`
+    : html`<p>Connected: <code>${c.keyHint}</code> (${c.livemode ? 'live' : 'test'} mode). The key is sealed and never shown again.</p>`;
+}
+
+/** Where test payments are on (`tollgate dev`): connect the test provider instead of Stripe. */
+function useTestPayments(path: string, csrf: string): Raw {
+  return html`<h2>Test payments</h2><p class="muted">Try the whole top-up flow without a Stripe account or the network: a test checkout with test cards (succeeds, declined, asks for authentication), credited through the same webhooks. Only in development (TOLLGATE_TEST_PAYMENTS; never in production).</p>
+<form method="post" action="${path}/test">${csrfField(csrf)}<button type="submit" class="secondary">Use test payments</button></form>`;
+}
+
+/** Connect Stripe (or replace the Stripe connection): the key, a pasted signing secret, the top-up options. */
+function stripeForm(
+  path: string,
+  csrf: string,
+  c: { provider: string; settings: { presets?: string[]; minimum?: string; maximum?: string } } | undefined,
+  refused?: Refused,
+): Raw {
+  const f = formView(FORMS.connect, refused);
+  return html`<h2>${c && c.provider !== 'test' ? 'Replace the connection' : 'Connect Stripe'}</h2>
+<form method="post" action="${path}">${csrfField(csrf)}${f.alert()}
+<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required${f.invalid('stripeKey')}>${f.error('stripeKey')}
+<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off"${f.invalid('webhookSecret')}>${f.error('webhookSecret')}
+<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets"${f.input('presets', c?.settings.presets?.join(', ') ?? '')}>${f.error('presets')}
+<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum"${f.input('minimum', c?.settings.minimum ?? '')}>${f.error('minimum')}</div>
+<div><label for="maximum">Maximum</label><input id="maximum" name="maximum"${f.input('maximum', c?.settings.maximum ?? '')}>${f.error('maximum')}</div></div>
+<button type="submit">Check and connect</button></form>`;
 }
 
 const pathOf = (id: string) => `${projectPath(id)}/payments`;
@@ -117,20 +150,19 @@ async function paymentsPage(
   const ctx = request.server.ctx;
   const project = request.ownedProject;
   const view = await showPayments(ctx, project.id);
-  const connect = formView(FORMS.connect, refused);
   const recharge = formView(FORMS.recharge, refused);
   const payments = await listPayments(ctx, project.id, { limit: 50, user });
   const path = pathOf(project.id);
   const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
   return projectPage(
     reply,
-    { project, title: `Payments · ${project.name}`, heading: 'Payments (Stripe)', tab: 'Payments' },
+    { project, title: `Payments · ${project.name}`, heading: 'Payments', tab: 'Payments' },
     (csrf) => html`
-<section class="card" aria-labelledby="pay-h"><h2 id="pay-h">Stripe</h2>
+<section class="card" aria-labelledby="pay-h"><h2 id="pay-h">${c?.provider === 'test' ? 'Test payments' : 'Stripe'}</h2>
 ${
   c
-    ? html`<p>Connected: <code>${c.keyHint}</code> (${c.livemode ? 'live' : 'test'} mode). The key is sealed and never shown again.</p>
-<p>Webhook: <code>${c.webhook.url}</code> — ${c.webhook.managed ? html`endpoint <code>${c.webhook.endpointId}</code> created in your Stripe account` : 'an endpoint you made by hand'}.</p>
+    ? html`${connectedLine(c)}
+<p>Webhook: <code>${c.webhook.url}</code> — ${c.webhook.managed ? html`endpoint <code>${c.webhook.endpointId}</code> created in your ${c.provider === 'test' ? 'test' : 'Stripe'} account` : 'an endpoint you made by hand'}.</p>
 <p>Top-ups: presets ${c.settings.presets?.join(', ')}; minimum ${c.settings.minimum}; maximum ${c.settings.maximum} ${project.currency.toUpperCase()}.</p>
 <h2>Automatic recharge</h2>
 <p class="muted">Users who tick “save this card and recharge automatically” at checkout have their saved card charged off session when their available balance falls below the threshold (their own, set in their portal, within these limits), at most the monthly cap per user. A declined card turns it off for that user (<code>payment.recharge.failed</code>).</p>
@@ -140,17 +172,11 @@ ${
 <div><label for="ar-amount">Recharge amount</label><input id="ar-amount" name="amount"${recharge.input('amount', c.settings.autoRecharge?.amount ?? '')}>${recharge.error('amount')}</div>
 <div><label for="ar-cap">Monthly cap per user</label><input id="ar-cap" name="monthlyCap"${recharge.input('monthlyCap', c.settings.autoRecharge?.monthlyCap ?? '')}>${recharge.error('monthlyCap')}</div></div>
 <button type="submit">Save automatic recharge</button></form>
-<form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect Stripe</button></form>`
+<form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect ${c.provider === 'test' ? 'test payments' : 'Stripe'}</button></form>`
     : html`<p>Connect your Stripe account and users who run out pay on a hosted checkout from their top-up link; each payment becomes exactly one deposit.</p>`
 }
-<h2>${c ? 'Replace the connection' : 'Connect Stripe'}</h2>
-<form method="post" action="${path}">${csrfField(csrf)}${connect.alert()}
-<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required${connect.invalid('stripeKey')}>${connect.error('stripeKey')}
-<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off"${connect.invalid('webhookSecret')}>${connect.error('webhookSecret')}
-<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets"${connect.input('presets', c?.settings.presets?.join(', ') ?? '')}>${connect.error('presets')}
-<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum"${connect.input('minimum', c?.settings.minimum ?? '')}>${connect.error('minimum')}</div>
-<div><label for="maximum">Maximum</label><input id="maximum" name="maximum"${connect.input('maximum', c?.settings.maximum ?? '')}>${connect.error('maximum')}</div></div>
-<button type="submit">Check and connect</button></form>
+${testPaymentsAllowed(ctx.config) && c?.provider !== 'test' ? useTestPayments(path, csrf) : ''}
+${stripeForm(path, csrf, c, refused)}
 </section>
 ${topUpsCard(path, user, payments.data, csrf)}`,
     { status: refused ? 400 : 200 },
@@ -190,6 +216,15 @@ export default routeModule((app, ctx) => {
       } catch (err) {
         return paymentsPage(request, reply, undefined, refusedBy(FORMS.connect, err, request.body));
       }
+      return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
+    },
+  );
+
+  app.post(
+    '/projects/:id/payments/test',
+    { schema: { params: projectParams, body: formBody({}) } },
+    async (request, reply) => {
+      await connectPayments(ctx, request.params.id, { provider: 'test' }, actorOf(request.developer));
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
   );

@@ -9,6 +9,7 @@ import {
   listProjects,
   providerBody,
 } from '../../admin/service.ts';
+import { createStarterProject } from '../../admin/starter.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { dataTable, html } from '../../html/index.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
@@ -17,6 +18,11 @@ import { keyPage } from '../key-page.ts';
 import { csrfField, flashQuery, formBody, page, revocableColumns, revocableRows } from '../pages.ts';
 
 /** The projects list (`/dashboard`) with the admin tokens, and the first run (`/dashboard/start`). */
+
+const starterForm = formBody({
+  name: createProjectBody.shape.name,
+  currency: createProjectBody.shape.currency,
+});
 
 const startForm = formBody({
   name: createProjectBody.shape.name,
@@ -37,6 +43,13 @@ export const FORMS = {
       baseUrl: { id: 'baseUrl', label: 'Provider base URL' },
       apiKey: { id: 'apiKey', label: 'Provider API key', secret: true },
       currency: { id: 'currency', label: 'Currency' },
+    },
+  },
+  starter: {
+    name: 'starter',
+    fields: {
+      name: { id: 'starter-name', label: 'Project name' },
+      currency: { id: 'starter-currency', label: 'Currency' },
     },
   },
 } satisfies Record<string, FormSpec>;
@@ -89,6 +102,7 @@ ${
 /** The first run (and every new project): paste the provider's key, get the project's API key. */
 function startPage(request: FastifyRequest, reply: FastifyReply, refused?: Refused) {
   const f = formView(FORMS.start, refused);
+  const starter = formView(FORMS.starter, refused);
   return page(
     request,
     reply,
@@ -111,6 +125,18 @@ ${csrfField(csrf)}${f.alert()}
 <label for="currency">Currency your users pay in</label>
 <input id="currency" name="currency" pattern="[a-z]{3}" required${f.input('currency', 'usd')}>${f.error('currency')}
 <button type="submit">Connect and create the API key</button>
+</form></section>
+<section class="card" style="max-width:40rem" aria-labelledby="starter-h">
+<h2 id="starter-h">No provider key at hand? Try it now</h2>
+<p>Start on Tollgate's built-in echo provider (it answers with your own message, offline) with a starter
+price list, so your API key works at once. Connect your model provider later on the project's page.</p>
+<form method="post" action="/dashboard/start/echo">
+${csrfField(csrf)}${starter.alert()}
+<label for="starter-name">Project name</label>
+<input id="starter-name" name="name" required maxlength="200"${starter.input('name', 'My app')}>${starter.error('name')}
+<label for="starter-currency">Currency your users pay in</label>
+<input id="starter-currency" name="currency" pattern="[a-z]{3}" required${starter.input('currency', 'usd')}>${starter.error('currency')}
+<button type="submit" class="secondary">Start with the echo provider</button>
 </form></section>`,
     { status: refused ? 400 : 200 },
   );
@@ -123,6 +149,24 @@ export default routeModule((app, ctx) => {
 
   app.get('/start', { schema: { querystring: flashQuery } }, async (request, reply) =>
     startPage(request, reply),
+  );
+
+  app.post(
+    '/start/echo',
+    { schema: { body: starterForm }, attachValidation: true },
+    async (request, reply) => {
+      if (request.validationError)
+        return startPage(request, reply, invalidBody(FORMS.starter, starterForm, request));
+      let created: Awaited<ReturnType<typeof createStarterProject>>;
+      try {
+        created = await createStarterProject(ctx, request.developer, request.body);
+      } catch (err) {
+        return startPage(request, reply, refusedBy(FORMS.starter, err, request.body));
+      }
+      return keyPage(request, reply, created.project, created.apiKey.key, created.models[0]!, true, {
+        echo: true,
+      });
+    },
   );
 
   app.post('/start', { schema: { body: startForm }, attachValidation: true }, async (request, reply) => {

@@ -1,6 +1,5 @@
 import type Stripe from 'stripe';
 import { z } from 'zod';
-import type { Config } from '../../config/index.ts';
 import {
   type CheckoutInput,
   type CheckoutState,
@@ -87,7 +86,7 @@ export const stripeWebhookSecretSchema = z
 export const stripe: PaymentProviderKind = {
   name: 'stripe',
   signatureHeader: 'stripe-signature',
-  create: (secretKey: string, config: Config) => new StripeProvider(secretKey, config.STRIPE_API_URL),
+  create: (secretKey, env) => new StripeProvider(secretKey, env.config.STRIPE_API_URL),
   keyHint,
 };
 
