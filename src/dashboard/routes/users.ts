@@ -261,7 +261,7 @@ ${activityCard(activity.data, project.currency)}`,
  * deposit made there) when the user id is valid, else the users page.
  */
 function formAgain(request: FastifyRequest, reply: FastifyReply, refused: Refused) {
-  const body = request.body as { user?: unknown; from?: unknown };
+  const body = (request.body ?? {}) as { user?: unknown; from?: unknown };
   const user = userIdSchema.safeParse(body.user);
   const onUserPage = refused.form !== 'deposit' || body.from === 'user';
   if (onUserPage && user.success) return userPage(request, reply, user.data, refused);
