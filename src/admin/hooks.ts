@@ -24,6 +24,9 @@ export function ownProject(
   scope.decorateRequest('ownedProject', null as unknown as Project);
   scope.addHook('preHandler', async (request, reply) => {
     if (reply.sent) return; // an earlier hook answered (the dashboard's sign-in redirect)
+    // a form route takes its refused body back (attachValidation), never a refused path
+    const invalid = request.validationError as (Error & { validationContext?: string }) | undefined;
+    if (invalid && invalid.validationContext !== 'body') throw invalid;
     const id = (request.params as Record<string, string>)[options.param]!;
     request.ownedProject = await ownedProject(options, options.principal(request), id);
   });

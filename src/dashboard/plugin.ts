@@ -33,7 +33,8 @@ import webhookRoutes from './routes/webhooks.ts';
  *   session's CSRF secret (kept with the session, playing @fastify/session's part); on the sign-in and
  *   sign-up forms, from the signed cookie's. Cross-site posts (Sec-Fetch-Site, Origin) are refused too.
  * - @fastify/formbody: form bodies, then each route's zod schemas (`schema: { params, querystring, body }`)
- *   validate them as the API's do: invalid input is a 400 page, nothing is written.
+ *   validate them as the API's do: nothing is written, and a refused form comes back on its page with a
+ *   400, what was typed and each problem beside its field (./forms.ts); a bad path is a 400 page.
  * - @fastify/helmet: the security headers and the CSP (../html/index.ts).
  * - @fastify/rate-limit: the sign-in and sign-up limits shared with the admin API (../admin/rate-limit.ts).
  *

@@ -69,6 +69,8 @@ legend{font-weight:600;padding:0 .25rem}
 form:has(#mode option[value=per_request]:checked) fieldset[data-mode]:not([data-mode=per_request]),form:has(#mode option[value=per_token]:checked) fieldset[data-mode]:not([data-mode=per_token]),form:has(#mode option[value=subscription]:checked) fieldset[data-mode]:not([data-mode=subscription]){display:none}
 .row{display:flex;gap:.75rem;flex-wrap:wrap;align-items:flex-end}
 .row>div{flex:1;min-width:10rem}
+/* a problem below a field: the fields of its row stay level, their buttons below */
+.row:has(.field-error){align-items:flex-start}.row:has(.field-error)>div:has(>button){align-self:flex-end}
 button,.button{display:inline-block;font:inherit;font-weight:600;padding:.5rem 1.1rem;margin-top:.75rem;border:0;border-radius:6px;background:var(--accent);color:var(--accent-fg);cursor:pointer;text-decoration:none}
 button.secondary{background:transparent;color:var(--accent);border:1px solid var(--accent)}
 button.link{background:none;color:var(--accent);padding:0;margin:0;font-weight:400;text-decoration:underline}

@@ -66,7 +66,8 @@ describe('dashboard in Chromium', () => {
         expect(await page.getByRole('heading', { level: 1 }).textContent()).toBe(
           'Connect your model provider',
         );
-        await page.getByLabel('Project name').fill('Browser app');
+        // (the page's second form starts on the echo provider: it has a project name too)
+        await page.locator('form[action="/dashboard/start"]').getByLabel('Project name').fill('Browser app');
         await page.getByLabel(/Provider base URL/).fill(mock.baseUrl);
         await page.getByLabel('Provider API key').fill('sk-mock-provider-key');
         await shot(page, 'connect');

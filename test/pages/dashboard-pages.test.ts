@@ -140,7 +140,7 @@ describe('dashboard pages', () => {
     });
     const badUrl = await post(`${path}/settings`, { name: 'x', returnUrl: 'javascript:alert(1)' });
     expect(badUrl.status).toBe(400);
-    expect(badUrl.text).toContain('Invalid &#39;returnUrl&#39;');
+    expect(badUrl.text).toMatch(/<p class="field-error" id="returnUrl-error">Return URL [^<]+<\/p>/);
 
     // Admin tokens for the CLI: created (shown once) and revoked from the projects page.
     const made = await post('/dashboard/admin-tokens', { name: 'laptop' });

@@ -309,12 +309,34 @@ describe('every page fits a 390 px phone and a 1280 px screen', () => {
       ).toBeGreaterThan(0);
       expect(await page.locator('#audit pre:empty').count()).toBe(0);
       await visit(page, '/dashboard/no-such-page', 'not found');
+      // A refused deposit comes back in place: the values kept, the problem beside the field, the focus on it.
+      await page.setViewportSize({ width: 390, height: 844 });
       await page.goto(`${server.url}${base}/users`);
       await page.getByLabel('User id').fill(LONG_USER);
       await page.getByLabel(/^Amount/).fill('lots');
       await page.getByRole('button', { name: 'Deposit' }).click();
-      await page.getByRole('heading', { name: 'This did not work' }).waitFor();
-      await measure(page, 'a refused form');
+      await page.locator('#depositAmount-error').waitFor();
+      expect(new URL(page.url()).pathname).toBe(`${base}/users/deposit`);
+      expect(await page.getByRole('heading', { name: 'This did not work' }).count()).toBe(0);
+      expect(await page.getByLabel('User id').inputValue()).toBe(LONG_USER);
+      const amount = page.getByLabel(/^Amount/);
+      expect(await amount.inputValue()).toBe('lots');
+      expect(await amount.getAttribute('aria-invalid')).toBe('true');
+      expect(await amount.getAttribute('aria-describedby')).toBe('depositAmount-error');
+      expect(await amount.evaluate((el) => el === (globalThis as any).document.activeElement)).toBe(true);
+      expect(await page.locator('#depositAmount-error').textContent()).toMatch(/^Amount must be /);
+      const sideways = await page.evaluate(() => {
+        const root = (globalThis as any).document.documentElement;
+        return root.scrollWidth - root.clientWidth;
+      });
+      expect(sideways).toBeLessThanOrEqual(0);
+      await measure(page, 'a refused deposit', { name: 'deposit-error', at: '#depositAmount' });
+      // Corrected, it goes through with the token of the page shown again.
+      await amount.fill('2.50');
+      await Promise.all([
+        page.waitForURL(`**/users/${encodeURIComponent(LONG_USER)}?done=deposited`),
+        page.getByRole('button', { name: 'Deposit' }).click(),
+      ]);
       await page.goto(`${server.url}${base}`);
       await page.getByRole('button', { name: 'Create an API key' }).click();
       await page.getByRole('heading', { name: 'New API key' }).waitFor();

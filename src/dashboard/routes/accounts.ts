@@ -13,7 +13,8 @@ import {
 } from '../../admin/accounts.ts';
 import { ApiError } from '../../core/errors.ts';
 import { routeModule } from '../../core/plugins.ts';
-import { html, type Raw, raw } from '../../html/index.ts';
+import { html } from '../../html/index.ts';
+import { type FormSpec, formView, invalidBody, type Refused } from '../forms.ts';
 import {
   CSRF_COOKIE,
   csrfField,
@@ -50,49 +51,15 @@ const signInForm = formBody({ email: emailSchema, password: passwordSchema });
 /** The signed cookie that carries the e-mail address to the next sign-in or sign-up form. */
 const EMAIL_COOKIE = 'tollgate_email';
 
-const FIELDS = { email: 'E-mail', password: 'Password', invite: 'Invite code' } as const;
-type Field = keyof typeof FIELDS;
-/** What the form shows again: the values typed (no password) and the problems, by field. */
-interface FormState {
-  email?: string | undefined;
-  invite?: string | undefined;
-  errors?: Partial<Record<Field | 'form', string>>;
-}
-
-/** The problems of a form body by field, in words (`Password must be at least 10 characters.`). */
-function formErrors(schema: z.ZodType, body: unknown): FormState['errors'] {
-  const parsed = schema.safeParse(body);
-  if (parsed.success) return {};
-  const errors: FormState['errors'] = {};
-  for (const issue of parsed.error.issues) {
-    const name = issue.path[0];
-    if (typeof name === 'string' && Object.hasOwn(FIELDS, name))
-      errors[name as Field] ??= `${FIELDS[name as Field]} ${issue.message}.`;
-    else errors.form ??= 'The form could not be read. Reload the page and try again.';
-  }
-  return errors;
-}
-
-const typed = (body: unknown, name: string) => {
-  const value = (body as Record<string, unknown> | undefined)?.[name];
-  return typeof value === 'string' ? value.slice(0, 2000) : undefined;
-};
-
-/** A field's problem beside it, tied to the input by `aria-describedby`. */
-function fieldError(id: Field, errors: FormState['errors']): Raw {
-  const error = errors?.[id];
-  return error ? html`<p class="field-error" id="${id}-error">${error}</p>` : raw('');
-}
-function invalid(id: Field, errors: FormState['errors'], first: boolean): Raw {
-  const error = errors?.[id];
-  return raw(
-    error
-      ? ` aria-invalid="true" aria-describedby="${id}-error"${first ? ' autofocus' : ''}`
-      : first
-        ? ' autofocus'
-        : '',
-  );
-}
+/** The sign-up and sign-in forms (the password never comes back). */
+const credentialsForm = (kind: 'signup' | 'signin'): FormSpec => ({
+  name: kind,
+  fields: {
+    email: { id: 'email', label: 'E-mail' },
+    password: { id: 'password', label: 'Password', secret: true },
+    invite: { id: 'invite', label: 'Invite code' },
+  },
+});
 
 /** Sign-in failures shown on the form (by code); anything else is an error page. */
 const FORM_ERRORS = new Set<string>([
@@ -127,14 +94,13 @@ function credentialsPage(
   reply: FastifyReply,
   mode: string,
   kind: 'signup' | 'signin',
-  form: FormState = {},
+  refused?: Refused,
 ) {
   if (request.dashboard) return reply.redirect('/dashboard', 303);
-  const errors = form.errors;
-  const email = form.email ?? rememberedEmail(request) ?? '';
-  const invite = form.invite ?? (request.query as { invite?: string }).invite ?? '';
+  const email = rememberedEmail(request) ?? '';
+  const invite = (request.query as { invite?: string }).invite ?? '';
   // the first field with a problem has the focus; else the first empty one
-  const focus: Field = errors?.email ? 'email' : errors?.password || email ? 'password' : 'email';
+  const f = formView(credentialsForm(kind), refused, email ? 'password' : 'email');
   const signup = kind === 'signup';
   const closed = mode === 'closed';
   if (signup && closed) {
@@ -156,18 +122,16 @@ function credentialsPage(
     signup ? 'Sign up' : 'Sign in',
     ({ csrf, flash }) => html`<section class="card" style="max-width:28rem;margin:2rem auto">
 <h1>${signup ? 'Create your Tollgate account' : 'Sign in to Tollgate'}</h1>
-${flash}${errors?.form ? html`<p class="error" role="alert">${errors.form}</p>` : ''}${
-  errors && !errors.form ? html`<p class="error" role="alert">Check the fields marked below.</p>` : ''
-}
+${flash}${f.alert()}
 <form method="post" action="/dashboard/${kind}">
 ${csrfField(csrf)}
 <label for="email">E-mail</label>
-<input id="email" name="email" type="email" autocomplete="email" required value="${email}"${invalid('email', errors, focus === 'email')}>
-${fieldError('email', errors)}
+<input id="email" name="email" type="email" autocomplete="email" required${f.input('email', email)}>
+${f.error('email')}
 <label for="password">Password${signup ? ' (at least 10 characters, not a common one)' : ''}</label>
-<input id="password" name="password" type="password" autocomplete="${signup ? 'new-password' : 'current-password'}" minlength="${signup ? 10 : 1}" required${invalid('password', errors, focus === 'password')}>
-${fieldError('password', errors)}
-${signup && mode === 'invite' ? html`<label for="invite">Invite code</label><input id="invite" name="invite" value="${invite}" required${invalid('invite', errors, false)}>${fieldError('invite', errors)}` : ''}
+<input id="password" name="password" type="password" autocomplete="${signup ? 'new-password' : 'current-password'}" minlength="${signup ? 10 : 1}" required${f.invalid('password')}>
+${f.error('password')}
+${signup && mode === 'invite' ? html`<label for="invite">Invite code</label><input id="invite" name="invite" required${f.input('invite', invite)}>${f.error('invite')}` : ''}
 <button type="submit">${signup ? 'Sign up' : 'Sign in'}</button>
 </form>
 <p class="muted">${
@@ -178,7 +142,7 @@ ${signup && mode === 'invite' ? html`<label for="invite">Invite code</label><inp
           : html`New here? <a href="/dashboard/signup">Create an account</a>.`
     }</p>
 </section>`,
-    { status: errors ? 400 : 200 },
+    { status: refused ? 400 : 200 },
   );
 }
 
@@ -218,12 +182,8 @@ export default routeModule(async (app, ctx) => {
   /** The form again, with what was typed and its problems (the body did not validate). */
   function formAgain(request: FastifyRequest, reply: FastifyReply, kind: 'signup' | 'signin') {
     const schema = kind === 'signup' ? signUpForm : signInForm;
-    const { body } = request;
-    return credentialsPage(request, reply, ctx.config.TOLLGATE_SIGNUP, kind, {
-      email: typed(body, 'email'),
-      invite: typed(body, 'invite'),
-      errors: formErrors(schema, body),
-    });
+    const refused = invalidBody(credentialsForm(kind), schema, request);
+    return credentialsPage(request, reply, ctx.config.TOLLGATE_SIGNUP, kind, refused);
   }
 
   app.post('/signup', { schema: { body: signUpForm }, attachValidation: true }, async (request, reply) => {

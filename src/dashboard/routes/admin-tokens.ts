@@ -3,14 +3,20 @@ import { createAdminToken, revokeAdminToken } from '../../admin/accounts.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { storableText, textInput } from '../../core/validation.ts';
 import { html } from '../../html/index.ts';
+import { invalidBody } from '../forms.ts';
 import { done, formBody, page, secretBox } from '../pages.ts';
+import { FORMS, projectsPage } from './projects.ts';
+
+const tokenForm = formBody({ name: storableText(200) });
 
 /** Admin tokens (listed on the projects page): create one (shown once), revoke one. */
 export default routeModule((app, ctx) => {
   app.post(
     '/admin-tokens',
-    { schema: { body: formBody({ name: storableText(200) }) } },
+    { schema: { body: tokenForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return projectsPage(request, reply, invalidBody(FORMS.adminToken, tokenForm, request));
       const created = await createAdminToken(ctx.db, request.developer, request.body.name);
       return page(
         request,

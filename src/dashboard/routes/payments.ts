@@ -1,3 +1,4 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
 import { testPaymentsAllowed } from '../../config/index.ts';
@@ -12,6 +13,7 @@ import {
   updatePaymentSettings,
 } from '../../payments/service.ts';
 import { userIdSchema } from '../../users/schema.ts';
+import { type FormSpec, formView, invalidBody, type Refused, refusedBy } from '../forms.ts';
 import {
   csrfField,
   done,
@@ -47,6 +49,29 @@ const rechargeForm = formBody({
   monthlyCap: text(40),
 });
 const pageQuery = flashQuery.extend({ user: optionalField(userIdSchema) });
+
+/** The payments page's forms, refused ones shown again in place (../forms.ts). */
+const FORMS = {
+  connect: {
+    name: 'connect',
+    fields: {
+      stripeKey: { id: 'stripeKey', label: 'Stripe key', secret: true },
+      webhookSecret: { id: 'webhookSecret', label: 'Webhook signing secret', secret: true },
+      presets: { id: 'presets', label: 'Preset amounts' },
+      minimum: { id: 'minimum', label: 'Minimum' },
+      maximum: { id: 'maximum', label: 'Maximum' },
+    },
+  },
+  recharge: {
+    name: 'recharge',
+    fields: {
+      offered: { id: 'ar-offered', label: 'Offer automatic recharge' },
+      threshold: { id: 'ar-threshold', label: 'Threshold' },
+      amount: { id: 'ar-amount', label: 'Recharge amount' },
+      monthlyCap: { id: 'ar-cap', label: 'Monthly cap per user' },
+    },
+  },
+} satisfies Record<string, FormSpec>;
 
 type Raw = ReturnType<typeof html>;
 
@@ -100,34 +125,39 @@ function stripeForm(
   path: string,
   csrf: string,
   c: { provider: string; settings: { presets?: string[]; minimum?: string; maximum?: string } } | undefined,
+  refused?: Refused,
 ): Raw {
+  const f = formView(FORMS.connect, refused);
   return html`<h2>${c && c.provider !== 'test' ? 'Replace the connection' : 'Connect Stripe'}</h2>
-<form method="post" action="${path}">${csrfField(csrf)}
-<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required>
-<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off">
-<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets" value="${c?.settings.presets?.join(', ') ?? ''}">
-<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum" value="${c?.settings.minimum ?? ''}"></div>
-<div><label for="maximum">Maximum</label><input id="maximum" name="maximum" value="${c?.settings.maximum ?? ''}"></div></div>
+<form method="post" action="${path}">${csrfField(csrf)}${f.alert()}
+<label for="stripeKey">Stripe secret key or restricted key (<code>sk_…</code> or <code>rk_…</code>)</label><input id="stripeKey" name="stripeKey" type="password" autocomplete="off" required${f.invalid('stripeKey')}>${f.error('stripeKey')}
+<label for="webhookSecret">Webhook signing secret (optional: only if you created the endpoint yourself)</label><input id="webhookSecret" name="webhookSecret" type="password" autocomplete="off"${f.invalid('webhookSecret')}>${f.error('webhookSecret')}
+<label for="presets">Preset amounts (comma-separated)</label><input id="presets" name="presets"${f.input('presets', c?.settings.presets?.join(', ') ?? '')}>${f.error('presets')}
+<div class="row"><div><label for="minimum">Minimum</label><input id="minimum" name="minimum"${f.input('minimum', c?.settings.minimum ?? '')}>${f.error('minimum')}</div>
+<div><label for="maximum">Maximum</label><input id="maximum" name="maximum"${f.input('maximum', c?.settings.maximum ?? '')}>${f.error('maximum')}</div></div>
 <button type="submit">Check and connect</button></form>`;
 }
 
-export default routeModule((app, ctx) => {
-  const pathOf = (id: string) => `${projectPath(id)}/payments`;
+const pathOf = (id: string) => `${projectPath(id)}/payments`;
 
-  app.get(
-    '/projects/:id/payments',
-    { schema: { params: projectParams, querystring: pageQuery } },
-    async (request, reply) => {
-      const project = request.ownedProject;
-      const view = await showPayments(ctx, project.id);
-      const user = request.query.user;
-      const payments = await listPayments(ctx, project.id, { limit: 50, user });
-      const path = pathOf(project.id);
-      const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
-      return projectPage(
-        reply,
-        { project, title: `Payments · ${project.name}`, heading: 'Payments', tab: 'Payments' },
-        (csrf) => html`
+/** The payments page, with its refused form (connect, automatic recharge) shown again. */
+async function paymentsPage(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  user: string | undefined,
+  refused?: Refused,
+) {
+  const ctx = request.server.ctx;
+  const project = request.ownedProject;
+  const view = await showPayments(ctx, project.id);
+  const recharge = formView(FORMS.recharge, refused);
+  const payments = await listPayments(ctx, project.id, { limit: 50, user });
+  const path = pathOf(project.id);
+  const c = view.connected ? (view as Extract<typeof view, { keyHint: string }>) : undefined;
+  return projectPage(
+    reply,
+    { project, title: `Payments · ${project.name}`, heading: 'Payments', tab: 'Payments' },
+    (csrf) => html`
 <section class="card" aria-labelledby="pay-h"><h2 id="pay-h">${c?.provider === 'test' ? 'Test payments' : 'Stripe'}</h2>
 ${
   c
@@ -136,43 +166,56 @@ ${
 <p>Top-ups: presets ${c.settings.presets?.join(', ')}; minimum ${c.settings.minimum}; maximum ${c.settings.maximum} ${project.currency.toUpperCase()}.</p>
 <h2>Automatic recharge</h2>
 <p class="muted">Users who tick “save this card and recharge automatically” at checkout have their saved card charged off session when their available balance falls below the threshold (their own, set in their portal, within these limits), at most the monthly cap per user. A declined card turns it off for that user (<code>payment.recharge.failed</code>).</p>
-<form method="post" action="${path}/auto-recharge">${csrfField(csrf)}
-<label class="check"><input type="checkbox" name="offered" value="on"${c.settings.autoRecharge?.offered ? ' checked' : ''}> Offer automatic recharge</label>
-<div class="row"><div><label for="ar-threshold">Threshold</label><input id="ar-threshold" name="threshold" value="${c.settings.autoRecharge?.threshold ?? ''}"></div>
-<div><label for="ar-amount">Recharge amount</label><input id="ar-amount" name="amount" value="${c.settings.autoRecharge?.amount ?? ''}"></div>
-<div><label for="ar-cap">Monthly cap per user</label><input id="ar-cap" name="monthlyCap" value="${c.settings.autoRecharge?.monthlyCap ?? ''}"></div></div>
+<form method="post" action="${path}/auto-recharge">${csrfField(csrf)}${recharge.alert()}
+<label class="check"><input type="checkbox" id="ar-offered" name="offered" value="on"${recharge.checked('offered', Boolean(c.settings.autoRecharge?.offered))}${recharge.invalid('offered')}> Offer automatic recharge</label>${recharge.error('offered')}
+<div class="row"><div><label for="ar-threshold">Threshold</label><input id="ar-threshold" name="threshold"${recharge.input('threshold', c.settings.autoRecharge?.threshold ?? '')}>${recharge.error('threshold')}</div>
+<div><label for="ar-amount">Recharge amount</label><input id="ar-amount" name="amount"${recharge.input('amount', c.settings.autoRecharge?.amount ?? '')}>${recharge.error('amount')}</div>
+<div><label for="ar-cap">Monthly cap per user</label><input id="ar-cap" name="monthlyCap"${recharge.input('monthlyCap', c.settings.autoRecharge?.monthlyCap ?? '')}>${recharge.error('monthlyCap')}</div></div>
 <button type="submit">Save automatic recharge</button></form>
 <form method="post" action="${path}/disconnect">${csrfField(csrf)}<button type="submit" class="secondary">Disconnect ${c.provider === 'test' ? 'test payments' : 'Stripe'}</button></form>`
     : html`<p>Connect your Stripe account and users who run out pay on a hosted checkout from their top-up link; each payment becomes exactly one deposit.</p>`
 }
 ${testPaymentsAllowed(ctx.config) && c?.provider !== 'test' ? useTestPayments(path, csrf) : ''}
-${stripeForm(path, csrf, c)}
+${stripeForm(path, csrf, c, refused)}
 </section>
 ${topUpsCard(path, user, payments.data, csrf)}`,
-      );
-    },
+    { status: refused ? 400 : 200 },
+  );
+}
+
+export default routeModule((app, ctx) => {
+  app.get(
+    '/projects/:id/payments',
+    { schema: { params: projectParams, querystring: pageQuery } },
+    async (request, reply) => paymentsPage(request, reply, request.query.user),
   );
 
   app.post(
     '/projects/:id/payments',
-    { schema: { params: projectParams, body: connectForm } },
+    { schema: { params: projectParams, body: connectForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return paymentsPage(request, reply, undefined, invalidBody(FORMS.connect, connectForm, request));
       const { stripeKey, webhookSecret, presets, minimum, maximum } = request.body;
       const settings = {
         ...(presets ? { presets: presets.split(',').map((p) => p.trim()) } : {}),
         ...(minimum ? { minimum } : {}),
         ...(maximum ? { maximum } : {}),
       };
-      await connectPayments(
-        ctx,
-        request.params.id,
-        {
-          stripeKey,
-          ...(webhookSecret ? { webhookSecret } : {}),
-          ...(Object.keys(settings).length ? { settings } : {}),
-        },
-        actorOf(request.developer),
-      );
+      try {
+        await connectPayments(
+          ctx,
+          request.params.id,
+          {
+            stripeKey,
+            ...(webhookSecret ? { webhookSecret } : {}),
+            ...(Object.keys(settings).length ? { settings } : {}),
+          },
+          actorOf(request.developer),
+        );
+      } catch (err) {
+        return paymentsPage(request, reply, undefined, refusedBy(FORMS.connect, err, request.body));
+      }
       return reply.redirect(done(pathOf(request.params.id), 'payments_connected'), 303);
     },
   );
@@ -188,22 +231,28 @@ ${topUpsCard(path, user, payments.data, csrf)}`,
 
   app.post(
     '/projects/:id/payments/auto-recharge',
-    { schema: { params: projectParams, body: rechargeForm } },
+    { schema: { params: projectParams, body: rechargeForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return paymentsPage(request, reply, undefined, invalidBody(FORMS.recharge, rechargeForm, request));
       const { offered, threshold, amount, monthlyCap } = request.body;
-      await updatePaymentSettings(
-        ctx,
-        request.params.id,
-        {
-          autoRecharge: {
-            offered: offered === 'on',
-            ...(threshold ? { threshold } : {}),
-            ...(amount ? { amount } : {}),
-            ...(monthlyCap ? { monthlyCap } : {}),
+      try {
+        await updatePaymentSettings(
+          ctx,
+          request.params.id,
+          {
+            autoRecharge: {
+              offered: offered === 'on',
+              ...(threshold ? { threshold } : {}),
+              ...(amount ? { amount } : {}),
+              ...(monthlyCap ? { monthlyCap } : {}),
+            },
           },
-        },
-        actorOf(request.developer),
-      );
+          actorOf(request.developer),
+        );
+      } catch (err) {
+        return paymentsPage(request, reply, undefined, refusedBy(FORMS.recharge, err, request.body));
+      }
       return reply.redirect(done(pathOf(request.params.id), 'auto_recharge_saved'), 303);
     },
   );

@@ -1,3 +1,4 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { reconciliationCsv, reconciliationReport, usageReport } from '../../admin/reports.ts';
 import { sendCsv } from '../../admin/routes/schemas.ts';
@@ -19,6 +20,7 @@ import { dataTable, html, money } from '../../html/index.ts';
 import { DEFAULT_PROVIDER, projectSettingsSchema } from '../../projects/service.ts';
 import { PROVIDER_KINDS } from '../../routing/providers.ts';
 import { type Bar, barChart, lastDays, rankChart } from '../charts.ts';
+import { type FormSpec, formView, invalidBody, type Refused, refusedBy } from '../forms.ts';
 import { keyPage } from '../key-page.ts';
 import {
   csrfField,
@@ -52,6 +54,33 @@ const settingsForm = formBody({
   lowBalanceThreshold: optionalField(settings.lowBalanceThreshold.unwrap()),
   debtLimit: optionalField(settings.debtLimit.unwrap()),
 });
+
+/** The overview's forms, refused ones shown again in place (../forms.ts). */
+const FORMS = {
+  provider: {
+    name: 'provider',
+    fields: {
+      kind: { id: 'kind', label: 'Provider API' },
+      baseUrl: { id: 'baseUrl', label: 'Provider base URL' },
+      apiKey: { id: 'apiKey', label: 'Provider API key', secret: true },
+    },
+  },
+  settings: {
+    name: 'settings',
+    fields: {
+      name: { id: 'projectName', label: 'Project name' },
+      checkoutUrl: { id: 'checkoutUrl', label: 'Checkout URL' },
+      returnUrl: { id: 'returnUrl', label: 'Return URL' },
+      connectMessage: { id: 'connectMessage', label: 'Connect message' },
+      topupMessage: { id: 'topupMessage', label: 'Top-up message' },
+      lowBalanceThreshold: { id: 'lowBalanceThreshold', label: 'Low-balance threshold' },
+      debtLimit: { id: 'debtLimit', label: 'Debt limit' },
+    },
+  },
+  key: { name: 'key', fields: { name: { id: 'keyName', label: 'Key name' } } },
+} satisfies Record<string, FormSpec>;
+
+const keyForm = formBody({ name: storableText(200) });
 
 type Raw = ReturnType<typeof html>;
 type UsageRow = Awaited<ReturnType<typeof usageReport>>['data'][number];
@@ -104,29 +133,33 @@ ${rankChart(
 }
 
 /** The provider connection and its form. */
-function providerCard(project: ProjectView, kind: string | undefined, csrf: string): Raw {
+function providerCard(project: ProjectView, kind: string | undefined, csrf: string, refused?: Refused): Raw {
   const path = projectPath(project.id);
+  const f = formView(FORMS.provider, refused);
+  const anthropic = kind === 'anthropic';
   return html`<section class="card" id="provider" aria-labelledby="provider-h"><h2 id="provider-h">Provider</h2>
 <p>${project.provider.baseUrl ? html`Connected to <code>${project.provider.baseUrl}</code> (${kind === 'anthropic' ? "Anthropic's API" : 'OpenAI-compatible'})${project.provider.keySet ? ' with a key (stored encrypted)' : ' without a key'}.` : 'No provider connected yet.'}</p>
-<form method="post" action="${path}/provider">${csrfField(csrf)}
-<div class="row"><div><label for="kind">Provider API</label><select id="kind" name="kind"><option value="openai-compatible"${kind === 'anthropic' ? '' : ' selected'}>OpenAI-compatible</option><option value="anthropic"${kind === 'anthropic' ? ' selected' : ''}>Anthropic</option></select></div>
-<div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" value="${project.provider.baseUrl ?? 'https://api.openai.com/v1'}" required></div>
-<div><label for="apiKey">Provider API key (paste it again to save)</label><input id="apiKey" name="apiKey" type="password" autocomplete="off" required></div></div>
+<form method="post" action="${path}/provider">${csrfField(csrf)}${f.alert()}
+<div class="row"><div><label for="kind">Provider API</label><select id="kind" name="kind"${f.invalid('kind')}><option value="openai-compatible"${f.selected('kind', 'openai-compatible', !anthropic)}>OpenAI-compatible</option><option value="anthropic"${f.selected('kind', 'anthropic', anthropic)}>Anthropic</option></select>${f.error('kind')}</div>
+<div><label for="baseUrl">Provider base URL</label><input id="baseUrl" name="baseUrl" type="text" required${f.input('baseUrl', project.provider.baseUrl ?? 'https://api.openai.com/v1')}>${f.error('baseUrl')}</div>
+<div><label for="apiKey">Provider API key (paste it again to save)</label><input id="apiKey" name="apiKey" type="password" autocomplete="off" required${f.invalid('apiKey')}>${f.error('apiKey')}</div></div>
 <button type="submit">Check and save the provider</button></form></section>`;
 }
 
 /** The project's name, links and messages. */
-function settingsCard(project: ProjectView, csrf: string): Raw {
+function settingsCard(project: ProjectView, csrf: string, refused?: Refused): Raw {
   const path = projectPath(project.id);
+  const f = formView(FORMS.settings, refused);
+  const s = project.settings;
   return html`<section class="card" aria-labelledby="settings-h"><h2 id="settings-h">Settings</h2>
-<form method="post" action="${path}/settings">${csrfField(csrf)}
-<div class="row"><div><label for="projectName">Project name</label><input id="projectName" name="name" value="${project.name}" required maxlength="200"></div>
-<div><label for="checkoutUrl">Checkout URL (top-up links redirect there)</label><input id="checkoutUrl" name="checkoutUrl" type="url" value="${project.settings.checkoutUrl ?? ''}"></div>
-<div><label for="returnUrl">Return URL (after connecting)</label><input id="returnUrl" name="returnUrl" type="url" value="${project.settings.returnUrl ?? ''}"></div></div>
-<label for="connectMessage">Connect message (<code>{link}</code> is replaced by the link)</label><input id="connectMessage" name="connectMessage" maxlength="2000" value="${project.settings.connectMessage ?? ''}">
-<label for="topupMessage">Top-up message (<code>{link}</code> and <code>{amount}</code> are replaced)</label><input id="topupMessage" name="topupMessage" maxlength="2000" value="${project.settings.topupMessage ?? ''}">
-<label for="lowBalanceThreshold">Low-balance threshold (<code>balance.low</code> when a charge takes a balance below it; empty: none)</label><input id="lowBalanceThreshold" name="lowBalanceThreshold" inputmode="decimal" value="${project.settings.lowBalanceThreshold ?? ''}">
-<label for="debtLimit">Debt limit (how far below zero a request's worst case may take a user; empty: 0)</label><input id="debtLimit" name="debtLimit" inputmode="decimal" value="${project.settings.debtLimit ?? ''}">
+<form method="post" action="${path}/settings">${csrfField(csrf)}${f.alert()}
+<div class="row"><div><label for="projectName">Project name</label><input id="projectName" name="name" required maxlength="200"${f.input('name', project.name)}>${f.error('name')}</div>
+<div><label for="checkoutUrl">Checkout URL (top-up links redirect there)</label><input id="checkoutUrl" name="checkoutUrl" type="url"${f.input('checkoutUrl', s.checkoutUrl ?? '')}>${f.error('checkoutUrl')}</div>
+<div><label for="returnUrl">Return URL (after connecting)</label><input id="returnUrl" name="returnUrl" type="url"${f.input('returnUrl', s.returnUrl ?? '')}>${f.error('returnUrl')}</div></div>
+<label for="connectMessage">Connect message (<code>{link}</code> is replaced by the link)</label><input id="connectMessage" name="connectMessage" maxlength="2000"${f.input('connectMessage', s.connectMessage ?? '')}>${f.error('connectMessage')}
+<label for="topupMessage">Top-up message (<code>{link}</code> and <code>{amount}</code> are replaced)</label><input id="topupMessage" name="topupMessage" maxlength="2000"${f.input('topupMessage', s.topupMessage ?? '')}>${f.error('topupMessage')}
+<label for="lowBalanceThreshold">Low-balance threshold (<code>balance.low</code> when a charge takes a balance below it; empty: none)</label><input id="lowBalanceThreshold" name="lowBalanceThreshold" inputmode="decimal"${f.input('lowBalanceThreshold', s.lowBalanceThreshold ?? '')}>${f.error('lowBalanceThreshold')}
+<label for="debtLimit">Debt limit (how far below zero a request's worst case may take a user; empty: 0)</label><input id="debtLimit" name="debtLimit" inputmode="decimal"${f.input('debtLimit', s.debtLimit ?? '')}>${f.error('debtLimit')}
 <button type="submit">Save the settings</button></form></section>`;
 }
 
@@ -172,7 +205,8 @@ ${rows.length ? html`<p class="muted">Amounts are shown at the currency's precis
 }
 
 /** The API keys: revoke one, create one. */
-function keysCard(path: string, keys: KeyRow[], csrf: string): Raw {
+function keysCard(path: string, keys: KeyRow[], csrf: string, refused?: Refused): Raw {
+  const f = formView(FORMS.key, refused);
   return html`<section class="card" aria-labelledby="keys-h"><h2 id="keys-h">API keys</h2>
 ${dataTable(
   revocableColumns('Key'),
@@ -183,43 +217,54 @@ ${dataTable(
     (k) => `key ${k.prefix}`,
   ),
 )}
-<form method="post" action="${path}/keys">${csrfField(csrf)}<div class="row"><div><label for="keyName">New key name</label><input id="keyName" name="name" value="default" required maxlength="200"></div><div><button type="submit">Create an API key</button></div></div></form>
+<form method="post" action="${path}/keys">${csrfField(csrf)}${f.alert()}<div class="row"><div><label for="keyName">New key name</label><input id="keyName" name="name" required maxlength="200"${f.input('name', 'default')}>${f.error('name')}</div><div><button type="submit">Create an API key</button></div></div></form>
 </section>`;
 }
 
-export default routeModule((app, ctx) => {
-  app.get('/projects/:id', { schema: projectPageSchema }, async (request, reply) => {
-    const project = projectView(request.ownedProject);
-    const keys = await listApiKeys(ctx, request.developer, project.id);
-    const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
-    const [byDay, byModel, reconciliation] = await Promise.all([
-      usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
-      usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
-      reconciliationReport(ctx, request.ownedProject, { days: 30 }),
-    ]);
-    const path = projectPath(project.id);
-    return projectPage(
-      reply,
-      { project, title: project.name, heading: project.name, tab: 'Overview' },
-      (csrf) => html`
+/** The overview, with its refused form (provider, settings, a new key) shown again. */
+async function overview(request: FastifyRequest, reply: FastifyReply, refused?: Refused) {
+  const ctx = request.server.ctx;
+  const project = projectView(request.ownedProject);
+  const keys = await listApiKeys(ctx, request.developer, project.id);
+  const kind = (await ctx.projects.get(project.id))?.providers.get(DEFAULT_PROVIDER)?.kind;
+  const [byDay, byModel, reconciliation] = await Promise.all([
+    usageReport(ctx, request.ownedProject, { group: 'day', days: 14 }),
+    usageReport(ctx, request.ownedProject, { group: 'model', days: 30 }),
+    reconciliationReport(ctx, request.ownedProject, { days: 30 }),
+  ]);
+  const path = projectPath(project.id);
+  return projectPage(
+    reply,
+    { project, title: project.name, heading: project.name, tab: 'Overview' },
+    (csrf) => html`
 ${usageCharts(project.currency, byDay.data, byModel.data)}
-${providerCard(project, kind, csrf)}
-${settingsCard(project, csrf)}
+${providerCard(project, kind, csrf, refused)}
+${settingsCard(project, csrf, refused)}
 ${reconciliationCard(project, reconciliation.data)}
-${keysCard(path, keys.data, csrf)}`,
-    );
-  });
+${keysCard(path, keys.data, csrf, refused)}`,
+    { status: refused ? 400 : 200 },
+  );
+}
+
+export default routeModule((app, ctx) => {
+  app.get('/projects/:id', { schema: projectPageSchema }, async (request, reply) => overview(request, reply));
 
   app.post(
     '/projects/:id/provider',
-    { schema: { params: projectParams, body: providerForm } },
+    { schema: { params: projectParams, body: providerForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return overview(request, reply, invalidBody(FORMS.provider, providerForm, request));
       const { baseUrl, apiKey, kind } = request.body;
-      await connectProvider(ctx, request.developer, request.params.id, {
-        kind,
-        baseUrl,
-        ...(apiKey ? { apiKey } : {}),
-      });
+      try {
+        await connectProvider(ctx, request.developer, request.params.id, {
+          kind,
+          baseUrl,
+          ...(apiKey ? { apiKey } : {}),
+        });
+      } catch (err) {
+        return overview(request, reply, refusedBy(FORMS.provider, err, request.body));
+      }
       return reply.redirect(done(projectPath(request.params.id), 'provider_saved'), 303);
     },
   );
@@ -236,26 +281,32 @@ ${keysCard(path, keys.data, csrf)}`,
 
   app.post(
     '/projects/:id/settings',
-    { schema: { params: projectParams, body: settingsForm } },
+    { schema: { params: projectParams, body: settingsForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return overview(request, reply, invalidBody(FORMS.settings, settingsForm, request));
       const { csrf: _csrf, name, ...given } = request.body;
       const settings = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined));
-      await updateOwnedProject(ctx, request.developer, request.params.id, { name, settings });
+      try {
+        await updateOwnedProject(ctx, request.developer, request.params.id, { name, settings });
+      } catch (err) {
+        return overview(request, reply, refusedBy(FORMS.settings, err, request.body));
+      }
       return reply.redirect(done(projectPath(request.params.id), 'settings_saved'), 303);
     },
   );
 
   app.post(
     '/projects/:id/keys',
-    { schema: { params: projectParams, body: formBody({ name: storableText(200) }) } },
+    { schema: { params: projectParams, body: keyForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError) return overview(request, reply, invalidBody(FORMS.key, keyForm, request));
       const project = projectView(request.ownedProject);
       const key = await createApiKey(ctx, request.developer, project.id, request.body.name);
       const models = await listModels(ctx, request.developer, project.id);
       return keyPage(request, reply, project, key.key, models.models[0]?.id ?? 'gpt-4o-mini', false);
     },
   );
-
   app.post(
     '/projects/:id/keys/:key/revoke',
     { schema: projectItemAction('key', 'a key id') },

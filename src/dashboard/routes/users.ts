@@ -1,14 +1,16 @@
 import { randomUUID } from 'node:crypto';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { grantCredit, moveMoney, searchUsers, setUserConnected } from '../../admin/end-users.ts';
 import { projectView } from '../../admin/service.ts';
-import { ApiError } from '../../core/errors.ts';
+import { ApiError, badRequest } from '../../core/errors.ts';
 import { amountSchema } from '../../core/money.ts';
 import { routeModule } from '../../core/plugins.ts';
 import { isStorable, NOT_STORABLE, parseInput, textInput } from '../../core/validation.ts';
 import { dataTable, html, money, type Raw } from '../../html/index.ts';
 import { grantBody, userIdSchema } from '../../users/schema.ts';
 import { getBalance, listActivity, listGrants } from '../../users/service.ts';
+import { type FormSpec, formView, invalidBody, type Refused, refusedBy } from '../forms.ts';
 import {
   csrfField,
   done,
@@ -27,6 +29,8 @@ const moneyForm = formBody({
   amount: z.string().trim().min(1, { message: 'is required' }).max(64),
   idem: optionalField(textInput(100)),
   description: optionalField(z.string().max(200).refine(isStorable, { message: NOT_STORABLE })),
+  /** A deposit from the user's page (hidden): a refusal comes back there. */
+  from: optionalField(z.literal('user')),
 });
 const userParams = projectParams.extend({ user: userIdSchema });
 /** A credit grant from the user page: the API's own rules (reason, priority, a future expiry). */
@@ -39,14 +43,46 @@ const grantForm = formBody({
   idem: optionalField(textInput(100)),
 });
 
-function depositForm(path: string, csrf: string, currency: string, user?: string): Raw {
-  return html`<form method="post" action="${path}/users/deposit">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}">
+/** The forms of the users' pages, refused ones shown again in place (../forms.ts). */
+const FORMS = {
+  deposit: {
+    name: 'deposit',
+    fields: {
+      user: { id: 'depositUser', label: 'User id' },
+      amount: { id: 'depositAmount', label: 'Amount' },
+    },
+  },
+  charge: {
+    name: 'charge',
+    fields: {
+      amount: { id: 'chargeAmount', label: 'Amount' },
+      description: { id: 'chargeDescription', label: 'What for' },
+    },
+  },
+  credit: {
+    name: 'credit',
+    fields: {
+      amount: { id: 'grantAmount', label: 'Amount' },
+      reason: { id: 'grantReason', label: 'Reason' },
+      priority: { id: 'grantPriority', label: 'Priority' },
+      expiresAt: { id: 'grantExpires', label: 'Expires' },
+    },
+  },
+} satisfies Record<string, FormSpec>;
+
+function depositForm(path: string, csrf: string, currency: string, user?: string, refused?: Refused): Raw {
+  // on the user's page, the user is not a field to fill in
+  const f = formView(
+    user ? { ...FORMS.deposit, fields: { amount: FORMS.deposit.fields.amount } } : FORMS.deposit,
+    refused,
+  );
+  return html`<form method="post" action="${path}/users/deposit">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}">${f.alert()}
 <div class="row">${
     user
-      ? html`<input type="hidden" name="user" value="${user}">`
-      : html`<div><label for="depositUser">User id</label><input id="depositUser" name="user" required maxlength="256"></div>`
+      ? html`<input type="hidden" name="user" value="${user}"><input type="hidden" name="from" value="user">`
+      : html`<div><label for="depositUser">User id</label><input id="depositUser" name="user" required maxlength="256"${f.input('user')}>${f.error('user')}</div>`
   }
-<div><label for="depositAmount">Amount (${currency})</label><input id="depositAmount" name="amount" inputmode="decimal" required placeholder="10.00"></div>
+<div><label for="depositAmount">Amount (${currency})</label><input id="depositAmount" name="amount" inputmode="decimal" required placeholder="10.00"${f.input('amount')}>${f.error('amount')}</div>
 <div><button type="submit">Deposit</button></div></div></form>`;
 }
 
@@ -98,11 +134,12 @@ function grantOf(input: z.infer<typeof grantForm>, currency: string) {
 }
 
 /** The form that charges a user by hand. */
-function chargeCard(path: string, user: string, currency: string, csrf: string): Raw {
+function chargeCard(path: string, user: string, currency: string, csrf: string, refused?: Refused): Raw {
+  const f = formView(FORMS.charge, refused);
   return html`<section class="card"><h2>Charge</h2>
-<form method="post" action="${path}/users/charge">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
-<div class="row"><div><label for="chargeAmount">Amount (${currency})</label><input id="chargeAmount" name="amount" inputmode="decimal" required></div>
-<div><label for="chargeDescription">What for (optional)</label><input id="chargeDescription" name="description" maxlength="200"></div>
+<form method="post" action="${path}/users/charge">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">${f.alert()}
+<div class="row"><div><label for="chargeAmount">Amount (${currency})</label><input id="chargeAmount" name="amount" inputmode="decimal" required${f.input('amount')}>${f.error('amount')}</div>
+<div><label for="chargeDescription">What for (optional)</label><input id="chargeDescription" name="description" maxlength="200"${f.input('description')}>${f.error('description')}</div>
 <div><button type="submit">Charge</button></div></div></form></section>`;
 }
 
@@ -113,7 +150,9 @@ function creditCard(
   currency: string,
   grants: Awaited<ReturnType<typeof listGrants>>['data'],
   csrf: string,
+  refused?: Refused,
 ): Raw {
+  const f = formView(FORMS.credit, refused);
   return html`<section class="card"><h2>Credit</h2>
 <p class="muted">Credit that is not money (a promotion, a trial, goodwill): spent before the paid balance, highest priority first, then soonest expiry; what is left at its expiry leaves the balance.</p>
 ${
@@ -141,11 +180,11 @@ ${
       )
     : ''
 }
-<form method="post" action="${path}/users/credits">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">
-<div class="row"><div><label for="grantAmount">Amount (${currency})</label><input id="grantAmount" name="amount" inputmode="decimal" required></div>
-<div><label for="grantReason">Reason</label><input id="grantReason" name="reason" value="goodwill" required maxlength="32" pattern="[a-z][a-z0-9_-]{0,31}"></div>
-<div><label for="grantPriority">Priority (optional)</label><input id="grantPriority" name="priority" inputmode="numeric"></div>
-<div><label for="grantExpires">Expires (optional)</label><input id="grantExpires" name="expiresAt" type="date"></div>
+<form method="post" action="${path}/users/credits">${csrfField(csrf)}<input type="hidden" name="idem" value="${randomUUID()}"><input type="hidden" name="user" value="${user}">${f.alert()}
+<div class="row"><div><label for="grantAmount">Amount (${currency})</label><input id="grantAmount" name="amount" inputmode="decimal" required${f.input('amount')}>${f.error('amount')}</div>
+<div><label for="grantReason">Reason</label><input id="grantReason" name="reason" required maxlength="32" pattern="[a-z][a-z0-9_-]{0,31}"${f.input('reason', 'goodwill')}>${f.error('reason')}</div>
+<div><label for="grantPriority">Priority (optional)</label><input id="grantPriority" name="priority" inputmode="numeric"${f.input('priority')}>${f.error('priority')}</div>
+<div><label for="grantExpires">Expires (optional)</label><input id="grantExpires" name="expiresAt" type="date"${f.input('expiresAt')}>${f.error('expiresAt')}</div>
 <div><button type="submit">Grant credit</button></div></div></form></section>`;
 }
 
@@ -173,54 +212,106 @@ ${dataTable(
 )}${activity.length ? '' : html`<p class="muted">No activity yet.</p>`}</section>`;
 }
 
+/** The users page, with the deposit form refused when `refused` says so. */
+async function usersPage(request: FastifyRequest, reply: FastifyReply, q: string, refused?: Refused) {
+  const ctx = request.server.ctx;
+  const project = projectView(request.ownedProject);
+  const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
+  const path = projectPath(project.id);
+  return projectPage(
+    reply,
+    { project, title: `Users · ${project.name}`, heading: 'End users', tab: 'Users' },
+    (csrf) => html`
+${usersCard(path, q, project.currency, users.data)}
+<section class="card"><h2>Deposit to a user</h2>
+${depositForm(path, csrf, project.currency, undefined, refused)}
+</section>`,
+    { status: refused ? 400 : 200 },
+  );
+}
+
+/** One user's page, with its refused form (deposit, charge, credit) shown again. */
+async function userPage(request: FastifyRequest, reply: FastifyReply, user: string, refused?: Refused) {
+  const ctx = request.server.ctx;
+  const row = request.ownedProject;
+  const project = projectView(row);
+  const balance = await getBalance(ctx.db, row, user);
+  const activity = await listActivity(ctx.db, row, user, { limit: 50 });
+  const grants = await listGrants(ctx.db, row, user);
+  const path = projectPath(project.id);
+  const userPath = `${path}/users/${encodeURIComponent(user)}`;
+  return projectPage(
+    reply,
+    { project, title: `${user} · ${project.name}`, heading: `User ${user}`, tab: 'Users' },
+    (csrf) => html`
+<section class="card"><h2>Balance</h2>
+<p><strong id="balance">${money(balance.balance, project.currency)}</strong> ${project.currency} (held ${money(balance.held, project.currency)}, available ${money(balance.available, project.currency)}; paid ${money(balance.paid, project.currency)}, credits ${money(balance.credits, project.currency)}); ${balance.connected ? 'connected' : 'not connected'}.</p>
+<form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
+</section>
+<section class="card"><h2>Deposit</h2>${depositForm(path, csrf, project.currency, user, refused)}</section>
+${chargeCard(path, user, project.currency, csrf, refused)}
+${creditCard(path, user, project.currency, grants.data, csrf, refused)}
+${activityCard(activity.data, project.currency)}`,
+    { status: refused ? 400 : 200 },
+  );
+}
+
+/**
+ * A refused money form, again on the page it came from: the user's page (a charge, a credit, a
+ * deposit made there) when the user id is valid, else the users page.
+ */
+function formAgain(request: FastifyRequest, reply: FastifyReply, refused: Refused) {
+  const body = (request.body ?? {}) as { user?: unknown; from?: unknown };
+  const user = userIdSchema.safeParse(body.user);
+  const onUserPage = refused.form !== 'deposit' || body.from === 'user';
+  if (onUserPage && user.success) return userPage(request, reply, user.data, refused);
+  if (refused.form !== 'deposit') throw request.validationError ?? badRequest('Invalid user id.', 'user');
+  return usersPage(request, reply, '', refused);
+}
+
 export default routeModule((app, ctx) => {
   app.get(
     '/projects/:id/users',
     {
       schema: { params: projectParams, querystring: flashQuery.extend({ q: optionalField(textInput(256)) }) },
     },
-    async (request, reply) => {
-      const project = projectView(request.ownedProject);
-      const q = request.query.q ?? '';
-      const users = await searchUsers(ctx, request.ownedProject, { q: q || undefined, limit: 100 });
-      const path = projectPath(project.id);
-      return projectPage(
-        reply,
-        { project, title: `Users · ${project.name}`, heading: 'End users', tab: 'Users' },
-        (csrf) => html`
-${usersCard(path, q, project.currency, users.data)}
-<section class="card"><h2>Deposit to a user</h2>
-${depositForm(path, csrf, project.currency)}
-</section>`,
-      );
-    },
+    async (request, reply) => usersPage(request, reply, request.query.q ?? ''),
   );
 
   for (const kind of ['deposit', 'charge'] as const) {
     app.post(
       `/projects/:id/users/${kind}`,
-      { schema: { params: projectParams, body: moneyForm } },
+      { schema: { params: projectParams, body: moneyForm }, attachValidation: true },
       async (request, reply) => {
+        const spec = FORMS[kind];
+        if (request.validationError) return formAgain(request, reply, invalidBody(spec, moneyForm, request));
         const input = request.body;
         const project = request.ownedProject;
-        const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
-        const result = await moveMoney(
-          ctx,
-          request.developer,
-          project,
-          kind,
-          {
-            user: input.user,
-            amount,
-            metadata: { via: 'dashboard', ...(input.description ? { description: input.description } : {}) },
-          },
-          input.idem ? `dashboard-${input.idem}` : undefined,
-        );
-        const body = result.body as { success?: boolean; balance: string; reason?: string };
-        if (kind === 'charge' && body.success === false)
-          throw new ApiError(400, 'invalid_request_error', `Not charged: ${body.reason}.`, {
-            code: 'not_charged',
-          });
+        try {
+          const amount = parseInput(amountSchema(project.currency), input.amount, 'amount');
+          const result = await moveMoney(
+            ctx,
+            request.developer,
+            project,
+            kind,
+            {
+              user: input.user,
+              amount,
+              metadata: {
+                via: 'dashboard',
+                ...(input.description ? { description: input.description } : {}),
+              },
+            },
+            input.idem ? `dashboard-${input.idem}` : undefined,
+          );
+          const body = result.body as { success?: boolean; balance: string; reason?: string };
+          if (kind === 'charge' && body.success === false)
+            throw new ApiError(400, 'invalid_request_error', `Not charged: ${body.reason}.`, {
+              code: 'not_charged',
+            });
+        } catch (err) {
+          return formAgain(request, reply, refusedBy(spec, err, input));
+        }
         const userPath = `${projectPath(project.id)}/users/${encodeURIComponent(input.user)}`;
         return reply.redirect(done(userPath, kind === 'deposit' ? 'deposited' : 'charged'), 303);
       },
@@ -229,18 +320,24 @@ ${depositForm(path, csrf, project.currency)}
 
   app.post(
     '/projects/:id/users/credits',
-    { schema: { params: projectParams, body: grantForm } },
+    { schema: { params: projectParams, body: grantForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return formAgain(request, reply, invalidBody(FORMS.credit, grantForm, request));
       const input = request.body;
       const project = request.ownedProject;
-      const grant = grantOf(input, project.currency);
-      await grantCredit(
-        ctx,
-        request.developer,
-        project,
-        grant,
-        input.idem ? `dashboard-${input.idem}` : undefined,
-      );
+      try {
+        const grant = grantOf(input, project.currency);
+        await grantCredit(
+          ctx,
+          request.developer,
+          project,
+          grant,
+          input.idem ? `dashboard-${input.idem}` : undefined,
+        );
+      } catch (err) {
+        return formAgain(request, reply, refusedBy(FORMS.credit, err, input));
+      }
       const userPath = `${projectPath(project.id)}/users/${encodeURIComponent(input.user)}`;
       return reply.redirect(done(userPath, 'credit_granted'), 303);
     },
@@ -249,29 +346,7 @@ ${depositForm(path, csrf, project.currency)}
   app.get(
     '/projects/:id/users/:user',
     { schema: { params: userParams, querystring: flashQuery } },
-    async (request, reply) => {
-      const row = request.ownedProject;
-      const project = projectView(row);
-      const user = request.params.user;
-      const balance = await getBalance(ctx.db, row, user);
-      const activity = await listActivity(ctx.db, row, user, { limit: 50 });
-      const grants = await listGrants(ctx.db, row, user);
-      const path = projectPath(project.id);
-      const userPath = `${path}/users/${encodeURIComponent(user)}`;
-      return projectPage(
-        reply,
-        { project, title: `${user} · ${project.name}`, heading: `User ${user}`, tab: 'Users' },
-        (csrf) => html`
-<section class="card"><h2>Balance</h2>
-<p><strong id="balance">${money(balance.balance, project.currency)}</strong> ${project.currency} (held ${money(balance.held, project.currency)}, available ${money(balance.available, project.currency)}; paid ${money(balance.paid, project.currency)}, credits ${money(balance.credits, project.currency)}); ${balance.connected ? 'connected' : 'not connected'}.</p>
-<form method="post" action="${userPath}/${balance.connected ? 'disconnect' : 'connect'}">${csrfField(csrf)}<button type="submit" class="secondary">${balance.connected ? 'Disconnect' : 'Connect'} this user</button></form>
-</section>
-<section class="card"><h2>Deposit</h2>${depositForm(path, csrf, project.currency, user)}</section>
-${chargeCard(path, user, project.currency, csrf)}
-${creditCard(path, user, project.currency, grants.data, csrf)}
-${activityCard(activity.data, project.currency)}`,
-      );
-    },
+    async (request, reply) => userPage(request, reply, request.params.user),
   );
 
   for (const act of ['connect', 'disconnect'] as const) {

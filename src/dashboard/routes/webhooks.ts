@@ -1,3 +1,4 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { actorOf } from '../../admin/accounts.ts';
 import { projectView } from '../../admin/service.ts';
@@ -10,6 +11,7 @@ import {
   listSubscriptions,
   setSubscriptionActive,
 } from '../../webhooks/subscriptions.ts';
+import { type FormSpec, formView, invalidBody, type Refused, refusedBy } from '../forms.ts';
 import {
   csrfField,
   done,
@@ -32,16 +34,28 @@ const subscriptionForm = formBody({
   description: optionalField(z.string().trim().max(512).refine(isStorable, { message: NOT_STORABLE })),
 });
 
-export default routeModule((app, ctx) => {
-  app.get('/projects/:id/webhooks', { schema: projectPageSchema }, async (request, reply) => {
-    const project = projectView(request.ownedProject);
-    const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
-    const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
-    const path = projectPath(project.id);
-    return projectPage(
-      reply,
-      { project, title: `Webhooks · ${project.name}`, heading: 'Webhooks', tab: 'Webhooks' },
-      (csrf) => html`
+/** The subscription form, shown again in place when refused (../forms.ts). */
+const FORM = {
+  name: 'subscription',
+  fields: {
+    url: { id: 'url', label: 'Endpoint URL' },
+    events: { id: 'events', label: 'Events' },
+    description: { id: 'description', label: 'Description' },
+  },
+} satisfies FormSpec;
+
+/** The webhooks page, with the subscription form refused when `refused` says so. */
+async function webhooksPage(request: FastifyRequest, reply: FastifyReply, refused?: Refused) {
+  const ctx = request.server.ctx;
+  const f = formView(FORM, refused);
+  const project = projectView(request.ownedProject);
+  const subs = await listSubscriptions(ctx, project.id, { status: undefined, limit: 100 });
+  const logs = await listDeliveryLogs(ctx, project.id, { limit: 50 });
+  const path = projectPath(project.id);
+  return projectPage(
+    reply,
+    { project, title: `Webhooks · ${project.name}`, heading: 'Webhooks', tab: 'Webhooks' },
+    (csrf) => html`
 <section class="card"><h2>Subscriptions</h2>
 ${dataTable(
   [
@@ -64,10 +78,10 @@ ${dataTable(
   ]),
   { id: 'subscriptions' },
 )}
-<form method="post" action="${path}/webhooks">${csrfField(csrf)}
-<div class="row"><div><label for="url">Endpoint URL</label><input id="url" name="url" type="url" required placeholder="https://example.com/tollgate"></div>
-<div><label for="events">Events (patterns, separated by spaces or commas)</label><input id="events" name="events" required value="balance.* user.*"></div></div>
-<label for="description">Description (optional)</label><input id="description" name="description" maxlength="512">
+<form method="post" action="${path}/webhooks">${csrfField(csrf)}${f.alert()}
+<div class="row"><div><label for="url">Endpoint URL</label><input id="url" name="url" type="url" required placeholder="https://example.com/tollgate"${f.input('url')}>${f.error('url')}</div>
+<div><label for="events">Events (patterns, separated by spaces or commas)</label><input id="events" name="events" required${f.input('events', 'balance.* user.*')}>${f.error('events')}</div></div>
+<label for="description">Description (optional)</label><input id="description" name="description" maxlength="512"${f.input('description')}>${f.error('description')}
 <button type="submit">Add the subscription</button></form></section>
 <section class="card"><h2>Delivery log</h2>
 ${dataTable(
@@ -91,25 +105,39 @@ ${dataTable(
   ]),
   { id: 'deliveries' },
 )}${logs.data.length ? '' : html`<p class="muted">No deliveries yet.</p>`}</section>`,
-    );
-  });
+    { status: refused ? 400 : 200 },
+  );
+}
+
+export default routeModule((app, ctx) => {
+  app.get('/projects/:id/webhooks', { schema: projectPageSchema }, async (request, reply) =>
+    webhooksPage(request, reply),
+  );
 
   app.post(
     '/projects/:id/webhooks',
-    { schema: { params: projectParams, body: subscriptionForm } },
+    { schema: { params: projectParams, body: subscriptionForm }, attachValidation: true },
     async (request, reply) => {
+      if (request.validationError)
+        return webhooksPage(request, reply, invalidBody(FORM, subscriptionForm, request));
       const path = `${projectPath(request.params.id)}/webhooks`;
       const f = request.body;
-      const { subscription, secret } = await createSubscription(
-        ctx,
-        request.params.id,
-        {
-          url: f.url,
-          events: f.events.split(/[\s,]+/).filter(Boolean),
-          ...(f.description ? { description: f.description } : {}),
-        },
-        { createdBy: `developer:${request.developer.actorId}`, actor: actorOf(request.developer) },
-      );
+      let created: Awaited<ReturnType<typeof createSubscription>>;
+      try {
+        created = await createSubscription(
+          ctx,
+          request.params.id,
+          {
+            url: f.url,
+            events: f.events.split(/[\s,]+/).filter(Boolean),
+            ...(f.description ? { description: f.description } : {}),
+          },
+          { createdBy: `developer:${request.developer.actorId}`, actor: actorOf(request.developer) },
+        );
+      } catch (err) {
+        return webhooksPage(request, reply, refusedBy(FORM, err, f));
+      }
+      const { subscription, secret } = created;
       return page(
         request,
         reply,
