@@ -28,6 +28,7 @@ beforeAll(async () => {
     SIGNIN_MAX_ATTEMPTS: '1000',
     SIGNIN_MAX_ATTEMPTS_PER_ADDRESS: '1000',
     SIGNUP_MAX_PER_HOUR: '1000',
+    TOLLGATE_TEST_PAYMENTS: 'true',
   });
   const credentials = { email: 'fuzz@example.com', password: PASSWORD };
   expect([201, 202]).toContain(
@@ -139,6 +140,7 @@ function forms(): Form[] {
       path: '/dashboard/start',
       fields: { name: 'S', baseUrl: 'echo://local', apiKey: 'k', currency: 'usd' },
     },
+    { path: '/dashboard/start/echo', fields: { name: 'E', currency: 'usd' } },
     { path: `${p}/provider`, fields: { baseUrl: 'echo://local', apiKey: 'k' } },
     {
       path: `${p}/settings`,
@@ -185,6 +187,7 @@ function forms(): Form[] {
       path: `${p}/payments`,
       fields: { stripeKey: 'sk_test_x', presets: '5, 10', minimum: '5', maximum: '50' },
     },
+    { path: `${p}/payments/test`, fields: {} },
     { path: `${p}/payments/disconnect`, fields: {} },
     { path: `${p}/payments/pay_missing/refund`, fields: {} },
   ];

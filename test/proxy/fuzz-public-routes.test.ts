@@ -29,6 +29,8 @@ const failures: string[] = [];
 beforeAll(async () => {
   f = await startChatFixture({
     upstream: 'echo',
+    // the test checkout's routes exist only with test payments on
+    env: { TOLLGATE_TEST_PAYMENTS: 'true' },
     models: [
       { id: 'per-request', pricing: { mode: 'per_request', perRequest: '0.01' } },
       { id: 'per-token', pricing: { mode: 'per_token', inputPerMillion: '1', outputPerMillion: '2' } },
@@ -332,6 +334,9 @@ const routes = (): Route[] => [
   { method: 'GET', path: segment.map((s) => `/payments/done/${s}`), html: true },
   { method: 'POST', path: segment.map((s) => `/payments/stripe/${s}/webhook`), body: 'user' },
   { method: 'POST', path: segment.map((s) => `/payments/${s}/pw_unknown/webhook`), body: 'user' },
+  { method: 'GET', path: segment.map((s) => `/payments/test/checkout/${s}`), html: true },
+  { method: 'POST', path: segment.map((s) => `/payments/test/checkout/${s}`), html: true, body: 'user' },
+  { method: 'POST', path: segment.map((s) => `/payments/test/${s}/webhook`), body: 'user' },
   { method: 'GET', path: fixed('/healthz') },
   { method: 'GET', path: fixed('/readyz') },
 ];
