@@ -5,13 +5,12 @@ import type { AppContext } from '../../src/app/context.ts';
 import { sha256Hex } from '../../src/core/crypto.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
 import type { RunningOperator } from '../../src/operator/replica.ts';
-import { type KubeClients, makeClients } from '../../src/operator/runtime/kube.ts';
+import type { KubeClients } from '../../src/operator/runtime/kube.ts';
 import type { Resource } from '../../src/operator/status.ts';
 import { setSubscriptionActive } from '../../src/webhooks/subscriptions.ts';
-import { createTestContext } from '../helpers/context.ts';
-import { ALL_CRD_FILES, type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
-import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
-import { operatorEnv, PLURALS, startLeadingOperator } from './fixture.ts';
+import type { KubeTarget } from '../helpers/fake-kube-apiserver.ts';
+import type { MockUpstream } from '../helpers/mock-upstream.ts';
+import { readResource, resourceRef, startOperatorSuite, stopOperatorSuite } from './fixture.ts';
 
 /**
  * A Project deleted and applied again by name (`kubectl apply -k`, a GitOps self-heal) is a new project;
@@ -31,40 +30,20 @@ let ns: string;
 const admin: Principal = { developerId: null, email: null, actorType: 'admin_token', actorId: 'test' };
 
 beforeAll(async () => {
-  target = await kubeTarget('tg-recreate', { crdFiles: ALL_CRD_FILES, cel: true });
-  ns = target.namespace;
-  upstream = await startMockUpstream();
-  ctx = await createTestContext(operatorEnv(ns));
-  kube = makeClients(target.kubeConfig);
-  operator = await startLeadingOperator(ctx, target, kube, 'operator-recreate');
+  ({ target, ctx, kube, operator, upstream, ns } = await startOperatorSuite(
+    'tg-recreate',
+    'operator-recreate',
+  ));
 });
+afterAll(() => stopOperatorSuite({ target, ctx, operator, upstream }));
 
-afterAll(async () => {
-  await operator?.shutdown(0);
-  await ctx?.close();
-  await upstream?.close();
-  await target?.close();
-});
-
-const ref = (kind: string, name: string) => ({
-  group: GROUP,
-  version: VERSION,
-  namespace: ns,
-  plural: PLURALS[kind]!,
-  name,
-});
+const ref = (kind: string, name: string) => resourceRef(ns, kind, name);
 const apply = (kind: string, name: string, spec: Record<string, unknown>) =>
   kube.custom.createNamespacedCustomObject({
     ...ref(kind, name),
     body: { apiVersion: `${GROUP}/${VERSION}`, kind, metadata: { name }, spec },
   });
-async function read(kind: string, name: string): Promise<Resource | undefined> {
-  try {
-    return (await kube.custom.getNamespacedCustomObject(ref(kind, name))) as Resource;
-  } catch {
-    return undefined;
-  }
-}
+const read = (kind: string, name: string) => readResource(kube, ns, kind, name);
 const ready = (r: Resource | undefined) => r?.status?.conditions?.find((c) => c.type === 'Ready');
 async function reasons(name: string): Promise<string[]> {
   const list = await kube.core.listNamespacedEvent({ namespace: ns });

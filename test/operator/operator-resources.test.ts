@@ -5,13 +5,12 @@ import type { AppContext } from '../../src/app/context.ts';
 import { applyPricing } from '../../src/models/service.ts';
 import { GROUP, VERSION } from '../../src/operator/api.ts';
 import type { RunningOperator } from '../../src/operator/replica.ts';
-import { type KubeClients, makeClients, mergePatch } from '../../src/operator/runtime/kube.ts';
+import { type KubeClients, mergePatch } from '../../src/operator/runtime/kube.ts';
 import type { Resource } from '../../src/operator/status.ts';
 import { removeProvider, upsertProvider } from '../../src/routing/providers.ts';
-import { createTestContext } from '../helpers/context.ts';
-import { ALL_CRD_FILES, type KubeTarget, kubeTarget } from '../helpers/fake-kube-apiserver.ts';
-import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
-import { operatorEnv, PLURALS, startLeadingOperator } from './fixture.ts';
+import type { KubeTarget } from '../helpers/fake-kube-apiserver.ts';
+import type { MockUpstream } from '../helpers/mock-upstream.ts';
+import { PLURALS, readResource, resourceRef, startOperatorSuite, stopOperatorSuite } from './fixture.ts';
 
 /**
  * The deployment's resources (Project, ApiKey, ModelProvider, PriceList, LimitPolicy, and WebhookSubscription
@@ -29,28 +28,14 @@ let ns: string;
 const admin: Principal = { developerId: null, email: null, actorType: 'admin_token', actorId: 'test' };
 
 beforeAll(async () => {
-  target = await kubeTarget('tg-resources', { crdFiles: ALL_CRD_FILES, cel: true });
-  ns = target.namespace;
-  upstream = await startMockUpstream();
-  ctx = await createTestContext(operatorEnv(ns));
-  kube = makeClients(target.kubeConfig);
-  operator = await startLeadingOperator(ctx, target, kube, 'operator-under-test');
+  ({ target, ctx, kube, operator, upstream, ns } = await startOperatorSuite(
+    'tg-resources',
+    'operator-under-test',
+  ));
 });
+afterAll(() => stopOperatorSuite({ target, ctx, operator, upstream }));
 
-afterAll(async () => {
-  await operator?.shutdown(0);
-  await ctx?.close();
-  await upstream?.close();
-  await target?.close();
-});
-
-const ref = (kind: string, name: string) => ({
-  group: GROUP,
-  version: VERSION,
-  namespace: ns,
-  plural: PLURALS[kind]!,
-  name,
-});
+const ref = (kind: string, name: string) => resourceRef(ns, kind, name);
 
 function apply(kind: string, name: string, spec: Record<string, unknown>): Promise<Resource> {
   return kube.custom.createNamespacedCustomObject({
@@ -62,13 +47,7 @@ function apply(kind: string, name: string, spec: Record<string, unknown>): Promi
   }) as Promise<Resource>;
 }
 
-async function read(kind: string, name: string): Promise<Resource | undefined> {
-  try {
-    return (await kube.custom.getNamespacedCustomObject(ref(kind, name))) as Resource;
-  } catch {
-    return undefined;
-  }
-}
+const read = (kind: string, name: string) => readResource(kube, ns, kind, name);
 
 const patchSpec = (kind: string, name: string, spec: Record<string, unknown>) =>
   kube.custom.patchNamespacedCustomObject(
