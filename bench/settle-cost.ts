@@ -4,7 +4,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { createContext } from '../src/app/context.ts';
-import { applySlices, takeSlices } from '../src/billing/statements.ts';
+import {
+  type ApplyItem,
+  applyParameters,
+  applySlices,
+  type TakeItem,
+  takeParameters,
+  takeSlices,
+} from '../src/billing/statements.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { createProject } from '../src/projects/service.ts';
 import { connectUser } from '../src/users/service.ts';
@@ -16,7 +23,8 @@ import { connectUser } from '../src/users/service.ts';
  * SETTLE_BATCH (1) are settled per statement, in turn, each on its open slice — as a pod settles a
  * batch of requests. Each plan cache mode in turn (`auto`, Postgres's default, and
  * `force_generic_plan`, what the hot path's connections use: src/db/index.ts), durable and
- * SETTLE_COMMIT=async, SETTLE_STATEMENTS (3000) statements each.
+ * SETTLE_COMMIT=async, SETTLE_STATEMENTS (3000) statements each; then the floor, a one-row `INSERT` with its
+ * commit, durable and not.
  */
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const WALLETS = Number(process.env.SETTLE_WALLETS ?? 1000);
@@ -56,10 +64,20 @@ try {
     await connectUser(ctx.db, ctx.events, project, externalId, trigger);
     await ctx.billing.deposit({ project, externalId, amount: '1000', source: 'bench', trigger });
     const sliceId = `hold_${randomBytes(10).toString('hex')}`;
+    const take: TakeItem = {
+      externalId,
+      need: '1',
+      want: '100',
+      sliceId,
+      purpose: 'chat',
+      debtLimit: '0',
+      seq: '0',
+      reserved: '0',
+    };
     const { rows } = await setup.query({
       name: takeSlices.name,
       text: takeSlices.text,
-      values: [project.id, [externalId], ['1'], ['100'], [sliceId], 'bench-pod', 3600, ['chat']],
+      values: takeParameters(project.id, [take], 'bench-pod', 3600),
     });
     wallets.push({ userId: rows[0].user_id, sliceId, seq: 0 });
   }
@@ -82,26 +100,25 @@ try {
     const batch = Array.from({ length: BATCH }, () => wallets[next++ % WALLETS]!).sort((a, b) =>
       a.sliceId < b.sliceId ? -1 : 1,
     );
-    const each = <T>(value: T) => batch.map(() => value);
+    const items: ApplyItem[] = batch.map((w) => ({
+      sliceId: w.sliceId,
+      userId: w.userId,
+      seq: String(++w.seq),
+      charged: '0.0000051',
+      released: '0.0000051',
+      close: false,
+      reserved: '0',
+      entryId: `act_${randomBytes(10).toString('hex')}`,
+      source: 'chat',
+      description: 'chat bench-model: 14 input (0 cached) + 5 output tokens',
+      metadata,
+      events: null,
+      threshold: null,
+    }));
     return client!.query({
       name: applySlices.name,
       text: applySlices.text,
-      values: [
-        project.id,
-        batch.map((w) => w.sliceId),
-        batch.map((w) => w.userId),
-        batch.map((w) => String(++w.seq)),
-        each('0.0000051'),
-        each('0.0000051'),
-        each(false),
-        batch.map(() => `act_${randomBytes(10).toString('hex')}`),
-        each('chat'),
-        each('chat bench-model: 14 input (0 cached) + 5 output tokens'),
-        each(metadata),
-        each(null),
-        each(null),
-        commit,
-      ],
+      values: applyParameters(project.id, items, commit),
     });
   };
   console.log(
@@ -136,6 +153,29 @@ try {
         `plan_cache_mode ${mode.padEnd(18)} ${commit === 'on' ? 'durable' : 'async  '}  CPU ${cpu.toFixed(3)} ms  p50 ${times[STATEMENTS >> 1]!.toFixed(3)} ms  p99 ${times[Math.floor(STATEMENTS * 0.99)]!.toFixed(3)} ms  (plans so far: ${rows[0].generic_plans} generic, ${rows[0].custom_plans} custom)`,
       );
     }
+  }
+  // The floor: a one-row INSERT with its commit, on a connection of its own.
+  await client?.end();
+  client = await connect();
+  await client.query(
+    'CREATE TABLE floor_writes (id text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())',
+  );
+  for (const commit of ['on', 'off'] as const) {
+    await client.query(`SET synchronous_commit = ${commit}`);
+    const times = new Float64Array(STATEMENTS);
+    for (let i = 0; i < STATEMENTS; i++) {
+      const started = performance.now();
+      await client.query({
+        name: 'floor_write',
+        text: 'INSERT INTO floor_writes (id) VALUES ($1)',
+        values: [`w_${commit}_${i}`],
+      });
+      times[i] = performance.now() - started;
+    }
+    times.sort();
+    console.log(
+      `one-row INSERT (the floor)        ${commit === 'on' ? 'durable' : 'async  '}  p50 ${times[STATEMENTS >> 1]!.toFixed(3)} ms  p99 ${times[Math.floor(STATEMENTS * 0.99)]!.toFixed(3)} ms`,
+    );
   }
 } finally {
   await client?.end().catch(() => {});

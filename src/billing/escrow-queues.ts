@@ -10,6 +10,7 @@ import {
   NOT_FOUND,
   type TakeItem,
   type TakeRow,
+  takeParameters,
   takeSlices,
 } from './statements.ts';
 
@@ -58,19 +59,10 @@ export class EscrowQueues {
         parallel: TAKE_PARALLEL,
         keyOf: (item) => item.externalId,
         run: (items) =>
-          this.#database.run<TakeRow>(takeSlices, [
-            projectId,
-            items.map((i) => i.externalId),
-            items.map((i) => i.need),
-            items.map((i) => i.want),
-            items.map((i) => i.sliceId),
-            this.#owner,
-            this.#ttlSeconds,
-            items.map((i) => i.purpose),
-            items.map((i) => i.debtLimit),
-            items.map((i) => i.seq),
-            items.map((i) => i.reserved),
-          ]),
+          this.#database.run<TakeRow>(
+            takeSlices,
+            takeParameters(projectId, items, this.#owner, this.#ttlSeconds),
+          ),
         missing: () => NOT_FOUND,
       })
     );

@@ -64,6 +64,28 @@ export const NOT_FOUND: TakeRow = { slice_id: '', user_id: null, take: null, hel
  * $8 purposes (the API of the request that first takes the slice) · $9 debt limits · $10 change numbers
  * $11 the slices' reserved amounts
  */
+/** The parameters of `takeSlices` for a batch of one project's takes by this pod. */
+export function takeParameters(
+  projectId: string,
+  items: readonly TakeItem[],
+  owner: string,
+  ttlSeconds: number,
+): unknown[] {
+  return [
+    projectId,
+    items.map((i) => i.externalId),
+    items.map((i) => i.need),
+    items.map((i) => i.want),
+    items.map((i) => i.sliceId),
+    owner,
+    ttlSeconds,
+    items.map((i) => i.purpose),
+    items.map((i) => i.debtLimit),
+    items.map((i) => i.seq),
+    items.map((i) => i.reserved),
+  ];
+}
+
 export const takeSlices: Statement = {
   name: 'tollgate_take_slices_v2',
   text: `
@@ -246,7 +268,7 @@ export function applyParameters(
  * transaction (`applyParameters`)
  */
 export const applySlices: Statement = {
-  name: 'tollgate_apply_slices_v4',
+  name: 'tollgate_apply_slices_v5',
   text: `
     WITH r AS (
       SELECT * FROM unnest(${APPLY_COLUMNS.map((c) => applyParam(c.name)).join(', ')})
@@ -275,10 +297,13 @@ export const applySlices: Statement = {
       WHERE h.id IS NOT NULL
          OR (r.charged > 0
              AND (r.seq = 0 OR NOT EXISTS (SELECT 1 FROM hl WHERE hl.id = r.slice_id AND hl.status = 'open'))
-             AND NOT EXISTS (SELECT 1 FROM ledger_entries le WHERE le.id = r.entry_id))
+             AND NOT EXISTS (SELECT 1 FROM ledger_entries le
+                             WHERE le.id = ANY(${applyParam('entry_id')}) AND le.id = r.entry_id))
     ), w AS (
       SELECT e.id, e.granted FROM end_users e
-      WHERE e.project_id = $1 AND e.id IN (SELECT user_id FROM x)
+      -- by the changes' wallet ids (the primary key): a generic plan would otherwise scan the project's
+      -- wallets to find the few in x
+      WHERE e.project_id = $1 AND e.id = ANY(${applyParam('user_id')}) AND e.id IN (SELECT user_id FROM x)
       ORDER BY e.id FOR NO KEY UPDATE
     ), g AS (
       -- credit grants first: drawn once the wallet's row is locked (w), for wallets that have any
@@ -294,7 +319,7 @@ export const applySlices: Statement = {
                              entries = e.entries + CASE WHEN x.charged > 0 THEN 1 ELSE 0 END,
                              granted = e.granted - coalesce(g.drawn, 0), updated_at = now()
       FROM x JOIN w ON w.id = x.user_id LEFT JOIN g ON g.user_id = x.user_id
-      WHERE e.id = x.user_id
+      WHERE e.id = x.user_id AND e.id = ANY(${applyParam('user_id')})
       RETURNING e.id, e.external_id, e.balance, e.held, e.reserved, e.entries, e.granted, x.slice_id, x.charged,
                 x.entry_id,
                 x.source, x.description, x.metadata, x.events, g.draws,
