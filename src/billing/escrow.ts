@@ -4,7 +4,7 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
-import { formatAmount, Money } from '../core/money.ts';
+import { fromUnits, toUnits, type Units } from '../core/money.ts';
 import type { DatabaseHandle } from '../db/index.ts';
 import type { DB } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
@@ -163,7 +163,8 @@ export class Escrow {
     debtLimit = '0',
   ): Promise<Reservation | undefined> {
     const key = walletKey(projectId, externalId);
-    const need = new Money(amount);
+    const need = toUnits(amount);
+    const canonical = fromUnits(need);
     let asked = false;
     let last: Slice | undefined;
     for (let attempt = 0; attempt < 8; attempt++) {
@@ -172,9 +173,9 @@ export class Escrow {
         await slice.taking;
         slice = this.#current.get(key);
       }
-      if (slice?.free.gte(need)) {
+      if (slice && slice.free >= need) {
         this.#metrics.escrowAdmissions.inc({ project: projectId, from: 'memory' });
-        return slice.admit(need);
+        return slice.admit(canonical, need);
       }
       if (!slice) {
         slice = new Slice(newId('hold'), projectId, externalId);
@@ -182,25 +183,26 @@ export class Escrow {
         this.#slices.set(slice.id, slice);
       }
       last = slice;
-      const short = need.minus(slice.free);
-      const want = Money.max(need.times(this.#sliceRequests).minus(slice.free), short);
+      const short = need - slice.free;
+      const many = need * BigInt(this.#sliceRequests) - slice.free;
+      const want = many > short ? many : short;
       let settled!: () => void;
       slice.taking = new Promise<void>((resolve) => {
         settled = resolve;
       });
       let row: TakeRow;
       const seq = ++slice.seq;
-      const reserved = slice.reserved.plus(need);
+      const reserved = slice.reserved + need;
       try {
         row = await this.#queues.take(projectId).submit({
           externalId,
-          need: formatAmount(short),
-          want: formatAmount(want),
+          need: fromUnits(short),
+          want: fromUnits(want),
           sliceId: slice.id,
           purpose,
           debtLimit,
           seq: String(seq),
-          reserved: formatAmount(reserved),
+          reserved: fromUnits(reserved),
         });
       } catch (err) {
         this.#forget(slice);
@@ -219,10 +221,10 @@ export class Escrow {
         slice.taken = true;
         slice.debtLimit = debtLimit;
         slice.userId = row.user_id ?? slice.userId;
-        slice.amount = slice.amount.plus(row.take);
-        if (slice.free.gte(need)) {
+        slice.amount += toUnits(row.take);
+        if (slice.free >= need) {
           this.#metrics.escrowAdmissions.inc({ project: projectId, from: 'database' });
-          return slice.admit(need);
+          return slice.admit(canonical, need);
         }
         // a charge above its reservation used the free part meanwhile, or the slice was given back
         await this.#closeIfDone(slice);
@@ -231,7 +233,7 @@ export class Escrow {
       await this.#closeIfDone(slice);
       // Refused: when more is held than this pod's slice, other pods' slices stand in the way — they
       // are asked back (found by a fresh query: the statement's snapshot may predate them), and once.
-      if (asked || !row.user_id || new Money(row.held ?? 0).lte(slice.amount)) return this.#refused(slice);
+      if (asked || !row.user_id || toUnits(row.held ?? '0') <= slice.amount) return this.#refused(slice);
       asked = true;
       await this.reclaim(projectId, [row.user_id], { others: true });
     }
@@ -244,8 +246,8 @@ export class Escrow {
    * amount counts only requests in flight.
    */
   async #refused(slice: Slice): Promise<undefined> {
-    if (this.#slices.has(slice.id) && slice.taken && !slice.taking && !slice.written.eq(slice.reserved)) {
-      await this.#change(slice, new Money(0), false);
+    if (this.#slices.has(slice.id) && slice.taken && !slice.taking && slice.written !== slice.reserved) {
+      await this.#change(slice, 0n, false);
     }
     return undefined;
   }
@@ -257,10 +259,10 @@ export class Escrow {
    */
   async settle(reservation: Reservation, charge: ChargeRecord | undefined): Promise<ApplyRow | undefined> {
     const slice = this.#slices.get(reservation.sliceId);
-    const cost = charge ? new Money(charge.charged) : new Money(0);
+    const cost = charge ? toUnits(charge.charged) : 0n;
     if (!slice) {
       // Forgotten (a failed statement or the sweeper): the charge goes straight to the balance.
-      if (!charge || cost.lte(0)) return undefined;
+      if (!charge || cost <= 0n) return undefined;
       return this.#apply(reservation.projectId, {
         sliceId: reservation.sliceId,
         userId: reservation.userId,
@@ -272,34 +274,35 @@ export class Escrow {
       });
     }
     slice.inFlight--;
-    slice.reserved = slice.reserved.minus(reservation.amount);
+    slice.reserved -= toUnits(reservation.amount);
     slice.lastUsed = Date.now();
     // The charge comes off the slice's free part (this request's reservation is free again), never off
     // the reservations of the slice's other requests in flight; above that it comes from the balance. A
     // suspended slice (given back) gives back all of its free part.
-    const free = Money.max(slice.unreserved, 0);
+    const unreserved = slice.unreserved;
+    const free = unreserved > 0n ? unreserved : 0n;
     // A charge above the slice's free part takes the rest from the balance, which may then no longer cover
     // what the slice's other requests reserved: the slice admits no more (their reservations are given
     // back as they finish), and the wallet's next request asks the database.
-    if (cost.gt(free)) this.#suspend(slice);
-    let released = slice.suspended ? free : Money.min(cost, free);
-    slice.amount = slice.amount.minus(released);
+    if (cost > free) this.#suspend(slice);
+    let released = slice.suspended || free < cost ? free : cost;
+    slice.amount -= released;
     const close = slice.inFlight === 0 && !slice.taking && this.#closesWhenDone(slice);
     if (close) {
-      released = released.plus(slice.amount);
-      slice.amount = new Money(0);
+      released += slice.amount;
+      slice.amount = 0n;
       this.#forget(slice);
     }
     // Without a charge, a statement only when the slice closes or gives something back — or when its
     // last request in flight settled and the database still counts a reservation of the slice (the
     // wallet's visible held amount returns to what requests in flight reserved: 0).
-    const stale = slice.inFlight === 0 && !slice.written.isZero();
-    if (cost.lte(0) && !close && released.lte(0) && !stale) return undefined;
-    const row = await this.#change(slice, released, close, charge && cost.gt(0) ? charge : NO_CHARGE);
+    const stale = slice.inFlight === 0 && slice.written !== 0n;
+    if (cost <= 0n && !close && released <= 0n && !stale) return undefined;
+    const row = await this.#change(slice, released, close, charge && cost > 0n ? charge : NO_CHARGE);
     // Overdrawn (the charge went below what the wallet's slices hold, on any pod): every pod gives back
     // the free part of its slices of the wallet before this settle resolves, so none admits a request
     // from money the balance no longer has.
-    if (row?.held && new Money(row.balance!).plus(slice.debtLimit).lt(row.held)) {
+    if (row?.held && toUnits(row.balance!) + toUnits(slice.debtLimit) < toUnits(row.held)) {
       await this.reclaim(reservation.projectId, [row.user_id ?? slice.userId]);
     }
     return row;
@@ -309,9 +312,9 @@ export class Escrow {
    * Applies the slice's next change (its sequence number taken now): `released` off it, `close`, `charge`,
    * and what its requests in flight reserve now.
    */
-  #change(slice: Slice, released: Money, close: boolean, charge = NO_CHARGE): Promise<ApplyRow | undefined> {
+  #change(slice: Slice, released: Units, close: boolean, charge = NO_CHARGE): Promise<ApplyRow | undefined> {
     const seq = ++slice.seq;
-    const reserved = close ? new Money(0) : slice.reserved;
+    const reserved = close ? 0n : slice.reserved;
     slice.wrote(seq, reserved);
     return this.#apply(
       slice.projectId,
@@ -319,9 +322,9 @@ export class Escrow {
         sliceId: slice.id,
         userId: slice.userId,
         seq: String(seq),
-        released: formatAmount(released),
+        released: fromUnits(released),
         close,
-        reserved: formatAmount(reserved),
+        reserved: fromUnits(reserved),
         ...charge,
       },
       slice,
@@ -441,12 +444,13 @@ export class Escrow {
         while (slice.taking) await slice.taking;
         if (!slice.taken || !this.#slices.has(slice.id)) return;
         const close = slice.inFlight === 0;
-        const released = close ? slice.amount : Money.max(slice.unreserved, 0);
-        if (!close && released.lte(0)) {
+        const unreserved = slice.unreserved;
+        const released = close ? slice.amount : unreserved > 0n ? unreserved : 0n;
+        if (!close && released <= 0n) {
           await slice.applied; // what an earlier give-back released is back once this resolves
           return;
         }
-        slice.amount = slice.amount.minus(released);
+        slice.amount -= released;
         if (close) this.#forget(slice);
         await this.#change(slice, released, close);
       }),
@@ -471,7 +475,7 @@ export class Escrow {
     if (done.length) await this.#giveBack(done);
     const byProject = new Map<string, string[]>();
     for (const slice of this.#slices.values()) {
-      if (slice.suspended || (slice.amount.isZero() && slice.inFlight === 0)) continue;
+      if (slice.suspended || (slice.amount === 0n && slice.inFlight === 0)) continue;
       const ids = byProject.get(slice.projectId) ?? [];
       ids.push(slice.id);
       byProject.set(slice.projectId, ids);

@@ -1,6 +1,6 @@
 import { type Kysely, sql, type Transaction } from 'kysely';
 import { newId } from '../core/ids.ts';
-import { formatAmount, formatForCurrency, Money } from '../core/money.ts';
+import { difference, formatAmount, formatForCurrency, Money } from '../core/money.ts';
 import type { CreditGrant, DB, EndUser, LedgerEntry, Project } from '../db/schema.ts';
 import type { EventEnvelope, EventRecorder } from '../events/outbox.ts';
 import { type ChargeFacts, recordBalanceEvents } from './balance-events.ts';
@@ -59,9 +59,9 @@ export function walletOf(
     connected: row.connected,
     balance: formatAmount(row.balance),
     held: formatAmount(row.reserved),
-    available: formatAmount(new Money(row.balance).minus(row.reserved)),
+    available: difference(row.balance, row.reserved),
     granted: formatAmount(row.granted),
-    paid: formatAmount(new Money(row.balance).minus(row.granted)),
+    paid: difference(row.balance, row.granted),
   };
 }
 

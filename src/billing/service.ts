@@ -3,7 +3,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Logger } from 'pino';
 import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
-import { formatAmount, Money } from '../core/money.ts';
+import { formatAmount, fromUnits, Money, toUnits } from '../core/money.ts';
 import type { Database, DatabaseHandle } from '../db/index.ts';
 import type { DB, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
@@ -130,8 +130,8 @@ export class BillingService {
    */
   async settle(input: SettleInput): Promise<SettleResult> {
     const { project, hold } = input;
-    const cost = new Money(input.cost);
-    const charged = cost.gt(0) ? formatAmount(cost) : '0';
+    const cost = toUnits(input.cost);
+    const charged = cost > 0n ? fromUnits(cost) : '0';
     const entryId = newId('act');
     const envelopes = this.#settleEvents(input, charged, entryId);
     if (this.#closedHolds.has(hold)) return { charged: '0', shortfall: '0', wallet: undefined };
@@ -153,7 +153,7 @@ export class BillingService {
     if (envelopes.length) this.#events.wake();
     return {
       charged: formatAmount(row.charged),
-      shortfall: formatAmount(shortfall),
+      shortfall,
       wallet: walletOf({
         id: hold.userId,
         external_id: input.externalId,
@@ -205,29 +205,29 @@ export class BillingService {
    * A settle committed: tells the debit listeners and counts the money (charged, above the hold, into
    * debt). Returns the part of the charge the balance did not cover.
    */
-  #settled(input: SettleInput, charged: string, balance: string, reserved: string): Money {
+  #settled(input: SettleInput, charged: string, balance: string, reserved: string): string {
     const { project, hold } = input;
-    const chargedAmount = new Money(charged);
-    if (chargedAmount.lte(0)) return new Money(0);
+    const chargedUnits = toUnits(charged);
+    if (chargedUnits <= 0n) return '0';
+    const after = toUnits(balance);
     this.#debited({
       projectId: project.id,
       userId: hold.userId,
       externalId: input.externalId,
-      available: formatAmount(new Money(balance).minus(reserved)),
+      available: fromUnits(after - toUnits(reserved)),
     });
     const labels = { project: project.id, model: input.model, currency: project.currency };
-    this.#metrics.charged.inc({ ...labels, source: input.source }, chargedAmount.toNumber());
-    const overage = chargedAmount.minus(hold.amount);
-    if (overage.gt(0)) this.#metrics.chargeOverage.inc(labels, overage.toNumber());
-    const after = new Money(balance);
-    if (after.gte(0)) return new Money(0);
-    const shortfall = Money.min(chargedAmount, after.neg());
-    this.#metrics.debtCreated.inc(labels, shortfall.toNumber());
+    this.#metrics.charged.inc({ ...labels, source: input.source }, Number(fromUnits(chargedUnits)));
+    const overage = chargedUnits - toUnits(hold.amount);
+    if (overage > 0n) this.#metrics.chargeOverage.inc(labels, Number(fromUnits(overage)));
+    if (after >= 0n) return '0';
+    const shortfall = chargedUnits < -after ? chargedUnits : -after;
+    this.#metrics.debtCreated.inc(labels, Number(fromUnits(shortfall)));
     this.#log.info(
-      { project: project.id, user: hold.userId, charged, debt: formatAmount(after.neg()) },
+      { project: project.id, user: hold.userId, charged, debt: fromUnits(-after) },
       'a charge above its hold left the wallet below zero (debt)',
     );
-    return shortfall;
+    return fromUnits(shortfall);
   }
 
   /** Releases a hold in full (nothing was served, or the provider failed). */

@@ -1,7 +1,8 @@
-import { formatAmount, Money } from '../core/money.ts';
+import type { Units } from '../core/money.ts';
 
 /**
- * A pod's slice of a wallet as the pod knows it (escrow.ts), and what one request reserved of it.
+ * A pod's slice of a wallet as the pod knows it (escrow.ts), and what one request reserved of it. Its
+ * amounts are units (core/money.ts: whole numbers of 10^-LEDGER_SCALE), exact.
  */
 
 /** What one request reserved of a slice. */
@@ -19,9 +20,9 @@ export class Slice {
   readonly externalId: string;
   userId = '';
   /** The slice's amount (`holds.amount` once this pod's changes are applied). */
-  amount = new Money(0);
+  amount: Units = 0n;
   /** Reserved by this pod's requests in flight. */
-  reserved = new Money(0);
+  reserved: Units = 0n;
   inFlight = 0;
   /** The number of this pod's last change to the slice (a take or a settle). */
   seq = 0;
@@ -29,7 +30,7 @@ export class Slice {
    * The slice's `reserved` as this pod last wrote it (the change numbered `writtenSeq`): what the wallet's
    * visible held amount counts of this slice once that change is applied.
    */
-  written = new Money(0);
+  written: Units = 0n;
   writtenSeq = 0;
   lastUsed = Date.now();
   /** No longer admits requests (given back, swept, or its database state unknown). */
@@ -49,26 +50,27 @@ export class Slice {
     this.externalId = externalId;
   }
 
-  get free(): Money {
-    return this.suspended ? new Money(0) : this.unreserved;
+  get free(): Units {
+    return this.suspended ? 0n : this.unreserved;
   }
 
   /** The slice less what its requests in flight reserved (what a give-back returns), suspended or not. */
-  get unreserved(): Money {
-    return this.amount.minus(this.reserved);
+  get unreserved(): Units {
+    return this.amount - this.reserved;
   }
 
   /** A change numbered `seq` writes `reserved` (unless a later one was written already). */
-  wrote(seq: number, reserved: Money): void {
+  wrote(seq: number, reserved: Units): void {
     if (seq <= this.writtenSeq) return;
     this.writtenSeq = seq;
     this.written = reserved;
   }
 
-  admit(amount: Money): Reservation {
-    this.reserved = this.reserved.plus(amount);
+  /** Admits a request reserving `amount` (`units`, the same in units). */
+  admit(amount: string, units: Units): Reservation {
+    this.reserved += units;
     this.inFlight++;
     this.lastUsed = Date.now();
-    return { sliceId: this.id, projectId: this.projectId, userId: this.userId, amount: formatAmount(amount) };
+    return { sliceId: this.id, projectId: this.projectId, userId: this.userId, amount };
   }
 }

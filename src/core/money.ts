@@ -96,6 +96,58 @@ function canonicalDecimal(value: string): string | undefined {
   return digits === '0' ? '0' : `-${digits}`;
 }
 
+/**
+ * Amounts as whole numbers of 10^-LEDGER_SCALE (a bigint): the arithmetic of the metered hot path (the
+ * escrow's slices, a settle's wallet), exact for every amount the ledger holds — prices carry at most
+ * PRICE_SCALE decimals, so a charge or a hold carries at most LEDGER_SCALE, and deposits, manual charges
+ * and debt limits fewer — converted from and to decimal strings at its edges. (decimal.js there was
+ * ~4 % of the proxy's CPU at concurrency 16.)
+ */
+export type Units = bigint;
+
+const UNIT_DIGITS = '0'.repeat(LEDGER_SCALE);
+const PLAIN_DECIMAL_RE = /^(-?)(\d+)(?:\.(\d+))?$/;
+
+/** `value` in units; undefined when it is not a plain decimal string with at most LEDGER_SCALE decimals. */
+export function parseUnits(value: string): Units | undefined {
+  const match = PLAIN_DECIMAL_RE.exec(value);
+  if (!match) return undefined;
+  let fraction = match[3] ?? '';
+  if (fraction.length > LEDGER_SCALE) {
+    // finer digits are accepted only when they are zeros (Postgres NUMERIC text of a wider scale)
+    for (let i = LEDGER_SCALE; i < fraction.length; i++) if (fraction.charCodeAt(i) !== 48) return undefined;
+    fraction = fraction.slice(0, LEDGER_SCALE);
+  }
+  return BigInt(match[1]! + match[2]! + fraction + UNIT_DIGITS.slice(fraction.length));
+}
+
+/** An amount of the ledger in units: a RangeError for anything finer (which the ledger never holds). */
+export function toUnits(value: string): Units {
+  const units = parseUnits(value);
+  if (units === undefined) {
+    throw new RangeError(`${JSON.stringify(value)} is not an amount of at most ${LEDGER_SCALE} decimals`);
+  }
+  return units;
+}
+
+/** The canonical decimal string of an amount in units (as `formatAmount` writes it). */
+export function fromUnits(units: Units): string {
+  const negative = units < 0n;
+  const digits = (negative ? -units : units).toString().padStart(LEDGER_SCALE + 1, '0');
+  const cut = digits.length - LEDGER_SCALE;
+  let end = digits.length;
+  while (end > cut && digits.charCodeAt(end - 1) === 48) end--;
+  const text = end === cut ? digits.slice(0, cut) : `${digits.slice(0, cut)}.${digits.slice(cut, end)}`;
+  return negative ? `-${text}` : text;
+}
+
+/** `a − b`, canonical and exact: in units when both fit, by decimal.js otherwise. */
+export function difference(a: string, b: string): string {
+  const ua = parseUnits(a);
+  const ub = parseUnits(b);
+  return ua !== undefined && ub !== undefined ? fromUnits(ua - ub) : formatAmount(new Money(a).minus(b));
+}
+
 /** Formats with at least the currency's decimals (e.g. "10.50" for usd), keeping any finer digits. */
 export function formatForCurrency(value: Decimal.Value, currency: string): string {
   const d = new Money(value);

@@ -1,13 +1,22 @@
 import { Decimal } from 'decimal.js';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { formatAmount, Money } from '../../src/core/money.ts';
+import {
+  difference,
+  formatAmount,
+  fromUnits,
+  LEDGER_SCALE,
+  Money,
+  parseUnits,
+  toUnits,
+} from '../../src/core/money.ts';
 import { tokenCost, tokenHold } from '../../src/metering/cost.ts';
 import { promptTokensUpperBound } from '../../src/tokens/count.ts';
 
 /**
  * The request path prices and formats amounts without decimal.js where it can (plain decimal strings,
- * integer units of a price): every result must be decimal.js's, digit for digit.
+ * integer units of a price, the escrow's and the settle's amounts as bigint units): every result must
+ * be decimal.js's, digit for digit.
  */
 
 /** formatAmount as it was: through decimal.js. */
@@ -149,6 +158,58 @@ describe('amounts on the request path', () => {
     fc.assert(
       fc.property(fc.constantFrom(...margins), tokens, (margin, count) => {
         expect(promptTokensUpperBound(count, margin)).toBe(new Money(count).times(margin).ceil().toNumber());
+      }),
+      { numRuns: 5000 },
+    );
+  });
+
+  it('amounts in units (the escrow and the settle) compute as decimal.js does, on costs of random prices and usages', () => {
+    // prices as the pricing file takes them (at most PRICE_SCALE decimals): costs of at most LEDGER_SCALE
+    const filePrice = price.filter((p) => /^\d+(\.\d{1,6})?$/.test(p));
+    const ledgerAmount = fc.oneof(
+      fc.tuple(filePrice, filePrice, tokens, tokens).map(([input, output, i, o]) =>
+        tokenCost({ inputPerMillion: new Money(input), outputPerMillion: new Money(output) }, i, o),
+      ),
+      decimalText.filter((t) => (t.split('.')[1]?.length ?? 0) <= LEDGER_SCALE),
+    );
+    const step = fc.tuple(fc.constantFrom('plus', 'minus', 'min', 'max', 'times'), ledgerAmount, fc.nat(64));
+    fc.assert(
+      fc.property(ledgerAmount, fc.array(step, { maxLength: 12 }), (start, steps) => {
+        let units = toUnits(start);
+        let decimal = new Money(start);
+        expect(fromUnits(units)).toBe(referenceFormat(start));
+        for (const [op, amount, n] of steps) {
+          const u = toUnits(amount);
+          const d = new Money(amount);
+          expect(units < u).toBe(decimal.lt(d));
+          expect(units === u).toBe(decimal.eq(d));
+          if (op === 'plus') [units, decimal] = [units + u, decimal.plus(d)];
+          else if (op === 'minus') [units, decimal] = [units - u, decimal.minus(d)];
+          else if (op === 'min') [units, decimal] = [units < u ? units : u, Money.min(decimal, d)];
+          else if (op === 'max') [units, decimal] = [units > u ? units : u, Money.max(decimal, d)];
+          else [units, decimal] = [units * BigInt(n), decimal.times(n)];
+          expect(fromUnits(units)).toBe(referenceFormat(decimal));
+          expect(toUnits(fromUnits(units))).toBe(units);
+        }
+      }),
+      { numRuns: 5000 },
+    );
+    // Postgres NUMERIC text of a wider scale: its trailing zeros are no finer digits.
+    expect(toUnits('0.000005100000000000')).toBe(5_100_000n);
+    expect(fromUnits(toUnits('-12.500'))).toBe('-12.5');
+  });
+
+  it('an amount finer than the ledger, or not a plain decimal, is no amount in units', () => {
+    for (const text of ['0.0000000000001', '1e-7', '.5', '+1', '1.', '', ' 1', 'abc', '0x10', '1_000']) {
+      expect(parseUnits(text)).toBeUndefined();
+      expect(() => toUnits(text)).toThrow(RangeError);
+    }
+  });
+
+  it('difference is decimal.js’s, in units or (for finer amounts) not', () => {
+    fc.assert(
+      fc.property(decimalText, decimalText, (a, b) => {
+        expect(difference(a, b)).toBe(referenceFormat(new Money(a).minus(b)));
       }),
       { numRuns: 5000 },
     );
