@@ -4,7 +4,7 @@ import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
-import { fromUnits, toUnits, type Units } from '../core/money.ts';
+import { fromUnits, maxUnits, minUnits, toUnits, type Units } from '../core/money.ts';
 import type { DatabaseHandle } from '../db/index.ts';
 import type { DB } from '../db/schema.ts';
 import type { Metrics } from '../metrics/registry.ts';
@@ -184,8 +184,7 @@ export class Escrow {
       }
       last = slice;
       const short = need - slice.free;
-      const many = need * BigInt(this.#sliceRequests) - slice.free;
-      const want = many > short ? many : short;
+      const want = maxUnits(need * BigInt(this.#sliceRequests) - slice.free, short);
       let settled!: () => void;
       slice.taking = new Promise<void>((resolve) => {
         settled = resolve;
@@ -279,13 +278,12 @@ export class Escrow {
     // The charge comes off the slice's free part (this request's reservation is free again), never off
     // the reservations of the slice's other requests in flight; above that it comes from the balance. A
     // suspended slice (given back) gives back all of its free part.
-    const unreserved = slice.unreserved;
-    const free = unreserved > 0n ? unreserved : 0n;
+    const free = maxUnits(slice.unreserved, 0n);
     // A charge above the slice's free part takes the rest from the balance, which may then no longer cover
     // what the slice's other requests reserved: the slice admits no more (their reservations are given
     // back as they finish), and the wallet's next request asks the database.
     if (cost > free) this.#suspend(slice);
-    let released = slice.suspended || free < cost ? free : cost;
+    let released = slice.suspended ? free : minUnits(cost, free);
     slice.amount -= released;
     const close = slice.inFlight === 0 && !slice.taking && this.#closesWhenDone(slice);
     if (close) {
@@ -444,8 +442,7 @@ export class Escrow {
         while (slice.taking) await slice.taking;
         if (!slice.taken || !this.#slices.has(slice.id)) return;
         const close = slice.inFlight === 0;
-        const unreserved = slice.unreserved;
-        const released = close ? slice.amount : unreserved > 0n ? unreserved : 0n;
+        const released = close ? slice.amount : maxUnits(slice.unreserved, 0n);
         if (!close && released <= 0n) {
           await slice.applied; // what an earlier give-back released is back once this resolves
           return;

@@ -3,7 +3,7 @@ import { sql, type Transaction } from 'kysely';
 import type { Logger } from 'pino';
 import type { Bus } from '../bus/index.ts';
 import { newId } from '../core/ids.ts';
-import { formatAmount, fromUnits, Money, toUnits } from '../core/money.ts';
+import { formatAmount, fromUnits, Money, minUnits, toUnits } from '../core/money.ts';
 import type { Database, DatabaseHandle } from '../db/index.ts';
 import type { DB, ModelRow } from '../db/schema.ts';
 import type { EventType } from '../events/catalog.ts';
@@ -221,7 +221,7 @@ export class BillingService {
     const overage = chargedUnits - toUnits(hold.amount);
     if (overage > 0n) this.#metrics.chargeOverage.inc(labels, Number(fromUnits(overage)));
     if (after >= 0n) return '0';
-    const shortfall = chargedUnits < -after ? chargedUnits : -after;
+    const shortfall = minUnits(chargedUnits, -after);
     this.#metrics.debtCreated.inc(labels, Number(fromUnits(shortfall)));
     this.#log.info(
       { project: project.id, user: hold.userId, charged, debt: fromUnits(-after) },

@@ -141,6 +141,18 @@ export function fromUnits(units: Units): string {
   return negative ? `-${text}` : text;
 }
 
+/** The smaller of two amounts in units (Math.min takes no bigint). */
+export function minUnits(a: Units, b: Units): Units {
+  if (b < a) return b;
+  return a;
+}
+
+/** The larger of two amounts in units. */
+export function maxUnits(a: Units, b: Units): Units {
+  if (b > a) return b;
+  return a;
+}
+
 /** `a − b`, canonical and exact: in units when both fit, by decimal.js otherwise. */
 export function difference(a: string, b: string): string {
   const ua = parseUnits(a);

@@ -7,6 +7,8 @@ import {
   fromUnits,
   LEDGER_SCALE,
   Money,
+  maxUnits,
+  minUnits,
   parseUnits,
   toUnits,
 } from '../../src/core/money.ts';
@@ -167,9 +169,11 @@ describe('amounts on the request path', () => {
     // prices as the pricing file takes them (at most PRICE_SCALE decimals): costs of at most LEDGER_SCALE
     const filePrice = price.filter((p) => /^\d+(\.\d{1,6})?$/.test(p));
     const ledgerAmount = fc.oneof(
-      fc.tuple(filePrice, filePrice, tokens, tokens).map(([input, output, i, o]) =>
-        tokenCost({ inputPerMillion: new Money(input), outputPerMillion: new Money(output) }, i, o),
-      ),
+      fc
+        .tuple(filePrice, filePrice, tokens, tokens)
+        .map(([input, output, i, o]) =>
+          tokenCost({ inputPerMillion: new Money(input), outputPerMillion: new Money(output) }, i, o),
+        ),
       decimalText.filter((t) => (t.split('.')[1]?.length ?? 0) <= LEDGER_SCALE),
     );
     const step = fc.tuple(fc.constantFrom('plus', 'minus', 'min', 'max', 'times'), ledgerAmount, fc.nat(64));
@@ -185,8 +189,8 @@ describe('amounts on the request path', () => {
           expect(units === u).toBe(decimal.eq(d));
           if (op === 'plus') [units, decimal] = [units + u, decimal.plus(d)];
           else if (op === 'minus') [units, decimal] = [units - u, decimal.minus(d)];
-          else if (op === 'min') [units, decimal] = [units < u ? units : u, Money.min(decimal, d)];
-          else if (op === 'max') [units, decimal] = [units > u ? units : u, Money.max(decimal, d)];
+          else if (op === 'min') [units, decimal] = [minUnits(units, u), Money.min(decimal, d)];
+          else if (op === 'max') [units, decimal] = [maxUnits(units, u), Money.max(decimal, d)];
           else [units, decimal] = [units * BigInt(n), decimal.times(n)];
           expect(fromUnits(units)).toBe(referenceFormat(decimal));
           expect(toUnits(fromUnits(units))).toBe(units);
