@@ -106,19 +106,28 @@ function canonicalDecimal(value: string): string | undefined {
 export type Units = bigint;
 
 const UNIT_DIGITS = '0'.repeat(LEDGER_SCALE);
-const PLAIN_DECIMAL_RE = /^(-?)(\d+)(?:\.(\d+))?$/;
+const UNIT = 10n ** BigInt(LEDGER_SCALE);
 
 /** `value` in units; undefined when it is not a plain decimal string with at most LEDGER_SCALE decimals. */
 export function parseUnits(value: string): Units | undefined {
-  const match = PLAIN_DECIMAL_RE.exec(value);
-  if (!match) return undefined;
-  let fraction = match[3] ?? '';
-  if (fraction.length > LEDGER_SCALE) {
+  // (one pass over the characters, then one BigInt: a regular expression here was ~1.5 % of the proxy's CPU)
+  const n = value.length;
+  let i = value.charCodeAt(0) === 45 ? 1 : 0;
+  const whole = i;
+  while (i < n && isDigit(value.charCodeAt(i))) i++;
+  if (i === whole) return undefined;
+  if (i === n) return BigInt(value) * UNIT;
+  if (value.charCodeAt(i) !== 46) return undefined;
+  const dot = i++;
+  while (i < n && isDigit(value.charCodeAt(i))) i++;
+  if (i === dot + 1 || i < n) return undefined;
+  let digits = n - dot - 1;
+  if (digits > LEDGER_SCALE) {
     // finer digits are accepted only when they are zeros (Postgres NUMERIC text of a wider scale)
-    for (let i = LEDGER_SCALE; i < fraction.length; i++) if (fraction.charCodeAt(i) !== 48) return undefined;
-    fraction = fraction.slice(0, LEDGER_SCALE);
+    for (let k = dot + 1 + LEDGER_SCALE; k < n; k++) if (value.charCodeAt(k) !== 48) return undefined;
+    digits = LEDGER_SCALE;
   }
-  return BigInt(match[1]! + match[2]! + fraction + UNIT_DIGITS.slice(fraction.length));
+  return BigInt(value.slice(0, dot) + value.slice(dot + 1, dot + 1 + digits) + UNIT_DIGITS.slice(digits));
 }
 
 /** An amount of the ledger in units: a RangeError for anything finer (which the ledger never holds). */
