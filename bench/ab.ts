@@ -6,7 +6,9 @@ import { cpuByPid, cpuSeconds, cpuSince, LoadGenerator, type Started, start, sto
  * `node bench/ab.ts <other checkout>`: this checkout's Tollgate against another's (a git worktree of
  * an earlier commit, say), side by side in the same minutes: rounds that alternate between the two, so
  * the machine's other load falls on both alike. Prints each cell's requests per second, p50 and the
- * Tollgate process's CPU per request, per side, as the median over the rounds.
+ * Tollgate process's CPU per request, per side, as the median over the rounds; then, per cell, in how
+ * many rounds this side served more and spent less CPU than the other in the same round, with each
+ * side's range of requests per second.
  *
  * Knobs: AB_CELLS (comma-separated `stream:concurrency`, default `false:1,false:16,true:16,false:64`),
  * AB_ROUNDS (5), AB_REQUESTS per cell and round (3000; 600 at concurrency 1), BENCH_USERS (200),
@@ -79,6 +81,30 @@ for (const [key, rs] of results)
         6,
       )} req/s  p50 ${median(rs.map((r) => r.p50)).toFixed(2)} ms  cpu/req ${median(rs.map((r) => r.cpu)).toFixed(3)} ms + postgres ${median(rs.map((r) => r.pgCpu)).toFixed(3)} ms`,
   );
+// Round by round (each round runs both sides back to back, so the machine's drift falls on both alike):
+// in how many rounds this side served more and spent less CPU per request.
+for (const [key, ours] of results) {
+  if (!key.endsWith(' this')) continue;
+  const theirs = results.get(`${key.slice(0, -' this'.length)} other`) ?? [];
+  const rounds = Math.min(ours.length, theirs.length);
+  let faster = 0;
+  let leaner = 0;
+  for (let i = 0; i < rounds; i++) {
+    if (ours[i]!.rps > theirs[i]!.rps) faster++;
+    if (ours[i]!.cpu < theirs[i]!.cpu) leaner++;
+  }
+  const range = (v: number[], digits: number) =>
+    `${Math.min(...v).toFixed(digits)}–${Math.max(...v).toFixed(digits)}`;
+  console.log(
+    `${key.slice(0, -' this'.length).trim()}: this side served more in ${faster} of ${rounds} rounds and spent less Node CPU per request in ${leaner} (req/s this ${range(
+      ours.map((r) => r.rps),
+      0,
+    )}, other ${range(
+      theirs.map((r) => r.rps),
+      0,
+    )})`,
+  );
+}
 console.log(
   `load average at end: ${os
     .loadavg()
