@@ -93,16 +93,25 @@ export const routeSchema = z.strictObject({
 });
 
 const rateLimitSchema = z.strictObject({
-  rpm: z.number().int().min(1).max(1_000_000_000).optional(),
-  tpm: z.number().int().min(1).max(1_000_000_000_000).optional(),
+  rpm: z.number().int().min(1).max(1_000_000_000).optional().describe('Requests per minute.'),
+  tpm: z.number().int().min(1).max(1_000_000_000_000).optional().describe('Tokens per minute.'),
 });
 
-/** Rate limits per project, API key and end user, and spend caps per end user (src/limits). */
+/**
+ * Rate limits per project, API key and end user, and spend caps per end user (src/limits). The
+ * LimitPolicy CRD's `spec` is generated from it (src/operator/crd-schema.ts).
+ */
 export const limitsSchema = z.strictObject({
-  project: rateLimitSchema.optional(),
-  key: rateLimitSchema.optional(),
-  user: rateLimitSchema.optional(),
-  spend: z.strictObject({ daily: priceSchema.optional(), monthly: priceSchema.optional() }).optional(),
+  project: rateLimitSchema.optional().describe("The project's limits."),
+  key: rateLimitSchema.optional().describe("Each API key's limits."),
+  user: rateLimitSchema.optional().describe("Each end user's limits."),
+  spend: z
+    .strictObject({
+      daily: priceSchema.optional().describe('Most an end user may be charged per day.'),
+      monthly: priceSchema.optional().describe('Most an end user may be charged per month.'),
+    })
+    .optional()
+    .describe('Spend caps per end user, in the project currency.'),
 });
 
 export const modelSpecSchema = z.strictObject({

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { PRICE_SCALE, priceSchema } from '../core/money.ts';
 import { holdMarginSchema } from '../models/hold-margin.ts';
-import { ENDPOINTS, pricingFileSchema } from '../models/pricing.ts';
+import { ENDPOINTS, limitsSchema, pricingFileSchema } from '../models/pricing.ts';
 
 /**
  * A CRD's openAPIV3Schema from a zod schema (`z.toJSONSchema`, the accepted input), made structural as
@@ -55,6 +55,21 @@ export function priceListSchemas(): { currency: Schema; models: Schema } {
       'x-kubernetes-list-map-keys': ['id'],
     },
   };
+}
+
+/**
+ * `spec.project`, `spec.key`, `spec.user` and `spec.spend` of the LimitPolicy CRD
+ * (crds/limitpolicies.tollgate.dev.yaml): the pricing file's `limits` (src/models/pricing.ts), caps as
+ * decimal strings.
+ */
+export function limitPolicySchemas(): Record<string, Schema> {
+  const scalars = new Map<z.ZodType, Schema>([[priceSchema, PRICE]]);
+  return Object.fromEntries(
+    Object.entries(limitsSchema.shape).map(([field, schema]) => [
+      field,
+      structuralSchema(schema, { scalars }),
+    ]),
+  );
 }
 
 export interface StructuralOptions {

@@ -27,7 +27,7 @@ import { parse as parseYaml } from 'yaml';
  * - custom resources with a status subresource: writes to the resource ignore `status`, writes to
  *   `/status` change only `status`; `metadata.generation` starts at 1 and moves when anything but
  *   metadata and status changes; the CRD's OpenAPI schema is applied (defaults, pruning of unknown fields,
- *   type/required/pattern/length/count checks → 422 Invalid; with `cel: true`, the
+ *   type/required/pattern/length/count/range checks → 422 Invalid; with `cel: true`, the
  *   `x-kubernetes-validations` rules too, by a real CEL evaluator (@marcbachmann/cel-js), transition rules
  *   (`oldSelf`) on updates only — without Kubernetes' CEL extension libraries beyond what it implements);
  * - finalizers: DELETE of an object with finalizers sets `deletionTimestamp`; the object goes when the
@@ -921,6 +921,17 @@ function validate(schema: Schema, value: unknown, path: string, errors: string[]
       errors.push(`${path}: Too long: may not be more than ${schema.maxLength} bytes`);
     if (schema.pattern && !new RegExp(schema.pattern, 'u').test(value))
       errors.push(`${path}: Invalid value: "${value}": ${path} in body should match '${schema.pattern}'`);
+  }
+  if (typeof value === 'number') {
+    const { minimum, maximum } = schema as { minimum?: number; maximum?: number };
+    if (minimum !== undefined && value < minimum)
+      errors.push(
+        `${path}: Invalid value: ${value}: ${path} in body should be greater than or equal to ${minimum}`,
+      );
+    if (maximum !== undefined && value > maximum)
+      errors.push(
+        `${path}: Invalid value: ${value}: ${path} in body should be less than or equal to ${maximum}`,
+      );
   }
   if (Array.isArray(value)) {
     if (schema.minItems !== undefined && value.length < schema.minItems)

@@ -1,29 +1,32 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { generatedPriceListCrd, PRICELIST_CRD, SPEC_PATH } from '../../scripts/crd-schemas.ts';
-import { pricingFileSchema } from '../../src/models/pricing.ts';
-import { priceListSchemas } from '../../src/operator/crd-schema.ts';
+import { GENERATED_CRDS, generatedCrd, SPEC_PATH } from '../../scripts/crd-schemas.ts';
+import { limitsSchema, pricingFileSchema } from '../../src/models/pricing.ts';
 import { ALL_CRD_FILES, FakeKubeApiServer } from '../helpers/fake-kube-apiserver.ts';
 
 /**
  * The PriceList CRD's `spec.currency` and `spec.models` are the pricing file's zod schema
- * (src/models/pricing.ts) made structural (src/operator/crd-schema.ts): the file in crds/ (the chart's
- * copy is a link to it) is what scripts/crd-schemas.ts writes, and what a pricing file takes the API
- * server takes in a PriceList — holdMargin included.
+ * (src/models/pricing.ts) made structural (src/operator/crd-schema.ts), and the LimitPolicy CRD's
+ * `spec.project`, `key`, `user` and `spend` its `limits`: the files in crds/ (the chart's copy is a link
+ * to them) are what scripts/crd-schemas.ts writes, and what a pricing file takes the API server takes
+ * in a PriceList or a LimitPolicy — holdMargin included.
  */
 
-const text = readFileSync(PRICELIST_CRD, 'utf8');
+const [priceList, limitPolicy] = GENERATED_CRDS;
+const text = readFileSync(priceList.file, 'utf8');
+
+describe.each(GENERATED_CRDS)('the $kind CRD', (crd) => {
+  it(`is ${crd.source} as scripts/crd-schemas.ts writes it (run it after changing the schema)`, () => {
+    const file = readFileSync(crd.file, 'utf8');
+    const generated = crd.schemas();
+    expect(file).toBe(generatedCrd(file, generated));
+    const spec = SPEC_PATH.reduce<any>((node, key) => node[key], parse(file));
+    for (const [field, schema] of Object.entries(generated)) expect(spec[field], field).toMatchObject(schema);
+  });
+});
 
 describe('the PriceList CRD', () => {
-  it('is the pricing file schema as scripts/crd-schemas.ts writes it (run it after changing the schema)', () => {
-    expect(text).toBe(generatedPriceListCrd(text));
-    const spec = SPEC_PATH.reduce<any>((node, key) => node[key], parse(text));
-    const generated = priceListSchemas();
-    expect(spec.models).toEqual(generated.models);
-    expect(spec.currency).toMatchObject(generated.currency);
-  });
-
   it('has every field of every pricing mode of the pricing file', () => {
     const spec = SPEC_PATH.reduce<any>((node, key) => node[key], parse(text));
     const pricing = spec.models.items.properties.pricing.properties;
@@ -67,6 +70,49 @@ describe('the PriceList CRD', () => {
         { mode: 'subscription', fee: '10' },
       ])
         expect(await create(pricing), JSON.stringify(pricing)).toEqual({ status: 422, file: false });
+    } finally {
+      await fake.stop();
+    }
+  });
+});
+
+describe('the LimitPolicy CRD', () => {
+  it('lets the API server take what the pricing file takes as limits, and refuse what it refuses', async () => {
+    expect(limitPolicy.kind).toBe('LimitPolicy');
+    const fake = new FakeKubeApiServer({ crdFiles: ALL_CRD_FILES, cel: true });
+    const url = await fake.start();
+    const create = async (limits: Record<string, unknown>) => {
+      const res = await fetch(
+        `${url}/apis/tollgate.dev/v1alpha1/namespaces/default/limitpolicies?dryRun=All`,
+        {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({
+            apiVersion: 'tollgate.dev/v1alpha1',
+            kind: 'LimitPolicy',
+            metadata: { name: 'l' },
+            spec: { projectRef: { name: 'acme' }, ...limits },
+          }),
+        },
+      );
+      await res.arrayBuffer();
+      return { status: res.status, file: limitsSchema.safeParse(limits).success };
+    };
+    try {
+      for (const limits of [
+        { project: { rpm: 600, tpm: 1_000_000 }, key: { rpm: 60 }, user: { tpm: 5000 } },
+        { spend: { daily: '5', monthly: '100.50' } },
+        {},
+      ])
+        expect(await create(limits), JSON.stringify(limits)).toEqual({ status: 201, file: true });
+      for (const limits of [
+        { project: { rpm: 0 } },
+        { user: { tpm: 1.5 } },
+        { key: { rpm: 2_000_000_000 } },
+        { spend: { daily: '-5' } },
+        { spend: { monthly: '1e3' } },
+      ])
+        expect(await create(limits), JSON.stringify(limits)).toEqual({ status: 422, file: false });
     } finally {
       await fake.stop();
     }
