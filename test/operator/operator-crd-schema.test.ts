@@ -41,19 +41,9 @@ describe('the PriceList CRD', () => {
     const fake = new FakeKubeApiServer({ crdFiles: ALL_CRD_FILES, cel: true });
     const url = await fake.start();
     const create = async (pricing: Record<string, unknown>) => {
-      const res = await fetch(`${url}/apis/tollgate.dev/v1alpha1/namespaces/default/pricelists?dryRun=All`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({
-          apiVersion: 'tollgate.dev/v1alpha1',
-          kind: 'PriceList',
-          metadata: { name: 'p' },
-          spec: { projectRef: { name: 'acme' }, currency: 'usd', models: [{ id: 'm', pricing }] },
-        }),
-      });
-      await res.arrayBuffer();
-      const file = pricingFileSchema.safeParse({ currency: 'usd', models: [{ id: 'm', pricing }] });
-      return { status: res.status, file: file.success };
+      const spec = { currency: 'usd', models: [{ id: 'm', pricing }] };
+      const status = await dryRunCreate(url, 'pricelists', 'PriceList', spec);
+      return { status, file: pricingFileSchema.safeParse(spec).success };
     };
     try {
       for (const pricing of [
@@ -81,23 +71,10 @@ describe('the LimitPolicy CRD', () => {
     expect(limitPolicy.kind).toBe('LimitPolicy');
     const fake = new FakeKubeApiServer({ crdFiles: ALL_CRD_FILES, cel: true });
     const url = await fake.start();
-    const create = async (limits: Record<string, unknown>) => {
-      const res = await fetch(
-        `${url}/apis/tollgate.dev/v1alpha1/namespaces/default/limitpolicies?dryRun=All`,
-        {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({
-            apiVersion: 'tollgate.dev/v1alpha1',
-            kind: 'LimitPolicy',
-            metadata: { name: 'l' },
-            spec: { projectRef: { name: 'acme' }, ...limits },
-          }),
-        },
-      );
-      await res.arrayBuffer();
-      return { status: res.status, file: limitsSchema.safeParse(limits).success };
-    };
+    const create = async (limits: Record<string, unknown>) => ({
+      status: await dryRunCreate(url, 'limitpolicies', 'LimitPolicy', limits),
+      file: limitsSchema.safeParse(limits).success,
+    });
     try {
       for (const limits of [
         { project: { rpm: 600, tpm: 1_000_000 }, key: { rpm: 60 }, user: { tpm: 5000 } },
@@ -118,3 +95,19 @@ describe('the LimitPolicy CRD', () => {
     }
   });
 });
+
+/** The API server's answer to creating a resource of the project `acme` with `spec` (a dry run). */
+async function dryRunCreate(url: string, plural: string, kind: string, spec: Record<string, unknown>) {
+  const res = await fetch(`${url}/apis/tollgate.dev/v1alpha1/namespaces/default/${plural}?dryRun=All`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      apiVersion: 'tollgate.dev/v1alpha1',
+      kind,
+      metadata: { name: 'r' },
+      spec: { projectRef: { name: 'acme' }, ...spec },
+    }),
+  });
+  await res.arrayBuffer();
+  return res.status;
+}
