@@ -26,6 +26,7 @@ import * as providerBilled from './0026_provider_billed.ts';
 import * as moneyTrust from './0027_money_trust.ts';
 import * as endUserKeys from './0028_end_user_keys.ts';
 import * as testPayments from './0029_test_payments.ts';
+import * as managedProjects from './0030_managed_projects.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -59,4 +60,5 @@ export const migrations: Record<string, Migration> = {
   '0027_money_trust': moneyTrust,
   '0028_end_user_keys': endUserKeys,
   '0029_test_payments': testPayments,
+  '0030_managed_projects': managedProjects,
 };
