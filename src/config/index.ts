@@ -128,6 +128,7 @@ export const configSchema = z.object({
   RETENTION_EVENTS_DAYS: int(0, 3650).default(30),
   RETENTION_IDEMPOTENCY_HOURS: int(0, 24 * 3650).default(24),
   RETENTION_HOLDS_DAYS: int(0, 3650).default(30),
+  RETENTION_RESPONSES_DAYS: int(0, 3650).default(30),
   RETENTION_INTERVAL_SECONDS: int(10, 24 * 3600).default(300),
   RETENTION_BATCH_SIZE: int(10, 100_000).default(1000),
   OPERATOR_PORT: int(0, 65535).default(8081),
@@ -251,6 +252,8 @@ export const configDocs: Record<keyof Config, string> = {
   RETENTION_IDEMPOTENCY_HOURS: 'Expired idempotency keys older than this are pruned; 0: kept forever.',
   RETENTION_HOLDS_DAYS:
     'Closed (settled, released, expired) holds older than this are pruned; ledger entries never are. 0: kept forever.',
+  RETENTION_RESPONSES_DAYS:
+    'Responses chain sizes recorded longer ago than this (a request continuing an older chain is held at the model’s context window) and finished background responses older than this are pruned; 0: kept forever.',
   RETENTION_INTERVAL_SECONDS: 'How often each serving process runs the retention pass.',
   RETENTION_BATCH_SIZE: 'Rows deleted per statement (and per transaction) by the retention pass.',
   OPERATOR_PORT: 'Port of the operator’s `/healthz`, `/readyz` and `/metrics`.',

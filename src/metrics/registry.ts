@@ -68,7 +68,7 @@ export class Metrics {
   readonly deliveriesPending = this.#gauge('tollgate_webhook_deliveries_pending', 'Deliveries waiting to be sent (refreshed by the delivery worker).');
   readonly oldestPendingAge = this.#gauge('tollgate_webhook_oldest_pending_age_seconds', 'Age of the oldest pending delivery (refreshed by the delivery worker).');
   readonly subscriptionsDisabled = this.#counter('tollgate_webhook_subscriptions_disabled_total', 'Subscriptions disabled because their endpoint failed continuously for WEBHOOK_DISABLE_AFTER_HOURS.', ['project']);
-  readonly pruned = this.#counter('tollgate_retention_pruned_rows_total', 'Rows deleted by retention, by kind (deliveries, events, idempotencyKeys, holds).', ['kind']);
+  readonly pruned = this.#counter('tollgate_retention_pruned_rows_total', 'Rows deleted by retention, by kind (deliveries, events, idempotencyKeys, holds, responseChains, backgroundResponses).', ['kind']);
   readonly eventsFannedOut = this.#counter('tollgate_events_fanned_out_total', 'Outbox events turned into deliveries.');
 
   // ---- operator ----

@@ -17,13 +17,23 @@ import type { Metrics } from '../metrics/registry.ts';
  *   whose log shows them — that were fanned out and have no pending delivery;
  * - idempotency keys that expired and are older than RETENTION_IDEMPOTENCY_HOURS;
  * - holds closed (settled, released, expired) more than RETENTION_HOLDS_DAYS ago. Ledger entries are
- *   never pruned: `ledger_entries.hold_id` keeps the id of the hold (no foreign key since 0008).
+ *   never pruned: `ledger_entries.hold_id` keeps the id of the hold (no foreign key since 0008);
+ * - Responses chain sizes (`response_chains`) recorded more than RETENTION_RESPONSES_DAYS ago — a request
+ *   continuing an older chain is held at the model's context window, as any chain Tollgate has no record
+ *   of (src/metering/chains.ts) — and background responses settled or expired that were created as long
+ *   ago (never a pending one).
  * The audit log (`audit_log`, src/audit) is never pruned either: it is append-only, and the database
  * refuses deleting from it.
  * A setting of 0 keeps that kind of row forever.
  */
 
-export type PrunedKind = 'deliveries' | 'events' | 'idempotencyKeys' | 'holds';
+export type PrunedKind =
+  | 'deliveries'
+  | 'events'
+  | 'idempotencyKeys'
+  | 'holds'
+  | 'responseChains'
+  | 'backgroundResponses';
 export type PruneCounts = Record<PrunedKind, number>;
 
 export interface PruneOptions {
@@ -56,6 +66,7 @@ export type RetentionSettings = Pick<
   | 'RETENTION_EVENTS_DAYS'
   | 'RETENTION_IDEMPOTENCY_HOURS'
   | 'RETENTION_HOLDS_DAYS'
+  | 'RETENTION_RESPONSES_DAYS'
 >;
 
 const iso = (ms: number) => new Date(ms).toISOString();
@@ -96,6 +107,19 @@ const prunable: Record<PrunedKind, Prunable> = {
     where: (cutoff) =>
       sql`id < ${idBound('hold', cutoff)} AND status <> 'open' AND closed_at < ${iso(cutoff)}::timestamptz`,
   },
+  // Keyed by the provider's ids: found by their creation time (indexes of migration 0031).
+  responseChains: {
+    table: 'response_chains',
+    key: ['project_id', 'response_id'],
+    orderBy: 'created_at',
+    where: (cutoff) => sql`created_at < ${iso(cutoff)}::timestamptz`,
+  },
+  backgroundResponses: {
+    table: 'background_responses',
+    key: ['project_id', 'response_id'],
+    orderBy: 'created_at',
+    where: (cutoff) => sql`status <> 'pending' AND created_at < ${iso(cutoff)}::timestamptz`,
+  },
 };
 
 /** One batch: up to `limit` rows of a kind older than the cutoff, in key order, rows locked elsewhere skipped. */
@@ -125,6 +149,8 @@ export function retentionAges(config: RetentionSettings): Record<PrunedKind, num
     idempotencyKeys:
       config.RETENTION_IDEMPOTENCY_HOURS > 0 ? config.RETENTION_IDEMPOTENCY_HOURS * 3600_000 : undefined,
     holds: days(config.RETENTION_HOLDS_DAYS),
+    responseChains: days(config.RETENTION_RESPONSES_DAYS),
+    backgroundResponses: days(config.RETENTION_RESPONSES_DAYS),
   };
 }
 
@@ -141,8 +167,15 @@ export async function pruneOnce(ctx: RetentionContext, options: PruneOptions = {
   const minPauseMs = options.minPauseMs ?? 20;
   const now = (options.now ?? new Date()).getTime();
   const ages = retentionAges(ctx.config);
-  const counts: PruneCounts = { deliveries: 0, events: 0, idempotencyKeys: 0, holds: 0 };
-  for (const kind of ['deliveries', 'events', 'idempotencyKeys', 'holds'] as const) {
+  const counts: PruneCounts = {
+    deliveries: 0,
+    events: 0,
+    idempotencyKeys: 0,
+    holds: 0,
+    responseChains: 0,
+    backgroundResponses: 0,
+  };
+  for (const kind of Object.keys(counts) as PrunedKind[]) {
     const age = ages[kind];
     if (age === undefined) continue;
     const cutoff = now - age;

@@ -10,6 +10,7 @@ import { seedProject } from '../helpers/server.ts';
 /**
  * Retention on a real database: what is old enough goes, in batches; what is recent, still pending,
  * still open or not yet expired stays; ledger entries always stay; locked rows are skipped, not waited for.
+ * Responses chain sizes and finished background responses go by their creation time.
  */
 
 let ctx: AppContext;
@@ -26,6 +27,7 @@ beforeAll(async () => {
     RETENTION_EVENTS_DAYS: '30',
     RETENTION_IDEMPOTENCY_HOURS: '24',
     RETENTION_HOLDS_DAYS: '30',
+    RETENTION_RESPONSES_DAYS: '30',
   });
   ({ projectId } = await seedProject(ctx));
   ({
@@ -54,7 +56,9 @@ async function insertRow(
     | 'webhook_attempts'
     | 'holds'
     | 'ledger_entries'
-    | 'idempotency_keys',
+    | 'idempotency_keys'
+    | 'response_chains'
+    | 'background_responses',
   values: Record<string, unknown>,
 ) {
   await ctx.db
@@ -150,6 +154,35 @@ async function idempotencyKey(key: string, createdAt: string, expiresAt: string)
   });
 }
 
+/** A Responses answer's recorded chain size (its id is the provider's: it says nothing of its age). */
+async function chain(responseId: string, createdAt: string) {
+  await insertRow('response_chains', {
+    project_id: projectId,
+    response_id: responseId,
+    tokens: 10,
+    created_at: createdAt,
+  });
+}
+
+async function background(responseId: string, status: 'pending' | 'settled' | 'expired', createdAt: string) {
+  await insertRow('background_responses', {
+    project_id: projectId,
+    response_id: responseId,
+    user_id: userId,
+    external_id: 'u1',
+    model_id: 'm',
+    request_id: 'req',
+    held: '1',
+    pricing: JSON.stringify({}),
+    status,
+    created_at: createdAt,
+    settled_at: status === 'pending' ? null : createdAt,
+  });
+}
+
+const responseIds = async (table: 'response_chains' | 'background_responses') =>
+  (await ctx.db.selectFrom(table).select('response_id').execute()).map((r) => r.response_id).sort();
+
 const ids = async (table: 'events' | 'webhook_deliveries' | 'holds') =>
   (await ctx.db.selectFrom(table).select('id').execute()).map((r) => r.id).sort();
 
@@ -175,10 +208,26 @@ describe('retention', () => {
     await idempotencyKey('old-expired', ago(3 * DAY), ago(2 * DAY));
     await idempotencyKey('old-live', ago(3 * DAY), ago(-DAY));
     await idempotencyKey('young-expired', ago(3600_000), ago(60_000));
+    // Responses chain sizes and background responses.
+    for (const id of ['resp_old1', 'resp_old2', 'resp_old3']) await chain(id, ago(40 * DAY));
+    await chain('resp_recent', ago(DAY));
+    await background('resp_bg_settled', 'settled', ago(40 * DAY));
+    await background('resp_bg_expired', 'expired', ago(35 * DAY));
+    await background('resp_bg_pending', 'pending', ago(40 * DAY));
+    await background('resp_bg_recent', 'settled', ago(DAY));
     const ledgerBefore = await ctx.db.selectFrom('ledger_entries').select('id').execute();
 
     const counts = await pruneOnce(ctx, { batchSize: 2 });
-    expect(counts).toEqual({ deliveries: 6, events: 5, idempotencyKeys: 1, holds: 2 });
+    expect(counts).toEqual({
+      deliveries: 6,
+      events: 5,
+      idempotencyKeys: 1,
+      holds: 2,
+      responseChains: 3,
+      backgroundResponses: 2,
+    });
+    expect(await responseIds('response_chains')).toEqual(['resp_recent']);
+    expect(await responseIds('background_responses')).toEqual(['resp_bg_pending', 'resp_bg_recent']);
 
     const deliveriesLeft = await ids('webhook_deliveries');
     expect(deliveriesLeft).toEqual([pending, recentDelivery].sort());
@@ -201,9 +250,11 @@ describe('retention', () => {
       events: 5,
       idempotencyKeys: 1,
       holds: 2,
+      responseChains: 3,
+      backgroundResponses: 2,
     });
     // Nothing left to do.
-    expect(await pruneOnce(ctx)).toEqual({ deliveries: 0, events: 0, idempotencyKeys: 0, holds: 0 });
+    expect(Object.values(await pruneOnce(ctx))).toEqual([0, 0, 0, 0, 0, 0]);
   });
 
   it('keeps everything when the settings are 0', async () => {
@@ -215,13 +266,22 @@ describe('retention', () => {
         RETENTION_EVENTS_DAYS: 0,
         RETENTION_IDEMPOTENCY_HOURS: 0,
         RETENTION_HOLDS_DAYS: 0,
+        RETENTION_RESPONSES_DAYS: 0,
       },
     } as AppContext;
     const e = await event(ago(400 * DAY), true);
     await delivery(e, 'success', ago(400 * DAY));
     await hold('settled', ago(400 * DAY));
-    expect(await pruneOnce(keep)).toEqual({ deliveries: 0, events: 0, idempotencyKeys: 0, holds: 0 });
-    expect(await pruneOnce(ctx)).toMatchObject({ deliveries: 1, events: 1, holds: 1 });
+    await chain('resp_ancient', ago(400 * DAY));
+    await background('resp_bg_ancient', 'settled', ago(400 * DAY));
+    expect(Object.values(await pruneOnce(keep))).toEqual([0, 0, 0, 0, 0, 0]);
+    expect(await pruneOnce(ctx)).toMatchObject({
+      deliveries: 1,
+      events: 1,
+      holds: 1,
+      responseChains: 1,
+      backgroundResponses: 1,
+    });
   });
 
   it.runIf(realPostgres)('skips rows another transaction holds instead of waiting for them', async () => {

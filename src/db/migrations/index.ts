@@ -27,6 +27,7 @@ import * as moneyTrust from './0027_money_trust.ts';
 import * as endUserKeys from './0028_end_user_keys.ts';
 import * as testPayments from './0029_test_payments.ts';
 import * as managedProjects from './0030_managed_projects.ts';
+import * as responsesRetention from './0031_responses_retention.ts';
 
 /**
  * Every migration, in order. Names sort lexically; add new ones at the end with the next number.
@@ -61,4 +62,5 @@ export const migrations: Record<string, Migration> = {
   '0028_end_user_keys': endUserKeys,
   '0029_test_payments': testPayments,
   '0030_managed_projects': managedProjects,
+  '0031_responses_retention': responsesRetention,
 };
