@@ -151,9 +151,9 @@ export class Escrow {
   }
 
   /**
-   * Reserves `amount` for one request of the wallet: from this pod's slice when it covers it, else by
-   * taking (more of) a slice in the database; asks the other pods to give their slices of the wallet
-   * back before refusing. Resolves `undefined` when the wallet cannot pay (or is not connected).
+   * Reserves `amount` (canonical, as `formatAmount` writes it) for one request of the wallet: from this
+   * pod's slice when it covers it, else by taking (more of) a slice in the database; asks the other pods
+   * to give their slices of the wallet back before refusing. Resolves `undefined` when the wallet cannot pay (or is not connected).
    */
   async reserve(
     projectId: string,
@@ -164,7 +164,6 @@ export class Escrow {
   ): Promise<Reservation | undefined> {
     const key = walletKey(projectId, externalId);
     const need = toUnits(amount);
-    const canonical = fromUnits(need);
     let asked = false;
     let last: Slice | undefined;
     for (let attempt = 0; attempt < 8; attempt++) {
@@ -175,7 +174,7 @@ export class Escrow {
       }
       if (slice && slice.free >= need) {
         this.#metrics.escrowAdmissions.inc({ project: projectId, from: 'memory' });
-        return slice.admit(canonical, need);
+        return slice.admit(amount, need);
       }
       if (!slice) {
         slice = new Slice(newId('hold'), projectId, externalId);
@@ -223,7 +222,7 @@ export class Escrow {
         slice.amount += toUnits(row.take);
         if (slice.free >= need) {
           this.#metrics.escrowAdmissions.inc({ project: projectId, from: 'database' });
-          return slice.admit(canonical, need);
+          return slice.admit(amount, need);
         }
         // a charge above its reservation used the free part meanwhile, or the slice was given back
         await this.#closeIfDone(slice);

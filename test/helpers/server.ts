@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
@@ -201,4 +203,24 @@ export async function signUpAndIn(
   if (session.status !== 201)
     throw new Error(`sign-in answered ${session.status}: ${JSON.stringify(session.body)}`);
   return session.body.session.token as string;
+}
+
+/**
+ * The `tollgate` CLI as a child process against a running server, over its admin API with `token` (no
+ * database or key of its own); resolves its output, rejects when it exits with an error.
+ */
+export function adminCli(
+  url: string,
+  token: string,
+  args: string[],
+): Promise<{ stdout: string; stderr: string }> {
+  const env = {
+    ...process.env,
+    TOLLGATE_URL: url,
+    TOLLGATE_ADMIN_TOKEN: token,
+    DATABASE_URL: '',
+    TOLLGATE_ENCRYPTION_KEY: '',
+    LOG_LEVEL: 'silent',
+  };
+  return promisify(execFile)(process.execPath, ['cmd/tollgate.ts', ...args], { env, timeout: 30_000 });
 }

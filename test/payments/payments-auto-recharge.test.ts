@@ -1,5 +1,3 @@
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AppContext } from '../../src/app/context.ts';
@@ -9,7 +7,7 @@ import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { type MockUpstream, startMockUpstream } from '../helpers/mock-upstream.ts';
-import { api, seedProject, startPods, type TestServer } from '../helpers/server.ts';
+import { adminCli, api, seedProject, startPods, type TestServer } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
 import { developerWithProject } from './fixture.ts';
 
@@ -439,33 +437,20 @@ describe('the CLI', () => {
   it('payments auto-recharge over the admin API', async () => {
     const { projectId } = await seedProject(f.ctx, { name: 'CLI recharge' });
     await connect(f.server, projectId, { presets: ['5', '10'], minimum: '5', maximum: '50' });
-    const env = {
-      ...process.env,
-      TOLLGATE_URL: f.server.url,
-      TOLLGATE_ADMIN_TOKEN: ROOT,
-      DATABASE_URL: '',
-      TOLLGATE_ENCRYPTION_KEY: '',
-      LOG_LEVEL: 'silent',
-    };
-    const { stdout } = await promisify(execFile)(
-      process.execPath,
-      [
-        'cmd/tollgate.ts',
-        'payments',
-        'auto-recharge',
-        '--project',
-        projectId,
-        '--offered',
-        'on',
-        '--threshold',
-        '2',
-        '--amount',
-        '10',
-        '--monthly-cap',
-        '30',
-      ],
-      { env, timeout: 30_000 },
-    );
+    const { stdout } = await adminCli(f.server.url, ROOT, [
+      'payments',
+      'auto-recharge',
+      '--project',
+      projectId,
+      '--offered',
+      'on',
+      '--threshold',
+      '2',
+      '--amount',
+      '10',
+      '--monthly-cap',
+      '30',
+    ]);
     expect(stdout).toContain(
       'auto-recharge: offered; below 2.00, 10.00 at a time, at most 30.00 a month per user',
     );

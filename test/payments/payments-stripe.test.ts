@@ -1,5 +1,3 @@
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Money } from '../../src/core/money.ts';
@@ -7,7 +5,7 @@ import { fromMinorUnits, toMinorUnits } from '../../src/payments/provider.ts';
 import { connectUser } from '../../src/users/service.ts';
 import { createSubscription } from '../../src/webhooks/subscriptions.ts';
 import { type ChatFixture, ledgerEntriesOf, startChatFixture } from '../helpers/chat-fixture.ts';
-import { api, seedProject } from '../helpers/server.ts';
+import { adminCli, api, seedProject } from '../helpers/server.ts';
 import { type StripeStandIn, startStripeStandIn } from '../helpers/stripe-stand-in.ts';
 import { developerWithProject } from './fixture.ts';
 
@@ -16,7 +14,6 @@ import { developerWithProject } from './fixture.ts';
  * of Stripe's API (STRIPE_API_URL): connecting a project, the hosted checkout behind the top-up link,
  * webhooks credited exactly once, refunds and disputes, the portal, and the paywall end to end.
  */
-const execFileAsync = promisify(execFile);
 const ROOT = 'root-admin-token-for-payments-tests-0123456789';
 const KEY = 'sk_test_standin_4242424242';
 let stand: StripeStandIn;
@@ -143,19 +140,8 @@ describe('connecting Stripe', () => {
 describe('the CLI', () => {
   it('payments connect | show | disconnect over the admin API, the key never printed', async () => {
     const { projectId } = await seedProject(f.ctx, { name: 'CLI payments' });
-    const env = {
-      ...process.env,
-      TOLLGATE_URL: f.server.url,
-      TOLLGATE_ADMIN_TOKEN: ROOT,
-      DATABASE_URL: '',
-      TOLLGATE_ENCRYPTION_KEY: '',
-      LOG_LEVEL: 'silent',
-    };
     const cli = (...args: string[]) =>
-      execFileAsync(process.execPath, ['cmd/tollgate.ts', 'payments', ...args, '--project', projectId], {
-        env,
-        timeout: 30_000,
-      });
+      adminCli(f.server.url, ROOT, ['payments', ...args, '--project', projectId]);
     const connected = await cli('connect', '--stripe-key', KEY, '--presets', '5,10', '--minimum', '5');
     expect(connected.stdout).toContain('stripe connected');
     expect(connected.stdout).toContain('sk_test_…4242');

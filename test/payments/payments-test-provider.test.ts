@@ -1,12 +1,10 @@
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../../src/config/index.ts';
 import { Money } from '../../src/core/money.ts';
 import { providerKind } from '../../src/payments/providers.ts';
 import { type ChatFixture, startChatFixture } from '../helpers/chat-fixture.ts';
 import { eventually } from '../helpers/eventually.ts';
-import { api, seedProject, startTestServer } from '../helpers/server.ts';
+import { adminCli, api, seedProject, startTestServer } from '../helpers/server.ts';
 import { developerWithProject } from './fixture.ts';
 
 /**
@@ -208,19 +206,14 @@ describe('the dashboard', () => {
 describe('the CLI', () => {
   it('payments connect --provider test, over the admin API', async () => {
     const { projectId } = await seedProject(f.ctx, { name: 'CLI test payments' });
-    const env = {
-      ...process.env,
-      TOLLGATE_URL: f.server.url,
-      TOLLGATE_ADMIN_TOKEN: ROOT,
-      DATABASE_URL: '',
-      TOLLGATE_ENCRYPTION_KEY: '',
-      LOG_LEVEL: 'silent',
-    };
-    const { stdout } = await promisify(execFile)(
-      process.execPath,
-      ['cmd/tollgate.ts', 'payments', 'connect', '--provider', 'test', '--project', projectId],
-      { env, timeout: 30_000 },
-    );
+    const { stdout } = await adminCli(f.server.url, ROOT, [
+      'payments',
+      'connect',
+      '--provider',
+      'test',
+      '--project',
+      projectId,
+    ]);
     expect(stdout).toContain(`Payments: test payments connected to ${projectId}`);
     expect((await api(f.server, ROOT, 'GET', `/admin/v1/projects/${projectId}/payments`)).body).toMatchObject(
       {
